@@ -1,0 +1,330 @@
+package store
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"github.com/google/btree"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+)
+
+// Binary forms: a batch of commands (one replicated log entry) and a
+// snapshot of the whole store. Both carry a format byte so later releases
+// can read what earlier ones wrote.
+
+const batchFormat = 1
+
+// ErrCorrupt is returned for log entries and snapshots that cannot be read.
+var ErrCorrupt = errors.New("store: corrupt data")
+
+// AppendBatch appends the encoding of cmds to b.
+func AppendBatch(b []byte, cmds []Command) []byte {
+	b = append(b, batchFormat)
+	b = binary.AppendUvarint(b, uint64(len(cmds)))
+	for i := range cmds {
+		c := &cmds[i]
+		b = append(b, byte(c.Op), byte(c.Cond))
+		b = appendBytes(b, c.Key)
+		b = appendBytes(b, c.Value)
+		b = appendTimestamp(b, c.Version)
+		b = binary.AppendVarint(b, c.Now)
+		b = binary.AppendVarint(b, c.ExpiresAt)
+		b = appendTimestamp(b, c.Fence)
+		b = appendTimestamp(b, c.Expected)
+	}
+	return b
+}
+
+// DecodeBatch decodes a batch written by AppendBatch. Keys and values alias
+// data; Apply copies what it keeps.
+func DecodeBatch(data []byte) ([]Command, error) {
+	d := decoder{b: data}
+	if d.byte() != batchFormat {
+		return nil, fmt.Errorf("%w: unknown batch format", ErrCorrupt)
+	}
+	n := d.uvarint()
+	if n > uint64(len(data)) { // every command takes at least one byte
+		return nil, ErrCorrupt
+	}
+	cmds := make([]Command, n)
+	for i := range cmds {
+		c := &cmds[i]
+		c.Op = Op(d.byte())
+		c.Cond = Cond(d.byte())
+		c.Key = d.bytes()
+		c.Value = d.bytes()
+		c.Version = d.timestamp()
+		c.Now = d.varint()
+		c.ExpiresAt = d.varint()
+		c.Fence = d.timestamp()
+		c.Expected = d.timestamp()
+		if c.Op < OpSet || c.Op > OpExpire || c.Cond > NEX {
+			d.err = ErrCorrupt
+		}
+	}
+	if d.err != nil || d.off != len(data) {
+		return nil, ErrCorrupt
+	}
+	return cmds, nil
+}
+
+func appendBytes(b, s []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendTimestamp(b []byte, t hlc.Timestamp) []byte {
+	b = binary.AppendVarint(b, t.Wall)
+	b = binary.AppendUvarint(b, t.Counter)
+	b = binary.AppendUvarint(b, uint64(len(t.Node)))
+	return append(b, t.Node...)
+}
+
+// decoder reads the batch encoding; the first error sticks and later reads
+// return zero values, so callers check once at the end.
+type decoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || d.off >= len(d.b) {
+		d.err = ErrCorrupt
+		return 0
+	}
+	c := d.b[d.off]
+	d.off++
+	return c
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b[d.off:])
+	if n <= 0 {
+		d.err = ErrCorrupt
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b[d.off:])
+	if n <= 0 {
+		d.err = ErrCorrupt
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	l := d.uvarint()
+	if d.err != nil || l > uint64(len(d.b)-d.off) {
+		d.err = ErrCorrupt
+		return nil
+	}
+	s := d.b[d.off : d.off+int(l) : d.off+int(l)]
+	d.off += int(l)
+	return s
+}
+
+func (d *decoder) timestamp() hlc.Timestamp {
+	return hlc.Timestamp{Wall: d.varint(), Counter: d.uvarint(), Node: string(d.bytes())}
+}
+
+// Snapshot format:
+//
+//	"MQKVSNAP" | format u8 | max version | key count uvarint
+//	| entries (key, value, version, fence, expiresAt) | CRC-32C (4 bytes, big endian)
+//
+// The checksum covers every byte before it.
+const (
+	snapshotMagic  = "MQKVSNAP"
+	snapshotFormat = 1
+)
+
+// WriteSnapshot writes every stored entry to w. Call it on a Clone so writes
+// to the live store can go on meanwhile.
+func (s *Store) WriteSnapshot(w io.Writer) error {
+	crc := crc32.New(castagnoli)
+	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10)
+	var scratch []byte
+	scratch = append(scratch, snapshotMagic...)
+	scratch = append(scratch, snapshotFormat)
+	scratch = appendTimestamp(scratch, s.maxVersion)
+	scratch = binary.AppendUvarint(scratch, uint64(s.keys.Len()))
+	if _, err := bw.Write(scratch); err != nil {
+		return err
+	}
+	var err error
+	s.keys.Ascend(func(e *Entry) bool {
+		scratch = appendBytes(scratch[:0], e.Key)
+		scratch = appendBytes(scratch, e.Value)
+		scratch = appendTimestamp(scratch, e.Version)
+		scratch = appendTimestamp(scratch, e.Fence)
+		scratch = binary.AppendVarint(scratch, e.ExpiresAt)
+		_, err = bw.Write(scratch)
+		return err == nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	_, err = w.Write(binary.BigEndian.AppendUint32(nil, crc.Sum32()))
+	return err
+}
+
+// ReadSnapshot replaces the contents of s with a snapshot read from r. On
+// any error s is left unchanged.
+func (s *Store) ReadSnapshot(r io.Reader) error {
+	sr := &snapReader{r: bufio.NewReaderSize(r, 64<<10)}
+	magic := sr.read(len(snapshotMagic))
+	if sr.err == nil && string(magic) != snapshotMagic {
+		return fmt.Errorf("%w: not a snapshot", ErrCorrupt)
+	}
+	if f := sr.byte(); sr.err == nil && f != snapshotFormat {
+		return fmt.Errorf("%w: unknown snapshot format %d", ErrCorrupt, f)
+	}
+	maxVersion := sr.timestamp()
+	n := sr.uvarint()
+	keys := btree.NewG(degree, lessEntry)
+	expiry := btree.NewG(degree, lessExpiry)
+	var total int64
+	for i := uint64(0); i < n && sr.err == nil; i++ {
+		k := append([]byte(nil), sr.bytesField()...) // the next read reuses the scratch buffer
+		v := sr.bytesField()
+		buf := make([]byte, len(k)+len(v))
+		copy(buf, k)
+		copy(buf[len(k):], v)
+		e := &Entry{Key: buf[:len(k):len(k)], Value: buf[len(k):]}
+		e.Version = sr.timestamp()
+		e.Fence = sr.timestamp()
+		e.ExpiresAt = sr.varint()
+		if sr.err != nil {
+			break
+		}
+		if _, dup := keys.ReplaceOrInsert(e); dup {
+			sr.err = fmt.Errorf("%w: duplicate key", ErrCorrupt)
+			break
+		}
+		total += e.size()
+		if e.ExpiresAt != 0 {
+			expiry.ReplaceOrInsert(expiryItem{at: e.ExpiresAt, key: e.Key})
+		}
+	}
+	if sr.err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, sr.err)
+	}
+	sum := sr.sum
+	var tail [4]byte
+	if _, err := io.ReadFull(sr.r, tail[:]); err != nil || binary.BigEndian.Uint32(tail[:]) != sum {
+		return fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
+	}
+	if _, err := sr.r.ReadByte(); err != io.EOF {
+		return fmt.Errorf("%w: trailing data", ErrCorrupt)
+	}
+	s.keys, s.expiry, s.bytes, s.maxVersion = keys, expiry, total, maxVersion
+	return nil
+}
+
+// maxField bounds one key, value or node id read from a snapshot, so a
+// corrupt length cannot make the reader allocate without bound.
+const maxField = 1 << 30
+
+// snapReader reads snapshot fields, hashing what it consumes.
+type snapReader struct {
+	r   *bufio.Reader
+	sum uint32 // CRC-32C of the bytes read so far
+	err error
+	buf []byte
+}
+
+func (sr *snapReader) read(n int) []byte {
+	if sr.err != nil {
+		return nil
+	}
+	if cap(sr.buf) < n {
+		sr.buf = make([]byte, n)
+	}
+	b := sr.buf[:n]
+	if _, err := io.ReadFull(sr.r, b); err != nil {
+		sr.err = err
+		return nil
+	}
+	sr.sum = crc32.Update(sr.sum, castagnoli, b)
+	return b
+}
+
+func (sr *snapReader) byte() byte {
+	b := sr.read(1)
+	if b == nil {
+		return 0
+	}
+	return b[0]
+}
+
+func (sr *snapReader) uvarint() uint64 {
+	if sr.err != nil {
+		return 0
+	}
+	v, err := binary.ReadUvarint(hashingByteReader{sr})
+	if err != nil {
+		sr.err = err
+	}
+	return v
+}
+
+func (sr *snapReader) varint() int64 {
+	if sr.err != nil {
+		return 0
+	}
+	v, err := binary.ReadVarint(hashingByteReader{sr})
+	if err != nil {
+		sr.err = err
+	}
+	return v
+}
+
+// bytesField reads a length-prefixed field into the reader's scratch buffer;
+// the result is valid until the next read.
+func (sr *snapReader) bytesField() []byte {
+	l := sr.uvarint()
+	if sr.err == nil && l > maxField {
+		sr.err = errors.New("field too long")
+	}
+	if sr.err != nil {
+		return nil
+	}
+	return sr.read(int(l))
+}
+
+func (sr *snapReader) timestamp() hlc.Timestamp {
+	wall := sr.varint()
+	counter := sr.uvarint()
+	node := string(sr.bytesField())
+	return hlc.Timestamp{Wall: wall, Counter: counter, Node: node}
+}
+
+type hashingByteReader struct{ sr *snapReader }
+
+func (h hashingByteReader) ReadByte() (byte, error) {
+	c, err := h.sr.r.ReadByte()
+	if err == nil {
+		h.sr.sum = crc32.Update(h.sr.sum, castagnoli, []byte{c})
+	}
+	return c, err
+}

@@ -1,0 +1,360 @@
+// Package store is the state store's deterministic state machine: an ordered
+// keyspace of versioned values with fencing tokens and an expiry index.
+// Apply is a pure function of the command sequence; time and versions enter
+// only inside commands, stamped by whoever proposes them. No I/O, no clock,
+// no locks: callers serialise access (see internal/replica).
+package store
+
+import (
+	"bytes"
+	"hash/crc32"
+
+	"github.com/google/btree"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+)
+
+// Partitions is the fixed number of partitions keys hash into. Data placement
+// in a cluster depends on it and on Partition: never change either.
+const Partitions = 4096
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Partition returns the partition of a key: CRC-32C (Castagnoli) of the key
+// bytes modulo Partitions.
+func Partition(key []byte) uint16 {
+	return uint16(crc32.Checksum(key, castagnoli) % Partitions)
+}
+
+// Entry is a stored key. Entries are immutable once stored: a write replaces
+// the entry, so snapshots (which share entries) never see later writes.
+type Entry struct {
+	Key       []byte
+	Value     []byte
+	Version   hlc.Timestamp // set on every write that stores the key
+	Fence     hlc.Timestamp // fencing token protecting the key; zero if none
+	ExpiresAt int64         // unix ms deadline; 0 if the key does not expire
+}
+
+// expired reports whether the entry is past its deadline at now (unix ms).
+func (e *Entry) expired(now int64) bool { return e.ExpiresAt != 0 && e.ExpiresAt <= now }
+
+func (e *Entry) size() int64 { return int64(len(e.Key) + len(e.Value)) }
+
+// Op is the kind of a command.
+type Op uint8
+
+const (
+	OpSet    Op = iota + 1 // store Value under Key (subject to Cond and fencing)
+	OpDel                  // delete Key (subject to fencing)
+	OpVDel                 // delete Key if its value equals Value (subject to fencing)
+	OpExpire               // delete Key if its version is still Expected
+)
+
+// Cond is the condition of a SET.
+type Cond uint8
+
+const (
+	Always Cond = iota // set unconditionally
+	NX                 // only if the key does not exist
+	NEX                // only if the key does not exist or holds the same value
+)
+
+// Command is one state change. The proposer fills in Version (a fresh HLC)
+// and Now (its wall clock); every replica applies it to the same effect.
+type Command struct {
+	Op        Op
+	Cond      Cond
+	Key       []byte
+	Value     []byte
+	Version   hlc.Timestamp // the new key version (SET), the event version (deletes)
+	Now       int64         // proposer's wall clock, unix ms: decides which keys have expired
+	ExpiresAt int64         // SET: unix ms deadline, 0 for none
+	Fence     hlc.Timestamp // the request's fencing token; zero if it carried none
+	Expected  hlc.Timestamp // OpExpire: the version the key must still hold
+}
+
+// Outcome says what a command did.
+type Outcome uint8
+
+const (
+	Applied       Outcome = iota // the change was made
+	NotApplied                   // SET condition failed, or VDEL value differed
+	Missing                      // DEL, VDEL or Expire found no (live) key
+	FenceRequired                // the key is fenced and the command carried no token
+	FenceLower                   // the command's token is lower than the key's
+	QuotaExceeded                // storing the key would exceed a limit
+)
+
+// Result is the outcome of one command.
+type Result struct {
+	Outcome Outcome
+	// Version is the key's version after a SET (applied or not), and the
+	// deleted entry's version after a delete. Zero when there is no key.
+	Version hlc.Timestamp
+}
+
+// EventKind is the kind of a change event.
+type EventKind uint8
+
+const (
+	EventSet EventKind = iota + 1
+	EventDelete
+)
+
+// Event is a change to a key, for observers.
+type Event struct {
+	Kind    EventKind
+	Key     []byte
+	Value   []byte        // EventSet only
+	Version hlc.Timestamp // the new version (SET) or the command's version (DELETE)
+}
+
+// Limits bound what the store holds. Zero means unlimited.
+type Limits struct {
+	MaxKeys  int
+	MaxBytes int64 // sum of key and value lengths
+}
+
+type expiryItem struct {
+	at  int64
+	key []byte
+}
+
+func lessEntry(a, b *Entry) bool { return bytes.Compare(a.Key, b.Key) < 0 }
+
+func lessExpiry(a, b expiryItem) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	return bytes.Compare(a.key, b.key) < 0
+}
+
+const degree = 32
+
+// Store is the keyspace of one replica group. The zero value is not usable;
+// use New.
+type Store struct {
+	keys       *btree.BTreeG[*Entry]
+	expiry     *btree.BTreeG[expiryItem]
+	limits     Limits
+	bytes      int64
+	maxVersion hlc.Timestamp
+}
+
+// New returns an empty store.
+func New(limits Limits) *Store {
+	return &Store{
+		keys:   btree.NewG(degree, lessEntry),
+		expiry: btree.NewG(degree, lessExpiry),
+		limits: limits,
+	}
+}
+
+// SetLimits changes the limits; entries already stored stay.
+func (s *Store) SetLimits(l Limits) { s.limits = l }
+
+// Len returns the number of stored keys, expired or not.
+func (s *Store) Len() int { return s.keys.Len() }
+
+// Bytes returns the total length of stored keys and values.
+func (s *Store) Bytes() int64 { return s.bytes }
+
+// MaxVersion returns the greatest version any applied command carried, so a
+// clock can be restored above it after a restart.
+func (s *Store) MaxVersion() hlc.Timestamp { return s.maxVersion }
+
+// Clone returns a copy-on-write snapshot: cheap now, and unaffected by later
+// changes to s. The clone and s may be used from different goroutines.
+func (s *Store) Clone() *Store {
+	c := *s
+	c.keys = s.keys.Clone()
+	c.expiry = s.expiry.Clone()
+	return &c
+}
+
+func (s *Store) lookup(key []byte) *Entry {
+	e, ok := s.keys.Get(&Entry{Key: key})
+	if !ok {
+		return nil
+	}
+	return e
+}
+
+// Get returns the live entry for key at now (unix ms). An entry past its
+// deadline is absent even before its Expire command is applied.
+func (s *Store) Get(key []byte, now int64) (*Entry, bool) {
+	e := s.lookup(key)
+	if e == nil || e.expired(now) {
+		return nil, false
+	}
+	return e, true
+}
+
+// Ascend calls fn for each live entry with key >= from, in key order, until
+// fn returns false.
+func (s *Store) Ascend(from []byte, now int64, fn func(*Entry) bool) {
+	s.keys.AscendGreaterOrEqual(&Entry{Key: from}, func(e *Entry) bool {
+		if e.expired(now) {
+			return true
+		}
+		return fn(e)
+	})
+}
+
+// NextExpiry returns the earliest deadline in the store.
+func (s *Store) NextExpiry() (int64, bool) {
+	it, ok := s.expiry.Min()
+	return it.at, ok
+}
+
+// Due calls fn, in deadline order, for up to max entries whose deadline is
+// at or before now: the candidates for Expire commands.
+func (s *Store) Due(now int64, max int, fn func(key []byte, version hlc.Timestamp)) {
+	n := 0
+	s.expiry.Ascend(func(it expiryItem) bool {
+		if it.at > now || n >= max {
+			return false
+		}
+		if e := s.lookup(it.key); e != nil {
+			fn(e.Key, e.Version)
+			n++
+		}
+		return true
+	})
+}
+
+// Apply applies one command, appending the change events it causes to
+// events. It is deterministic: the same commands in the same order leave
+// every store in the same state with the same results.
+func (s *Store) Apply(c *Command, events []Event) (Result, []Event) {
+	if c.Version.Compare(s.maxVersion) > 0 {
+		s.maxVersion = c.Version
+	}
+	stored := s.lookup(c.Key)
+	cur := stored
+	if cur != nil && cur.expired(c.Now) {
+		// The key is logically gone; its Expire command may still be on
+		// the way and will find a different version, or nothing.
+		cur = nil
+	}
+	switch c.Op {
+	case OpSet:
+		return s.set(c, stored, cur, events)
+	case OpDel, OpVDel:
+		if cur == nil {
+			return Result{Outcome: Missing}, events
+		}
+		if o, ok := checkFence(cur, c.Fence); !ok {
+			return Result{Outcome: o}, events
+		}
+		if c.Op == OpVDel && !bytes.Equal(cur.Value, c.Value) {
+			return Result{Outcome: NotApplied, Version: cur.Version}, events
+		}
+		s.remove(cur)
+		return Result{Outcome: Applied, Version: cur.Version},
+			append(events, Event{Kind: EventDelete, Key: cur.Key, Version: c.Version})
+	case OpExpire:
+		// Looks at the stored entry whatever its deadline: the point is
+		// to remove exactly the version that expired.
+		if stored == nil || stored.Version != c.Expected {
+			return Result{Outcome: Missing}, events
+		}
+		s.remove(stored)
+		return Result{Outcome: Applied, Version: stored.Version},
+			append(events, Event{Kind: EventDelete, Key: stored.Key, Version: c.Version})
+	}
+	return Result{Outcome: NotApplied}, events
+}
+
+// set applies a SET; stored is the entry under the key (maybe expired), cur
+// the live one (nil if absent or expired).
+func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []Event) {
+	fence := c.Fence
+	if cur != nil {
+		if o, ok := checkFence(cur, c.Fence); !ok {
+			return Result{Outcome: o}, events
+		}
+		if fence.IsZero() {
+			fence = cur.Fence
+		}
+		switch c.Cond {
+		case NX:
+			return Result{Outcome: NotApplied, Version: cur.Version}, events
+		case NEX:
+			if !bytes.Equal(cur.Value, c.Value) {
+				return Result{Outcome: NotApplied, Version: cur.Version}, events
+			}
+		}
+	}
+	size := int64(len(c.Key) + len(c.Value))
+	if !s.fits(stored, size) {
+		res := Result{Outcome: QuotaExceeded}
+		if cur != nil {
+			res.Version = cur.Version
+		}
+		return res, events
+	}
+	// One allocation holds the key and value, copied out of the command so
+	// the store never aliases a log buffer.
+	buf := make([]byte, len(c.Key)+len(c.Value))
+	n := copy(buf, c.Key)
+	copy(buf[n:], c.Value)
+	e := &Entry{
+		Key:       buf[:n:n],
+		Value:     buf[n:],
+		Version:   c.Version,
+		Fence:     fence,
+		ExpiresAt: c.ExpiresAt,
+	}
+	if stored != nil {
+		s.remove(stored)
+	}
+	s.insert(e)
+	return Result{Outcome: Applied, Version: e.Version},
+		append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
+}
+
+// checkFence applies the fencing rule of the spec (section 4.4) to a write
+// of a live entry.
+func checkFence(cur *Entry, token hlc.Timestamp) (Outcome, bool) {
+	if cur.Fence.IsZero() {
+		return Applied, true
+	}
+	if token.IsZero() {
+		return FenceRequired, false
+	}
+	if token.Compare(cur.Fence) < 0 {
+		return FenceLower, false
+	}
+	return Applied, true
+}
+
+// fits reports whether replacing stored (nil for a new key) by an entry of
+// size bytes stays within the limits. Shrinking writes always fit.
+func (s *Store) fits(stored *Entry, size int64) bool {
+	var oldSize int64
+	if stored != nil {
+		oldSize = stored.size()
+	} else if s.limits.MaxKeys > 0 && s.keys.Len() >= s.limits.MaxKeys {
+		return false
+	}
+	grow := size - oldSize
+	return s.limits.MaxBytes <= 0 || grow <= 0 || s.bytes+grow <= s.limits.MaxBytes
+}
+
+func (s *Store) insert(e *Entry) {
+	s.keys.ReplaceOrInsert(e)
+	s.bytes += e.size()
+	if e.ExpiresAt != 0 {
+		s.expiry.ReplaceOrInsert(expiryItem{at: e.ExpiresAt, key: e.Key})
+	}
+}
+
+func (s *Store) remove(e *Entry) {
+	s.keys.Delete(e)
+	s.bytes -= e.size()
+	if e.ExpiresAt != 0 {
+		s.expiry.Delete(expiryItem{at: e.ExpiresAt, key: e.Key})
+	}
+}
