@@ -169,15 +169,12 @@ func (c *Clock) Now() Timestamp {
 }
 
 // Update issues a new timestamp strictly greater than remote and than every
-// timestamp issued or observed before (the HLC receive rule). It fails with
-// ErrSkew when remote is too far ahead of the wall clock.
-func (c *Clock) Update(remote Timestamp) (Timestamp, error) {
-	if err := c.CheckSkew(remote); err != nil {
-		return Timestamp{}, err
-	}
+// timestamp issued or observed before (the HLC receive rule). Callers check
+// remote with CheckSkew first: Update trusts it.
+func (c *Clock) Update(remote Timestamp) Timestamp {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.tick(remote), nil
+	return c.tick(remote)
 }
 
 // Observe merges t into the clock without issuing a timestamp, so later

@@ -107,10 +107,7 @@ func TestClockUpdateRule(t *testing.T) {
 	}
 	for i, s := range steps {
 		w.set(s.wall)
-		got, err := c.Update(s.remote)
-		if err != nil {
-			t.Fatalf("step %d: %v", i, err)
-		}
+		got := c.Update(s.remote)
 		if got != s.want {
 			t.Fatalf("step %d: Update(%v) = %v, want %v", i, s.remote, got, s.want)
 		}
@@ -124,10 +121,10 @@ func TestClockRejectsSkew(t *testing.T) {
 	w := &fakeWall{}
 	w.set(1_000_000)
 	c, _ := New("srv", w.now)
-	if _, err := c.Update(Timestamp{Wall: 1_000_000 + MaxDrift.Milliseconds(), Node: "c"}); err != nil {
+	if err := c.CheckSkew(Timestamp{Wall: 1_000_000 + MaxDrift.Milliseconds(), Node: "c"}); err != nil {
 		t.Fatalf("exactly MaxDrift ahead must pass: %v", err)
 	}
-	if _, err := c.Update(Timestamp{Wall: 1_000_001 + MaxDrift.Milliseconds(), Node: "c"}); err != ErrSkew {
+	if err := c.CheckSkew(Timestamp{Wall: 1_000_001 + MaxDrift.Milliseconds(), Node: "c"}); err != ErrSkew {
 		t.Fatalf("beyond MaxDrift: err = %v, want ErrSkew", err)
 	}
 }
@@ -136,10 +133,7 @@ func TestClockCounterOverflowMovesWall(t *testing.T) {
 	w := &fakeWall{}
 	w.set(10)
 	c, _ := New("srv", w.now)
-	got, err := c.Update(Timestamp{Wall: 10, Counter: maxCounter, Node: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := c.Update(Timestamp{Wall: 10, Counter: maxCounter, Node: "c"})
 	if want := (Timestamp{11, 0, "srv"}); got != want {
 		t.Fatalf("got %v, want %v", got, want)
 	}

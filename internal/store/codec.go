@@ -33,7 +33,7 @@ func AppendBatch(b []byte, cmds []Command) []byte {
 		b = appendBytes(b, c.Value)
 		b = appendTimestamp(b, c.Version)
 		b = binary.AppendVarint(b, c.Now)
-		b = binary.AppendVarint(b, c.ExpiresAt)
+		b = binary.AppendVarint(b, c.TTL)
 		b = appendTimestamp(b, c.Fence)
 		b = appendTimestamp(b, c.Expected)
 	}
@@ -60,7 +60,7 @@ func DecodeBatch(data []byte) ([]Command, error) {
 		c.Value = d.bytes()
 		c.Version = d.timestamp()
 		c.Now = d.varint()
-		c.ExpiresAt = d.varint()
+		c.TTL = d.varint()
 		c.Fence = d.timestamp()
 		c.Expected = d.timestamp()
 		if c.Op < OpSet || c.Op > OpExpire || c.Cond > NEX {

@@ -69,7 +69,7 @@ type Command struct {
 	Value     []byte
 	Version   hlc.Timestamp // the new key version (SET), the event version (deletes)
 	Now       int64         // proposer's wall clock, unix ms: decides which keys have expired
-	ExpiresAt int64         // SET: unix ms deadline, 0 for none
+	TTL       int64         // SET: milliseconds to live from Now; 0 for no expiry
 	Fence     hlc.Timestamp // the request's fencing token; zero if it carried none
 	Expected  hlc.Timestamp // OpExpire: the version the key must still hold
 }
@@ -153,6 +153,9 @@ func New(limits Limits) *Store {
 
 // SetLimits changes the limits; entries already stored stay.
 func (s *Store) SetLimits(l Limits) { s.limits = l }
+
+// Limits returns the current limits.
+func (s *Store) Limits() Limits { return s.limits }
 
 // Len returns the number of stored keys, expired or not.
 func (s *Store) Len() int { return s.keys.Len() }
@@ -301,11 +304,13 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	n := copy(buf, c.Key)
 	copy(buf[n:], c.Value)
 	e := &Entry{
-		Key:       buf[:n:n],
-		Value:     buf[n:],
-		Version:   c.Version,
-		Fence:     fence,
-		ExpiresAt: c.ExpiresAt,
+		Key:     buf[:n:n],
+		Value:   buf[n:],
+		Version: c.Version,
+		Fence:   fence,
+	}
+	if c.TTL > 0 {
+		e.ExpiresAt = c.Now + c.TTL
 	}
 	if stored != nil {
 		s.remove(stored)

@@ -195,7 +195,7 @@ func TestFencingCheckedBeforeCondition(t *testing.T) {
 
 func TestExpiry(t *testing.T) {
 	h := newHarness(t)
-	set, _ := h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("v"), ExpiresAt: h.now + 100})
+	set, _ := h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("v"), TTL: 100})
 	if at, ok := h.s.NextExpiry(); !ok || at != h.now+100 {
 		t.Fatalf("NextExpiry = %d %v", at, ok)
 	}
@@ -226,10 +226,10 @@ func TestExpiry(t *testing.T) {
 
 func TestExpiredKeyIsAbsentToWrites(t *testing.T) {
 	h := newHarness(t)
-	first, _ := h.apply(Command{Op: OpSet, Key: []byte("lock"), Value: []byte("a"), Fence: ts(50), ExpiresAt: h.now + 10})
+	first, _ := h.apply(Command{Op: OpSet, Key: []byte("lock"), Value: []byte("a"), Fence: ts(50), TTL: 10})
 	h.now += 10
 	// Before the Expire commits: NX succeeds, fencing is gone with the entry.
-	if r, _ := h.apply(Command{Op: OpSet, Cond: NX, Key: []byte("lock"), Value: []byte("b"), ExpiresAt: h.now + 10}); r.Outcome != Applied {
+	if r, _ := h.apply(Command{Op: OpSet, Cond: NX, Key: []byte("lock"), Value: []byte("b"), TTL: 10}); r.Outcome != Applied {
 		t.Fatalf("NX on expired key: %v", r.Outcome)
 	}
 	// The late Expire for the old version is a no-op.
@@ -251,7 +251,7 @@ func TestExpiredKeyIsAbsentToWrites(t *testing.T) {
 
 func TestSetWithoutPXClearsExpiry(t *testing.T) {
 	h := newHarness(t)
-	h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("v"), ExpiresAt: h.now + 10})
+	h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("v"), TTL: 10})
 	h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("v")})
 	if _, ok := h.s.Get([]byte("k"), h.now+1000); !ok {
 		t.Fatal("SET without PX kept the old expiry")
@@ -334,7 +334,7 @@ func randomStore(t *testing.T, seed int64, n int) *harness {
 			c.Op = OpSet
 			c.Cond = Cond(rng.Intn(3))
 			if rng.Intn(3) == 0 {
-				c.ExpiresAt = h.now + int64(rng.Intn(500))
+				c.TTL = int64(rng.Intn(500))
 			}
 			if rng.Intn(4) == 0 {
 				c.Fence = ts(int64(rng.Intn(100)))
@@ -413,7 +413,7 @@ func flip(b []byte, i int) []byte {
 
 func TestBatchRoundTrip(t *testing.T) {
 	cmds := []Command{
-		{Op: OpSet, Cond: NEX, Key: []byte("k"), Value: []byte("v"), Version: hlc.Timestamp{Wall: 5, Counter: 2, Node: "n"}, Now: 4, ExpiresAt: 100, Fence: ts(3)},
+		{Op: OpSet, Cond: NEX, Key: []byte("k"), Value: []byte("v"), Version: hlc.Timestamp{Wall: 5, Counter: 2, Node: "n"}, Now: 4, TTL: 100, Fence: ts(3)},
 		{Op: OpDel, Key: []byte("k2"), Version: hlc.Timestamp{Wall: 6, Node: "n"}, Now: 6},
 		{Op: OpExpire, Key: []byte{}, Expected: ts(9), Version: ts(10)},
 	}

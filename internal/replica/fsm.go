@@ -1,0 +1,108 @@
+package replica
+
+import (
+	"io"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// fsm is the boundary between raft and the store: hashicorp/raft's three
+// methods (apply, snapshot, restore), with the lock that lets reads run
+// beside the apply goroutine.
+type fsm struct {
+	mu         sync.RWMutex
+	st         *store.Store
+	clock      *hlc.Clock
+	onEvents   func([]store.Event)
+	wakeExpiry func()
+	events     []store.Event // reused between batches; only the apply goroutine touches it
+}
+
+var _ raft.BatchingFSM = (*fsm)(nil)
+
+func (f *fsm) Apply(l *raft.Log) interface{} {
+	return f.ApplyBatch([]*raft.Log{l})[0]
+}
+
+// ApplyBatch applies committed entries in order. Each command entry yields
+// a []store.Result (one per command) or an error if it cannot be decoded.
+func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
+	out := make([]interface{}, len(logs))
+	events := f.events[:0]
+	expiring := false
+	var maxVersion hlc.Timestamp
+	f.mu.Lock()
+	for i, l := range logs {
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		cmds, err := store.DecodeBatch(l.Data)
+		if err != nil {
+			// Every replica fails the same entry the same way.
+			out[i] = err
+			continue
+		}
+		results := make([]store.Result, len(cmds))
+		for j := range cmds {
+			c := &cmds[j]
+			results[j], events = f.st.Apply(c, events)
+			if c.Version.Compare(maxVersion) > 0 {
+				maxVersion = c.Version
+			}
+			if c.Op == store.OpSet && c.TTL > 0 {
+				expiring = true
+			}
+		}
+		out[i] = results
+	}
+	f.mu.Unlock()
+	// A new leader must issue versions above every applied one.
+	f.clock.Observe(maxVersion)
+	if len(events) > 0 && f.onEvents != nil {
+		f.onEvents(events)
+	}
+	clear(events) // drop references to values
+	f.events = events[:0]
+	if expiring {
+		f.wakeExpiry()
+	}
+	return out
+}
+
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &snapshot{st: f.st.Clone()}, nil
+}
+
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	next := store.New(store.Limits{})
+	if err := next.ReadSnapshot(rc); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	next.SetLimits(f.st.Limits())
+	f.st = next
+	f.mu.Unlock()
+	f.clock.Observe(next.MaxVersion())
+	f.wakeExpiry()
+	return nil
+}
+
+// snapshot is a copy-on-write clone, written out while writes go on.
+type snapshot struct{ st *store.Store }
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.st.WriteSnapshot(sink); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() {}

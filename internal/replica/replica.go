@@ -1,0 +1,440 @@
+// Package replica runs one replica group: a hashicorp/raft instance whose
+// log (raft-wal, fsynced) carries batches of store commands and whose state
+// machine is a store.Store. A single node is a group with one voter.
+//
+// Writes go through Submit: one proposer goroutine stamps each command with
+// a fresh HLC version and the wall clock, in log order, batches what is
+// waiting into one log entry, and reports each result once the entry is
+// durable and applied. Reads see the applied state.
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftwal "github.com/hashicorp/raft-wal"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Config configures a group.
+type Config struct {
+	NodeID string // stable id of this node; becomes the HLC node id
+	// Dir holds the log and snapshots. Empty means in memory: nothing
+	// survives the process.
+	Dir    string
+	Limits store.Limits
+	// SnapshotThreshold is how many log entries trigger a snapshot;
+	// zero picks a default.
+	SnapshotThreshold uint64
+	Logger            *slog.Logger
+	// OnEvents receives the change events of every applied batch, in log
+	// order, on the apply goroutine. It must not block for long and must
+	// not keep the slice (its elements may be kept).
+	OnEvents func([]store.Event)
+	// Now is the wall clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Proposal is a write waiting for the log. The proposer sets Cmd.Version
+// (strictly above After and every earlier version) and Cmd.Now.
+type Proposal struct {
+	Cmd   store.Command
+	After hlc.Timestamp // the request's timestamp; zero if none
+	// Done is called exactly once, from the group's own goroutine, with the
+	// command's result once it is applied, or with an error if it never
+	// will be. It must not block.
+	Done func(store.Result, error)
+}
+
+// ErrClosed is reported for proposals made after Close.
+var ErrClosed = errors.New("replica: group closed")
+
+const (
+	maxBatch      = 512     // commands per log entry
+	maxBatchBytes = 4 << 20 // payload bytes per log entry, unless one command is bigger
+	pipelineDepth = 64      // log entries proposed but not yet applied
+)
+
+// Group is one replica group.
+type Group struct {
+	cfg   Config
+	log   *slog.Logger
+	clock *hlc.Clock
+	fsm   *fsm
+	raft  *raft.Raft
+	wal   io.Closer // nil in memory
+
+	in       chan Proposal
+	inflight chan pending
+	expiryCh chan struct{} // wakes the expiry loop when an earlier deadline appears
+
+	// submitMu orders Submit against Close: once closed is set under the
+	// write lock, nothing more enters g.in, so draining it fails every
+	// proposal that did.
+	submitMu  sync.RWMutex
+	closed    bool
+	closeOnce sync.Once
+	closing   chan struct{}
+	wg        sync.WaitGroup
+}
+
+type pending struct {
+	future raft.ApplyFuture
+	dones  []func(store.Result, error)
+}
+
+// Open starts the group, creating its state on first use, and returns once
+// it leads and has applied every entry it had on disk.
+func Open(cfg Config) (*Group, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	clock, err := hlc.New(cfg.NodeID, cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	g := &Group{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		clock:    clock,
+		in:       make(chan Proposal, maxBatch),
+		inflight: make(chan pending, pipelineDepth),
+		expiryCh: make(chan struct{}, 1),
+		closing:  make(chan struct{}),
+	}
+	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	// One voter: nobody else can start an election, so short timeouts only
+	// shorten startup.
+	rc.HeartbeatTimeout = 50 * time.Millisecond
+	rc.ElectionTimeout = 50 * time.Millisecond
+	rc.LeaderLeaseTimeout = 50 * time.Millisecond
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 256
+	rc.NoLegacyTelemetry = true
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	if rc.SnapshotThreshold == 0 {
+		rc.SnapshotThreshold = 4096
+	}
+	rc.TrailingLogs = 1024
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+
+	var (
+		logs   raft.LogStore
+		stable raft.StableStore
+		snaps  raft.SnapshotStore
+	)
+	if cfg.Dir == "" {
+		mem := raft.NewInmemStore()
+		logs, stable, snaps = mem, mem, raft.NewInmemSnapshotStore()
+	} else {
+		walDir := filepath.Join(cfg.Dir, "wal")
+		if err := os.MkdirAll(walDir, 0o700); err != nil {
+			return nil, fmt.Errorf("replica: %w", err)
+		}
+		w, err := raftwal.Open(walDir)
+		if err != nil {
+			return nil, fmt.Errorf("replica: open log: %w", err)
+		}
+		g.wal = w
+		logs, stable = w, w
+		fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
+		if err != nil {
+			w.Close()
+			return nil, fmt.Errorf("replica: open snapshots: %w", err)
+		}
+		snaps = fss
+	}
+
+	addr, trans := raft.NewInmemTransport(raft.ServerAddress(cfg.NodeID))
+	exists, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		g.closeWAL()
+		return nil, fmt.Errorf("replica: %w", err)
+	}
+	if !exists {
+		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}
+		if err := raft.BootstrapCluster(rc, logs, stable, snaps, trans, boot); err != nil {
+			g.closeWAL()
+			return nil, fmt.Errorf("replica: bootstrap: %w", err)
+		}
+	}
+	r, err := raft.NewRaft(rc, g.fsm, logs, stable, snaps, trans)
+	if err != nil {
+		g.closeWAL()
+		return nil, fmt.Errorf("replica: start raft: %w", err)
+	}
+	g.raft = r
+
+	if err := g.awaitLeadership(30 * time.Second); err != nil {
+		g.raft.Shutdown().Error()
+		g.closeWAL()
+		return nil, err
+	}
+	g.wg.Add(3)
+	go g.propose()
+	go g.complete()
+	go g.expireLoop()
+	return g, nil
+}
+
+// awaitLeadership waits until this node leads and has applied everything
+// committed before, so reads see every write acknowledged before a restart.
+func (g *Group) awaitLeadership(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for g.raft.State() != raft.Leader {
+		if time.Now().After(deadline) {
+			return errors.New("replica: no leadership")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := g.raft.Barrier(timeout).Error(); err != nil {
+		return fmt.Errorf("replica: barrier: %w", err)
+	}
+	return nil
+}
+
+// Clock returns the group's hybrid logical clock.
+func (g *Group) Clock() *hlc.Clock { return g.clock }
+
+// Submit queues a write. It blocks only while the queue is full, which
+// slows the caller down when the log cannot keep up.
+func (g *Group) Submit(p Proposal) {
+	g.submitMu.RLock()
+	if g.closed {
+		g.submitMu.RUnlock()
+		p.Done(store.Result{}, ErrClosed)
+		return
+	}
+	g.in <- p
+	g.submitMu.RUnlock()
+}
+
+// Get returns a copy of the live entry under key.
+func (g *Group) Get(key []byte) (store.Entry, bool) {
+	now := g.clock.WallMillis()
+	g.fsm.mu.RLock()
+	defer g.fsm.mu.RUnlock()
+	e, ok := g.fsm.st.Get(key, now)
+	if !ok {
+		return store.Entry{}, false
+	}
+	return *e, true
+}
+
+// View calls fn with the store under a read lock. fn must not keep the
+// store or block.
+func (g *Group) View(fn func(s *store.Store, now int64)) {
+	now := g.clock.WallMillis()
+	g.fsm.mu.RLock()
+	defer g.fsm.mu.RUnlock()
+	fn(g.fsm.st, now)
+}
+
+// Stats reports the size of the group's state and log position.
+type Stats struct {
+	Keys         int
+	Bytes        int64
+	AppliedIndex uint64
+	LastIndex    uint64
+}
+
+// Stats returns current figures.
+func (g *Group) Stats() Stats {
+	g.fsm.mu.RLock()
+	s := Stats{Keys: g.fsm.st.Len(), Bytes: g.fsm.st.Bytes()}
+	g.fsm.mu.RUnlock()
+	s.AppliedIndex = g.raft.AppliedIndex()
+	s.LastIndex = g.raft.LastIndex()
+	return s
+}
+
+// Snapshot takes a snapshot now and compacts the log behind it.
+func (g *Group) Snapshot() error {
+	return g.raft.Snapshot().Error()
+}
+
+// Close stops the group. Pending proposals fail with ErrClosed unless they
+// were already in the log.
+func (g *Group) Close() error {
+	var err error
+	g.closeOnce.Do(func() {
+		g.submitMu.Lock()
+		g.closed = true
+		g.submitMu.Unlock()
+		close(g.closing)
+		g.wg.Wait()
+		err = g.raft.Shutdown().Error()
+		if werr := g.closeWAL(); err == nil {
+			err = werr
+		}
+	})
+	return err
+}
+
+func (g *Group) closeWAL() error {
+	if g.wal == nil {
+		return nil
+	}
+	return g.wal.Close()
+}
+
+// propose turns queued proposals into log entries, one batch at a time,
+// without waiting for earlier entries: raft groups what arrives while the
+// log is syncing into the next write.
+func (g *Group) propose() {
+	defer g.wg.Done()
+	defer close(g.inflight)
+	var (
+		cmds  []store.Command
+		dones []func(store.Result, error)
+		buf   []byte
+	)
+	for {
+		var first Proposal
+		select {
+		case first = <-g.in:
+		case <-g.closing:
+			g.drain()
+			return
+		}
+		cmds, dones = cmds[:0], nil
+		size := 0
+		add := func(p Proposal) {
+			p.Cmd.Now = g.clock.WallMillis()
+			p.Cmd.Version = g.clock.Update(p.After)
+			cmds = append(cmds, p.Cmd)
+			dones = append(dones, p.Done)
+			size += len(p.Cmd.Key) + len(p.Cmd.Value)
+		}
+		add(first)
+	gather:
+		for len(cmds) < maxBatch && size < maxBatchBytes {
+			select {
+			case p := <-g.in:
+				add(p)
+			default:
+				break gather
+			}
+		}
+		buf = store.AppendBatch(buf[:0], cmds)
+		// raft keeps the slice until applied: hand it a copy.
+		f := g.raft.Apply(append([]byte(nil), buf...), 0)
+		g.inflight <- pending{future: f, dones: dones}
+	}
+}
+
+// drain fails proposals still queued at close.
+func (g *Group) drain() {
+	for {
+		select {
+		case p := <-g.in:
+			p.Done(store.Result{}, ErrClosed)
+		default:
+			return
+		}
+	}
+}
+
+// complete reports results in log order as entries are applied.
+func (g *Group) complete() {
+	defer g.wg.Done()
+	for p := range g.inflight {
+		err := p.future.Error()
+		var results []store.Result
+		if err == nil {
+			switch r := p.future.Response().(type) {
+			case []store.Result:
+				results = r
+			case error:
+				err = r
+			}
+		}
+		if err == nil && len(results) != len(p.dones) {
+			err = fmt.Errorf("replica: %d results for %d commands", len(results), len(p.dones))
+		}
+		for i, done := range p.dones {
+			if err != nil {
+				done(store.Result{}, err)
+			} else {
+				done(results[i], nil)
+			}
+		}
+	}
+}
+
+func (g *Group) wakeExpiry() {
+	select {
+	case g.expiryCh <- struct{}{}:
+	default:
+	}
+}
+
+// expireLoop proposes an Expire for every key whose deadline has passed, so
+// that expiry is replicated and observers get DELETE notifications.
+func (g *Group) expireLoop() {
+	defer g.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	type due struct {
+		key     []byte
+		version hlc.Timestamp
+	}
+	var batch []due
+	for {
+		now := g.clock.WallMillis()
+		batch = batch[:0]
+		var next int64
+		var haveNext bool
+		leader := g.raft.State() == raft.Leader
+		g.View(func(s *store.Store, _ int64) {
+			if leader { // followers apply the leader's Expire commands
+				s.Due(now, maxBatch, func(key []byte, v hlc.Timestamp) {
+					batch = append(batch, due{key, v})
+				})
+			}
+			next, haveNext = s.NextExpiry()
+		})
+		// Wait for this round's Expires to apply, so the next scan does
+		// not find (and propose) the same keys again.
+		var wg sync.WaitGroup
+		wg.Add(len(batch))
+		for _, d := range batch {
+			g.Submit(Proposal{
+				Cmd:  store.Command{Op: store.OpExpire, Key: d.key, Expected: d.version},
+				Done: func(store.Result, error) { wg.Done() },
+			})
+		}
+		wg.Wait()
+		wait := time.Hour
+		if haveNext {
+			wait = time.Duration(next-g.clock.WallMillis()) * time.Millisecond
+			if len(batch) == maxBatch || wait < 0 {
+				wait = 0
+			}
+		}
+		if len(batch) > 0 && wait == 0 {
+			continue
+		}
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-g.expiryCh:
+		case <-g.closing:
+			return
+		}
+	}
+}

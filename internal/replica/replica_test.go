@@ -1,0 +1,168 @@
+package replica
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+func open(t *testing.T, dir string, onEvents func([]store.Event)) *Group {
+	t.Helper()
+	g, err := Open(Config{NodeID: "n1", Dir: dir, OnEvents: onEvents})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// write submits a command and waits for its result.
+func write(t *testing.T, g *Group, c store.Command, after hlc.Timestamp) store.Result {
+	t.Helper()
+	ch := make(chan store.Result, 1)
+	var err error
+	g.Submit(Proposal{Cmd: c, After: after, Done: func(r store.Result, e error) { err = e; ch <- r }})
+	r := <-ch
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestWritesSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	g := open(t, dir, nil)
+	versions := map[string]hlc.Timestamp{}
+	for i := 0; i < 100; i++ {
+		k := fmt.Sprintf("k%d", i%10)
+		r := write(t, g, store.Command{Op: store.OpSet, Key: []byte(k), Value: []byte(fmt.Sprint(i))}, hlc.Timestamp{})
+		if r.Outcome != store.Applied {
+			t.Fatal(r.Outcome)
+		}
+		if prev := versions[k]; r.Version.Compare(prev) <= 0 {
+			t.Fatalf("version %v not above %v", r.Version, prev)
+		}
+		versions[k] = r.Version
+	}
+	last := versions["k9"]
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g = open(t, dir, nil)
+	defer g.Close()
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("k%d", i)
+		e, ok := g.Get([]byte(k))
+		if !ok || string(e.Value) != fmt.Sprint(90+i) || e.Version != versions[k] {
+			t.Fatalf("%s after restart: %+v %v", k, e, ok)
+		}
+	}
+	if v := g.Clock().Now(); v.Compare(last) <= 0 {
+		t.Fatalf("clock after restart %v not above %v", v, last)
+	}
+}
+
+func TestSnapshotAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	g := open(t, dir, nil)
+	for i := 0; i < 50; i++ {
+		write(t, g, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint(i)), Value: []byte("v")}, hlc.Timestamp{})
+	}
+	if err := g.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 50; i < 60; i++ { // after the snapshot: replayed from the log
+		write(t, g, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint(i)), Value: []byte("v")}, hlc.Timestamp{})
+	}
+	write(t, g, store.Command{Op: store.OpDel, Key: []byte("0")}, hlc.Timestamp{})
+	g.Close()
+	g = open(t, dir, nil)
+	defer g.Close()
+	if s := g.Stats(); s.Keys != 59 {
+		t.Fatalf("keys after restart = %d, want 59", s.Keys)
+	}
+	if _, ok := g.Get([]byte("0")); ok {
+		t.Fatal("deleted key came back")
+	}
+}
+
+func TestVersionAboveRequestTimestamp(t *testing.T) {
+	g := open(t, "", nil)
+	defer g.Close()
+	ahead := hlc.Timestamp{Wall: time.Now().Add(30 * time.Second).UnixMilli(), Counter: 7, Node: "client"}
+	r := write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v")}, ahead)
+	if r.Version.Compare(ahead) <= 0 {
+		t.Fatalf("version %v not above request %v", r.Version, ahead)
+	}
+}
+
+func TestExpiryProducesDeleteEvent(t *testing.T) {
+	deleted := make(chan time.Time, 10)
+	g := open(t, t.TempDir(), func(evs []store.Event) {
+		for _, e := range evs {
+			if e.Kind == store.EventDelete && string(e.Key) == "ttl" {
+				deleted <- time.Now()
+			}
+		}
+	})
+	defer g.Close()
+	start := time.Now()
+	write(t, g, store.Command{Op: store.OpSet, Key: []byte("ttl"), Value: []byte("v"), TTL: 200}, hlc.Timestamp{})
+	e, _ := g.Get([]byte("ttl"))
+	select {
+	case at := <-deleted:
+		if at.Sub(start) < 200*time.Millisecond {
+			t.Fatalf("deleted after %v, before its TTL", at.Sub(start))
+		}
+		if late := at.Sub(time.UnixMilli(e.ExpiresAt)); late > 100*time.Millisecond {
+			t.Fatalf("DELETE came %v after the deadline", late)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no DELETE event for the expired key")
+	}
+	if _, ok := g.Get([]byte("ttl")); ok {
+		t.Fatal("expired key still readable")
+	}
+}
+
+func TestManyConcurrentWritersAreBatched(t *testing.T) {
+	g := open(t, t.TempDir(), nil)
+	defer g.Close()
+	var wg sync.WaitGroup
+	for w := 0; w < 32; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				ch := make(chan error, 1)
+				g.Submit(Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(fmt.Sprintf("%d-%d", w, i)), Value: []byte("x")},
+					Done: func(_ store.Result, err error) { ch <- err }})
+				if err := <-ch; err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	s := g.Stats()
+	if s.Keys != 32*50 {
+		t.Fatalf("keys = %d", s.Keys)
+	}
+	if s.LastIndex >= 32*50 {
+		t.Fatalf("%d log entries for %d writes: no batching", s.LastIndex, 32*50)
+	}
+}
+
+func TestSubmitAfterCloseFails(t *testing.T) {
+	g := open(t, "", nil)
+	g.Close()
+	ch := make(chan error, 1)
+	g.Submit(Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte("k")}, Done: func(_ store.Result, err error) { ch <- err }})
+	if err := <-ch; err != ErrClosed {
+		t.Fatalf("err = %v", err)
+	}
+}
