@@ -3,10 +3,19 @@ module github.com/mqkv/mqkv
 go 1.26.8
 
 require (
+	github.com/Azure/iot-operations-sdks/go/mqtt v0.4.2
+	github.com/Azure/iot-operations-sdks/go/protocol v0.4.3
+	github.com/Azure/iot-operations-sdks/go/services v0.4.1
+	github.com/google/btree v1.1.3
+	github.com/hashicorp/go-hclog v1.6.3
+	github.com/hashicorp/raft v1.8.0
+	github.com/hashicorp/raft-wal v0.4.1
+	github.com/mochi-mqtt/server/v2 v2.7.9
+	go.etcd.io/bbolt v1.3.6
+)
+
+require (
 	github.com/Azure/iot-operations-sdks/go/internal v0.3.1 // indirect
-	github.com/Azure/iot-operations-sdks/go/mqtt v0.4.2 // indirect
-	github.com/Azure/iot-operations-sdks/go/protocol v0.4.3 // indirect
-	github.com/Azure/iot-operations-sdks/go/services v0.4.1 // indirect
 	github.com/VividCortex/ewma v1.2.0 // indirect
 	github.com/armon/go-metrics v0.4.1 // indirect
 	github.com/benbjohnson/immutable v0.4.0 // indirect
@@ -18,26 +27,20 @@ require (
 	github.com/eclipse/paho.golang v0.23.0 // indirect
 	github.com/fatih/color v1.19.0 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
-	github.com/google/btree v1.1.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/websocket v1.5.3 // indirect
-	github.com/hashicorp/go-hclog v1.6.3 // indirect
 	github.com/hashicorp/go-immutable-radix v1.3.1 // indirect
 	github.com/hashicorp/go-metrics v0.7.0 // indirect
 	github.com/hashicorp/go-msgpack/v2 v2.1.5 // indirect
 	github.com/hashicorp/golang-lru v1.0.2 // indirect
-	github.com/hashicorp/raft v1.8.0 // indirect
-	github.com/hashicorp/raft-wal v0.4.1 // indirect
 	github.com/iancoleman/strcase v0.3.0 // indirect
 	github.com/mattn/go-colorable v0.1.14 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/mattn/go-runewidth v0.0.21 // indirect
-	github.com/mochi-mqtt/server/v2 v2.7.9 // indirect
 	github.com/princjef/mageutil v1.0.0 // indirect
 	github.com/relvacode/iso8601 v1.7.0 // indirect
 	github.com/rs/xid v1.4.0 // indirect
 	github.com/sosodev/duration v1.4.0 // indirect
-	go.etcd.io/bbolt v1.3.6 // indirect
 	golang.org/x/crypto v0.45.0 // indirect
 	golang.org/x/exp v0.0.0-20230626212559-97b1e661b5df // indirect
 	golang.org/x/sys v0.47.0 // indirect

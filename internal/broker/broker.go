@@ -1,0 +1,244 @@
+// Package broker embeds the mochi-mqtt MQTT v5 broker: it owns the
+// listeners and the persisted session state, hands state store requests to
+// a Handler, and implements statestore.Transport to publish replies and to
+// deliver notifications into client sessions.
+package broker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// Handler receives state store traffic.
+type Handler interface {
+	Handle(*statestore.Request)
+	Disconnected(clientID string, conn uint64)
+}
+
+// Config configures the broker.
+type Config struct {
+	// Listen is the TCP address of the MQTT listener, e.g. "127.0.0.1:1883".
+	Listen string
+	// DataDir holds the session store. Empty: sessions live in memory.
+	DataDir string
+	// MaxPacketSize is the largest MQTT packet accepted (and advertised
+	// in CONNACK); zero means the default of 64 MiB.
+	MaxPacketSize uint32
+	Logger        *slog.Logger
+}
+
+// DefaultMaxPacketSize matches the AIO broker's default profile.
+const DefaultMaxPacketSize = 64 << 20
+
+// Broker is a running MQTT broker.
+type Broker struct {
+	srv      *mqtt.Server
+	inline   *mqtt.Client // publishes replies and notifications
+	handler  Handler
+	log      *slog.Logger
+	sessions *sessions
+	ln       *listener
+
+	conns    sync.Map // *mqtt.Client → uint64 connection id
+	nextConn atomic.Uint64
+
+	mu         sync.Mutex
+	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
+}
+
+// New creates a broker listening on cfg.Listen. Call Serve to start it.
+func New(cfg Config, h Handler) (*Broker, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxPacketSize == 0 {
+		cfg.MaxPacketSize = DefaultMaxPacketSize
+	}
+	caps := mqtt.NewDefaultServerCapabilities()
+	// Without this mochi echoes user properties on PUBACK and sets reason
+	// 0x01 on QoS 1 acks (mochi issue #474).
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
+	caps.MaximumPacketSize = cfg.MaxPacketSize
+	srv := mqtt.New(&mqtt.Options{
+		Capabilities:             caps,
+		Logger:                   cfg.Logger,
+		SysTopicResendInterval:   10,
+		ClientNetWriteBufferSize: 32 << 10,
+		ClientNetReadBufferSize:  32 << 10,
+	})
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}}
+	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)
+	b.inline.Properties.ProtocolVersion = 5
+
+	if err := srv.AddHook(&hook{b: b}, nil); err != nil {
+		return nil, err
+	}
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, err
+		}
+		s, err := openSessions(filepath.Join(cfg.DataDir, "sessions.db"), cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		b.sessions = s
+		if err := srv.AddHook(s, nil); err != nil {
+			s.Stop()
+			return nil, err
+		}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		b.closeSessions()
+		return nil, fmt.Errorf("mqtt listener: %w", err)
+	}
+	b.ln = &listener{id: "tcp", ln: ln, protocol: "tcp"}
+	if err := srv.AddListener(b.ln); err != nil {
+		ln.Close()
+		b.closeSessions()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Broker) closeSessions() {
+	if b.sessions != nil {
+		b.sessions.Stop()
+	}
+}
+
+// Addr returns the address the MQTT listener is bound to.
+func (b *Broker) Addr() string { return b.ln.Address() }
+
+// Serve loads persisted sessions and starts accepting connections.
+func (b *Broker) Serve() error { return b.srv.Serve() }
+
+// Close disconnects every client and stops the broker. Session state is
+// flushed and closed.
+func (b *Broker) Close() error { return b.srv.Close() }
+
+// ClientsConnected returns the number of connected clients.
+func (b *Broker) ClientsConnected() int64 { return atomic.LoadInt64(&b.srv.Info.ClientsConnected) }
+
+// connID returns the id of a connection: each *mqtt.Client is one.
+func (b *Broker) connID(cl *mqtt.Client) uint64 {
+	if v, ok := b.conns.Load(cl); ok {
+		return v.(uint64)
+	}
+	v, _ := b.conns.LoadOrStore(cl, b.nextConn.Add(1))
+	return v.(uint64)
+}
+
+// inject publishes a message from the broker itself, at QoS 1.
+func (b *Broker) inject(topic string, payload []byte, props packets.Properties) {
+	props.ContentType = "application/octet-stream"
+	err := b.srv.InjectPacket(b.inline, packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
+		TopicName:   topic,
+		Payload:     payload,
+		Properties:  props,
+		PacketID:    1, // required for QoS 1; the inline client never sees acks
+	})
+	if err != nil {
+		b.log.Warn("publish failed", "topic", topic, "error", err)
+	}
+}
+
+var statOK = packets.UserProperty{Key: "__stat", Val: "200"}
+
+// Reply implements statestore.Transport.
+func (b *Broker) Reply(topic string, correlation, payload []byte, version hlc.Timestamp) {
+	user := make([]packets.UserProperty, 1, 2)
+	user[0] = statOK
+	if !version.IsZero() {
+		user = append(user, packets.UserProperty{Key: "__ts", Val: version.String()})
+	}
+	b.inject(topic, payload, packets.Properties{CorrelationData: correlation, User: user})
+}
+
+// Deliver implements statestore.Transport. The message goes through the
+// topic index, where the client holds a broker-side subscription to its own
+// notification topics: mochi merges all of one client's matching
+// subscriptions into one delivery, so a client that also subscribed itself
+// (as the Rust SDK does) still gets each notification once.
+func (b *Broker) Deliver(clientID string, conn uint64, topic string, payload []byte, version hlc.Timestamp) {
+	cl, ok := b.srv.Clients.Get(clientID)
+	if !ok || cl.Closed() || b.connID(cl) != conn {
+		return // that connection is gone; its registrations end with it
+	}
+	b.ensureNotifySubscription(cl)
+	b.inject(topic, payload, packets.Properties{User: []packets.UserProperty{{Key: "__ts", Val: version.String()}}})
+}
+
+func notifyFilter(clientID string) string { return statestore.NotifyClientPrefix(clientID) + "#" }
+
+func (b *Broker) ensureNotifySubscription(cl *mqtt.Client) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.notifySubs[cl.ID] == cl {
+		return
+	}
+	filter := notifyFilter(cl.ID)
+	if _, own := cl.State.Subscriptions.Get(filter); !own {
+		// Not in cl.State.Subscriptions and not through the hooks: the
+		// session store never persists it and session takeover never
+		// copies it.
+		b.srv.Topics.Subscribe(cl.ID, packets.Subscription{Filter: filter, Qos: 1})
+	}
+	b.notifySubs[cl.ID] = cl
+}
+
+// dropNotifySubscription removes the broker-side subscription of a
+// connection that ended, unless a newer connection of the client owns it.
+func (b *Broker) dropNotifySubscription(cl *mqtt.Client) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.notifySubs[cl.ID] != cl {
+		return
+	}
+	delete(b.notifySubs, cl.ID)
+	filter := notifyFilter(cl.ID)
+	if _, own := cl.State.Subscriptions.Get(filter); !own {
+		b.srv.Topics.Unsubscribe(filter, cl.ID)
+	}
+}
+
+// Disconnect implements statestore.Transport.
+func (b *Broker) Disconnect(clientID string, conn uint64, reason byte) {
+	cl, ok := b.srv.Clients.Get(clientID)
+	if !ok || b.connID(cl) != conn {
+		return
+	}
+	code := packets.Code{Code: reason, Reason: "state store: forbidden response topic"}
+	_ = b.srv.DisconnectClient(cl, code)
+}
+
+// minLevel drops records below min unless the wrapped handler is at debug.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	if m.Handler.Enabled(ctx, slog.LevelDebug) {
+		return true
+	}
+	return l >= m.min && m.Handler.Enabled(ctx, l)
+}
+
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{m.Handler.WithAttrs(a), m.min}
+}
+func (m minLevel) WithGroup(n string) slog.Handler { return minLevel{m.Handler.WithGroup(n), m.min} }

@@ -1,0 +1,437 @@
+package broker
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"go.etcd.io/bbolt"
+)
+
+// sessions persists MQTT session state in a bbolt file: client records,
+// subscriptions and retained messages are written (and fsynced) when they
+// change; QoS 1/2 messages in flight are written behind, every
+// inflightFlushInterval, because most are acknowledged long before that and
+// an fsync per message would cap the broker at a few thousand messages a
+// second. (mochi's own bolt hook does exactly that.) A crash can therefore
+// lose up to one interval of messages queued for offline clients, as with
+// mosquitto's autosave.
+type sessions struct {
+	mqtt.HookBase
+	db  *bbolt.DB
+	log *slog.Logger
+
+	mu         sync.Mutex
+	pendingPut map[string]packets.Packet // inflight key → message, not yet written
+	pendingDel map[string]struct{}       // inflight keys to delete
+	inflight   map[string]string         // inflight key → client id, for writing records
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+const inflightFlushInterval = time.Second
+
+var (
+	bucketClients  = []byte("clients")
+	bucketSubs     = []byte("subscriptions")
+	bucketRetained = []byte("retained")
+	bucketInflight = []byte("inflight")
+)
+
+func openSessions(path string, log *slog.Logger) (*sessions, error) {
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open session store %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{bucketClients, bucketSubs, bucketRetained, bucketInflight} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init session store: %w", err)
+	}
+	s := &sessions{
+		db:         db,
+		log:        log,
+		pendingPut: map[string]packets.Packet{},
+		pendingDel: map[string]struct{}{},
+		inflight:   map[string]string{},
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	go s.flushLoop()
+	return s, nil
+}
+
+func (s *sessions) ID() string { return "mqkv-sessions" }
+
+func (s *sessions) Provides(b byte) bool {
+	switch b {
+	case mqtt.OnSessionEstablished, mqtt.OnDisconnect, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
+		mqtt.OnRetainMessage, mqtt.OnWillSent, mqtt.OnQosPublish, mqtt.OnQosComplete,
+		mqtt.OnQosDropped, mqtt.OnClientExpired, mqtt.OnRetainedExpired,
+		mqtt.StoredClients, mqtt.StoredSubscriptions, mqtt.StoredInflightMessages, mqtt.StoredRetainedMessages:
+		return true
+	}
+	return false
+}
+
+// persistent reports whether the client's session outlives its connection.
+func persistent(cl *mqtt.Client) bool {
+	if cl.Properties.ProtocolVersion == 5 {
+		return cl.Properties.Props.SessionExpiryInterval > 0
+	}
+	return !cl.Properties.Clean
+}
+
+func (s *sessions) put(bucket []byte, key string, v storage.Serializable) {
+	data, err := v.MarshalBinary()
+	if err != nil {
+		s.log.Error("session store: encode", "error", err)
+		return
+	}
+	err = s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Put([]byte(key), data) })
+	if err != nil {
+		s.log.Error("session store: write", "error", err)
+	}
+}
+
+func (s *sessions) delPrefix(bucket []byte, prefix string) {
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucket).Cursor()
+		p := []byte(prefix)
+		for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Error("session store: delete", "error", err)
+	}
+}
+
+func (s *sessions) updateClient(cl *mqtt.Client) {
+	if !persistent(cl) {
+		return
+	}
+	p := cl.Properties.Props
+	s.put(bucketClients, cl.ID, &storage.Client{
+		ID:              cl.ID,
+		T:               storage.ClientKey,
+		Remote:          cl.Net.Remote,
+		Listener:        cl.Net.Listener,
+		Username:        cl.Properties.Username,
+		Clean:           cl.Properties.Clean,
+		ProtocolVersion: cl.Properties.ProtocolVersion,
+		Properties: storage.ClientProperties{
+			SessionExpiryInterval:     p.SessionExpiryInterval,
+			SessionExpiryIntervalFlag: p.SessionExpiryIntervalFlag,
+			AuthenticationMethod:      p.AuthenticationMethod,
+			AuthenticationData:        p.AuthenticationData,
+			RequestProblemInfo:        p.RequestProblemInfo,
+			RequestProblemInfoFlag:    p.RequestProblemInfoFlag,
+			RequestResponseInfo:       p.RequestResponseInfo,
+			ReceiveMaximum:            p.ReceiveMaximum,
+			TopicAliasMaximum:         p.TopicAliasMaximum,
+			User:                      p.User,
+			MaximumPacketSize:         p.MaximumPacketSize,
+		},
+		Will: storage.ClientWill(cl.Properties.Will),
+	})
+}
+
+func (s *sessions) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	if !persistent(cl) {
+		// A clean start discards whatever an earlier session left.
+		s.forget(cl.ID)
+		return
+	}
+	s.updateClient(cl)
+}
+
+func (s *sessions) OnWillSent(cl *mqtt.Client, _ packets.Packet) { s.updateClient(cl) }
+
+func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	if expire && cl.StopCause() != packets.ErrSessionTakenOver {
+		s.forget(cl.ID)
+	}
+}
+
+func (s *sessions) OnClientExpired(cl *mqtt.Client) { s.forget(cl.ID) }
+
+// forget removes every trace of a client's session.
+func (s *sessions) forget(clientID string) {
+	k := []byte(clientID)
+	if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucketClients).Delete(k) }); err != nil {
+		s.log.Error("session store: delete", "error", err)
+	}
+	s.delPrefix(bucketSubs, clientID+"\x00")
+	s.dropInflight(clientID)
+}
+
+func subKey(clientID, filter string) string { return clientID + "\x00" + filter }
+
+func (s *sessions) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
+	if !persistent(cl) {
+		return
+	}
+	for i, f := range pk.Filters {
+		if i >= len(codes) || codes[i] >= 0x80 {
+			continue
+		}
+		s.put(bucketSubs, subKey(cl.ID, f.Filter), &storage.Subscription{
+			ID:                subKey(cl.ID, f.Filter),
+			T:                 storage.SubscriptionKey,
+			Client:            cl.ID,
+			Filter:            f.Filter,
+			Qos:               codes[i],
+			Identifier:        f.Identifier,
+			NoLocal:           f.NoLocal,
+			RetainHandling:    f.RetainHandling,
+			RetainAsPublished: f.RetainAsPublished,
+		})
+	}
+}
+
+func (s *sessions) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	for _, f := range pk.Filters {
+		k := []byte(subKey(cl.ID, f.Filter))
+		if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucketSubs).Delete(k) }); err != nil {
+			s.log.Error("session store: delete", "error", err)
+		}
+	}
+}
+
+func (s *sessions) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
+	if r == -1 {
+		s.OnRetainedExpired(pk.TopicName)
+		return
+	}
+	s.put(bucketRetained, pk.TopicName, messageRecord(storage.RetainedKey+"_"+pk.TopicName, storage.RetainedKey, cl.ID, pk))
+}
+
+func (s *sessions) OnRetainedExpired(topic string) {
+	k := []byte(topic)
+	if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucketRetained).Delete(k) }); err != nil {
+		s.log.Error("session store: delete", "error", err)
+	}
+}
+
+func messageRecord(id, kind, client string, pk packets.Packet) *storage.Message {
+	p := pk.Properties
+	return &storage.Message{
+		ID:          id,
+		T:           kind,
+		Client:      client,
+		Origin:      pk.Origin,
+		FixedHeader: pk.FixedHeader,
+		TopicName:   pk.TopicName,
+		Payload:     pk.Payload,
+		Created:     pk.Created,
+		PacketID:    pk.PacketID,
+		Properties: storage.MessageProperties{
+			PayloadFormat:          p.PayloadFormat,
+			PayloadFormatFlag:      p.PayloadFormatFlag,
+			MessageExpiryInterval:  p.MessageExpiryInterval,
+			ContentType:            p.ContentType,
+			ResponseTopic:          p.ResponseTopic,
+			CorrelationData:        p.CorrelationData,
+			SubscriptionIdentifier: p.SubscriptionIdentifier,
+			User:                   p.User,
+		},
+	}
+}
+
+func inflightKey(clientID string, id uint16) string {
+	return fmt.Sprintf("%s\x00%05d", clientID, id)
+}
+
+// OnQosPublish records an outbound message awaiting acknowledgement. Only
+// PUBLISH packets to persistent sessions matter: acks of inbound QoS 1
+// messages are transient, and clean sessions end with their connection.
+func (s *sessions) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ int) {
+	if pk.FixedHeader.Type != packets.Publish || !persistent(cl) {
+		return
+	}
+	k := inflightKey(cl.ID, pk.PacketID)
+	s.mu.Lock()
+	delete(s.pendingDel, k)
+	s.pendingPut[k] = pk
+	s.inflight[k] = cl.ID
+	s.mu.Unlock()
+}
+
+func (s *sessions) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
+	k := inflightKey(cl.ID, pk.PacketID)
+	s.mu.Lock()
+	if _, ok := s.inflight[k]; ok {
+		delete(s.inflight, k)
+		if _, unwritten := s.pendingPut[k]; unwritten {
+			delete(s.pendingPut, k)
+		} else {
+			s.pendingDel[k] = struct{}{}
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *sessions) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { s.OnQosComplete(cl, pk) }
+
+func (s *sessions) dropInflight(clientID string) {
+	prefix := clientID + "\x00"
+	s.mu.Lock()
+	for k := range s.inflight {
+		if len(k) > len(prefix) && k[:len(prefix)] == prefix {
+			delete(s.inflight, k)
+			delete(s.pendingPut, k)
+			delete(s.pendingDel, k)
+		}
+	}
+	s.mu.Unlock()
+	s.delPrefix(bucketInflight, prefix)
+}
+
+func (s *sessions) flushLoop() {
+	defer close(s.done)
+	t := time.NewTicker(inflightFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.flush()
+		case <-s.stop:
+			s.flush()
+			return
+		}
+	}
+}
+
+// flush writes the inflight changes gathered since the last flush in one
+// transaction.
+func (s *sessions) flush() {
+	s.mu.Lock()
+	puts, dels := s.pendingPut, s.pendingDel
+	if len(puts) == 0 && len(dels) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	owners := make(map[string]string, len(puts))
+	for k := range puts {
+		owners[k] = s.inflight[k]
+	}
+	s.pendingPut, s.pendingDel = map[string]packets.Packet{}, map[string]struct{}{}
+	s.mu.Unlock()
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketInflight)
+		for k := range dels {
+			if err := b.Delete([]byte(k)); err != nil {
+				return err
+			}
+		}
+		for k, pk := range puts {
+			data, err := messageRecord(k, storage.InflightKey, owners[k], pk).MarshalBinary()
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte(k), data); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Error("session store: flush inflight", "error", err)
+	}
+}
+
+func (s *sessions) StoredClients() ([]storage.Client, error) {
+	var out []storage.Client
+	err := s.each(bucketClients, func(v []byte) error {
+		var c storage.Client
+		if err := c.UnmarshalBinary(v); err != nil {
+			return err
+		}
+		out = append(out, c)
+		return nil
+	})
+	return out, err
+}
+
+func (s *sessions) StoredSubscriptions() ([]storage.Subscription, error) {
+	var out []storage.Subscription
+	err := s.each(bucketSubs, func(v []byte) error {
+		var c storage.Subscription
+		if err := c.UnmarshalBinary(v); err != nil {
+			return err
+		}
+		out = append(out, c)
+		return nil
+	})
+	return out, err
+}
+
+func (s *sessions) StoredRetainedMessages() ([]storage.Message, error) {
+	return s.messages(bucketRetained)
+}
+
+func (s *sessions) StoredInflightMessages() ([]storage.Message, error) {
+	msgs, err := s.messages(bucketInflight)
+	s.mu.Lock()
+	for _, m := range msgs {
+		s.inflight[m.ID] = m.Client
+	}
+	s.mu.Unlock()
+	return msgs, err
+}
+
+func (s *sessions) messages(bucket []byte) ([]storage.Message, error) {
+	var out []storage.Message
+	err := s.each(bucket, func(v []byte) error {
+		var m storage.Message
+		if err := m.UnmarshalBinary(v); err != nil {
+			return err
+		}
+		out = append(out, m)
+		return nil
+	})
+	return out, err
+}
+
+var errCorruptSession = errors.New("corrupt session record")
+
+func (s *sessions) each(bucket []byte, fn func(v []byte) error) error {
+	return s.db.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			if err := fn(v); err != nil {
+				return fmt.Errorf("%w %q: %v", errCorruptSession, k, err)
+			}
+			return nil
+		})
+	})
+}
+
+// Stop flushes what is pending and closes the file.
+func (s *sessions) Stop() error {
+	select {
+	case <-s.stop:
+		return nil
+	default:
+	}
+	close(s.stop)
+	<-s.done
+	return s.db.Close()
+}

@@ -1,0 +1,201 @@
+// Package server assembles one mqkv node from its parts: the replica group
+// (log and state machine), the state store service and the MQTT broker, on
+// a data directory it owns.
+package server
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/statestore"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Config is the whole configuration of a node, validated once by Start.
+type Config struct {
+	Listen   string // MQTT listener address
+	DataDir  string // ignored when InMemory
+	InMemory bool   // keep nothing on disk
+	Logger   *slog.Logger
+	Limits   store.Limits
+}
+
+// Server is a running node.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	group   *replica.Group
+	service *statestore.Service
+	broker  *broker.Broker
+	lock    *os.File
+	NodeID  string
+}
+
+// Start opens (or creates) the data directory and starts serving.
+func Start(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Listen == "" {
+		return nil, errors.New("server: no listen address")
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	var raftDir, mqttDir string
+	if cfg.InMemory {
+		s.NodeID = newNodeID()
+		cfg.Logger.Warn("running in memory: nothing is written to disk and every key is lost when the process ends")
+	} else {
+		if cfg.DataDir == "" {
+			return nil, errors.New("server: no data directory (use in-memory mode to run without one)")
+		}
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("data directory: %w", err)
+		}
+		lock, err := lockDir(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		s.lock = lock
+		if s.NodeID, err = loadNodeID(cfg.DataDir); err != nil {
+			s.unlock()
+			return nil, err
+		}
+		raftDir = filepath.Join(cfg.DataDir, "raft")
+		mqttDir = filepath.Join(cfg.DataDir, "mqtt")
+	}
+
+	s.service = statestore.New(nil, cfg.Logger)
+	g, err := replica.Open(replica.Config{
+		NodeID:   s.NodeID,
+		Dir:      raftDir,
+		Limits:   cfg.Limits,
+		Logger:   cfg.Logger,
+		OnEvents: s.service.Events,
+	})
+	if err != nil {
+		s.unlock()
+		return nil, err
+	}
+	s.group = g
+	s.service.Attach(g)
+
+	b, err := broker.New(broker.Config{Listen: cfg.Listen, DataDir: mqttDir, Logger: cfg.Logger}, s.service)
+	if err != nil {
+		g.Close()
+		s.unlock()
+		return nil, err
+	}
+	s.broker = b
+	s.service.SetTransport(b)
+	if err := b.Serve(); err != nil {
+		b.Close()
+		g.Close()
+		s.unlock()
+		return nil, err
+	}
+	mode := "durable"
+	if cfg.InMemory {
+		mode = "in-memory"
+	}
+	cfg.Logger.Info("mqkv serving", "mqtt", b.Addr(), "node", s.NodeID, "mode", mode, "data_dir", cfg.DataDir)
+	return s, nil
+}
+
+// Addr returns the MQTT listener's address.
+func (s *Server) Addr() string { return s.broker.Addr() }
+
+// Service returns the state store service (for its counters).
+func (s *Server) Service() *statestore.Service { return s.service }
+
+// Group returns the replica group.
+func (s *Server) Group() *replica.Group { return s.group }
+
+// Close stops accepting clients, then stops the log, then releases the data
+// directory.
+func (s *Server) Close() error {
+	err := s.broker.Close()
+	if gerr := s.group.Close(); err == nil {
+		err = gerr
+	}
+	s.unlock()
+	return err
+}
+
+func (s *Server) unlock() {
+	if s.lock != nil {
+		s.lock.Close() // closing releases the flock
+		s.lock = nil
+	}
+}
+
+// lockDir takes an exclusive lock on the data directory so two processes
+// never share it.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data directory %s is in use by another mqkv process", dir)
+	}
+	return f, nil
+}
+
+// loadNodeID reads the node id kept in the data directory, creating it on
+// first start. It is part of every version the node issues, so it must
+// never change.
+func loadNodeID(dir string) (string, error) {
+	path := filepath.Join(dir, "node-id")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		id := strings.TrimSpace(string(b))
+		if id == "" || strings.Contains(id, ":") {
+			return "", fmt.Errorf("%s: invalid node id %q", path, id)
+		}
+		return id, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	id := newNodeID()
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.WriteString(id + "\n"); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return "", err
+	}
+	f.Close()
+	if err := os.Rename(tmp, path); err != nil {
+		return "", err
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return id, nil
+}
+
+func newNodeID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "mqkv-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,427 @@
+// Package statestore is the state store protocol service: it reads RESP
+// requests that arrive on the request topic, validates them, answers reads
+// from the applied state, sends writes through the replica group, keeps the
+// KEYNOTIFY registrations and turns change events into notifications. It
+// knows nothing of the MQTT broker beyond the Transport interface.
+package statestore
+
+import (
+	"encoding/hex"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Topics of the protocol (spec section 1).
+const (
+	RequestTopic = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+	// NotifyPrefix starts every notification topic; clients may not use
+	// topics under it as response topics.
+	NotifyPrefix = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8"
+)
+
+// NotifyTopic returns the topic of a notification about key for clientID:
+// upper-case hex of both, as the Rust client requires.
+func NotifyTopic(clientID string, key []byte) string {
+	return NotifyClientPrefix(clientID) + strings.ToUpper(hex.EncodeToString(key))
+}
+
+// NotifyClientPrefix returns the notification topic of clientID up to (and
+// including) the '/' before the key level.
+func NotifyClientPrefix(clientID string) string {
+	return NotifyPrefix + "/" + strings.ToUpper(hex.EncodeToString([]byte(clientID))) + "/command/notify/"
+}
+
+// ErrQoS0 answers requests published at QoS 0: the protocol needs QoS 1.
+const ErrQoS0 resp.Error = "requests must be published with QoS 1"
+
+// errUnavailable answers writes that could not reach the log.
+const errUnavailable resp.Error = "the state store is unavailable; retry the request"
+
+// ReasonTopicNameInvalid is the MQTT reason code (0x90) a client is
+// disconnected with when it names a forbidden response topic.
+const ReasonTopicNameInvalid byte = 0x90
+
+// Request is one state store request as it came off MQTT.
+type Request struct {
+	ClientID        string
+	Conn            uint64 // identifies the connection; registrations end with it
+	Payload         []byte
+	ResponseTopic   string
+	CorrelationData []byte
+	QoS             byte
+	// Timestamp and FencingToken are the __ts and __ft user properties;
+	// the Has flags tell an absent property from an empty one.
+	Timestamp, FencingToken       string
+	HasTimestamp, HasFencingToken bool
+}
+
+// Transport is what the service needs from the broker.
+type Transport interface {
+	// Reply publishes a response to topic, with correlation data, user
+	// property __stat=200 and, if version is not zero, __ts.
+	Reply(topic string, correlation, payload []byte, version hlc.Timestamp)
+	// Deliver puts a notification into the session of clientID, exactly
+	// once, whether or not the client subscribed to the topic.
+	// conn is the connection that registered; a newer connection of the
+	// same client must not get it.
+	Deliver(clientID string, conn uint64, topic string, payload []byte, version hlc.Timestamp)
+	// Disconnect ends a client's connection with an MQTT reason code.
+	Disconnect(clientID string, conn uint64, reason byte)
+}
+
+// Counters are monotonically increasing event counts.
+type Counters struct {
+	Requests            atomic.Int64
+	NoResponseTopic     atomic.Int64 // requests dropped for want of a response topic
+	ForbiddenTopic      atomic.Int64 // clients disconnected for their response topic
+	Errors              atomic.Int64 // -ERR replies
+	NotificationsSent   atomic.Int64
+	RegistrationsActive atomic.Int64
+}
+
+// Service serves the protocol for one replica group.
+type Service struct {
+	group     *replica.Group
+	transport Transport
+	log       *slog.Logger
+	observers *registry
+	Counters  Counters
+}
+
+// New returns a service. Call Attach, and SetTransport if t is nil, before
+// Handle.
+func New(t Transport, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Service{transport: t, log: log}
+	s.observers = newRegistry(&s.Counters.RegistrationsActive)
+	return s
+}
+
+// SetTransport sets the transport; the broker is built after the service.
+func (s *Service) SetTransport(t Transport) { s.transport = t }
+
+// Attach connects the service to its replica group. The group's OnEvents
+// must call s.Events.
+func (s *Service) Attach(g *replica.Group) { s.group = g }
+
+// Handle serves one request. Reads are answered before it returns; writes
+// are answered when their log entry has been applied.
+func (s *Service) Handle(r *Request) {
+	s.Counters.Requests.Add(1)
+	if r.ResponseTopic == "" {
+		s.Counters.NoResponseTopic.Add(1)
+		s.log.Debug("state store request without response topic dropped", "client", r.ClientID)
+		return
+	}
+	if forbiddenResponseTopic(r.ResponseTopic) {
+		s.Counters.ForbiddenTopic.Add(1)
+		s.log.Info("client disconnected: forbidden response topic", "client", r.ClientID, "topic", r.ResponseTopic)
+		s.transport.Disconnect(r.ClientID, r.Conn, ReasonTopicNameInvalid)
+		return
+	}
+	if r.QoS == 0 {
+		s.fail(r, ErrQoS0)
+		return
+	}
+	args, err := resp.ParseRequest(r.Payload)
+	if err != nil {
+		s.fail(r, resp.ErrSyntax)
+		return
+	}
+	switch verb := args[0]; {
+	case equalFold(verb, "GET"):
+		s.get(r, args)
+	case equalFold(verb, "SET"):
+		s.set(r, args)
+	case equalFold(verb, "DEL"):
+		s.del(r, args, store.OpDel)
+	case equalFold(verb, "VDEL"):
+		s.del(r, args, store.OpVDel)
+	case equalFold(verb, "KEYNOTIFY"):
+		s.keyNotify(r, args)
+	default:
+		s.fail(r, resp.ErrUnknownCommand)
+	}
+}
+
+// forbiddenResponseTopic applies the public doc's rule (the request topic,
+// or anything under the notification prefix) and MQTT's: no wildcards.
+func forbiddenResponseTopic(t string) bool {
+	return t == RequestTopic || strings.HasPrefix(t, NotifyPrefix) || strings.ContainsAny(t, "+#")
+}
+
+// Disconnected ends the registrations of a connection.
+func (s *Service) Disconnected(clientID string, conn uint64) {
+	s.observers.dropConn(clientID, conn)
+}
+
+func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
+	s.transport.Reply(r.ResponseTopic, r.CorrelationData, payload, version)
+}
+
+func (s *Service) fail(r *Request, e resp.Error) {
+	s.Counters.Errors.Add(1)
+	s.reply(r, resp.AppendError(nil, string(e)), hlc.Timestamp{})
+}
+
+// requestTimestamp checks __ts: required for writes, validated when present.
+func (s *Service) requestTimestamp(r *Request, required bool) (hlc.Timestamp, resp.Error) {
+	if !r.HasTimestamp {
+		if required {
+			return hlc.Timestamp{}, resp.ErrTimestampMissing
+		}
+		return hlc.Timestamp{}, ""
+	}
+	ts, err := hlc.Parse(r.Timestamp)
+	if err != nil {
+		return hlc.Timestamp{}, resp.ErrTimestampMalformed
+	}
+	if s.group.Clock().CheckSkew(ts) != nil {
+		return hlc.Timestamp{}, resp.ErrTimestampSkew
+	}
+	return ts, ""
+}
+
+// fencingToken checks __ft when present.
+func (s *Service) fencingToken(r *Request) (hlc.Timestamp, resp.Error) {
+	if !r.HasFencingToken {
+		return hlc.Timestamp{}, ""
+	}
+	ft, err := hlc.Parse(r.FencingToken)
+	if err != nil {
+		return hlc.Timestamp{}, resp.ErrTimestampMalformed
+	}
+	if s.group.Clock().CheckSkew(ft) != nil {
+		return hlc.Timestamp{}, resp.ErrFencingTokenSkew
+	}
+	return ft, ""
+}
+
+func (s *Service) get(r *Request, args [][]byte) {
+	if len(args) != 2 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	if len(args[1]) == 0 {
+		s.fail(r, resp.ErrKeyLengthZero)
+		return
+	}
+	if _, e := s.requestTimestamp(r, false); e != "" {
+		s.fail(r, e)
+		return
+	}
+	e, ok := s.group.Get(args[1])
+	if !ok {
+		s.reply(r, resp.Nil, hlc.Timestamp{})
+		return
+	}
+	s.reply(r, resp.AppendBulk(nil, e.Value), e.Version)
+}
+
+// maxTTL keeps deadlines far from overflow: about 292 thousand years.
+const maxTTL = math.MaxInt64 / 1024
+
+// parsePX reads a PX argument: a positive number of milliseconds. A
+// fraction (the .NET client sends "1.5") rounds up to a whole millisecond.
+func parsePX(b []byte) (int64, bool) {
+	s := string(b)
+	whole, frac, hasFrac := strings.Cut(s, ".")
+	if whole == "" || (hasFrac && frac == "") {
+		return 0, false
+	}
+	for _, part := range []string{whole, frac} {
+		for i := 0; i < len(part); i++ {
+			if part[i] < '0' || part[i] > '9' {
+				return 0, false
+			}
+		}
+	}
+	ms, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || ms > maxTTL {
+		return 0, false
+	}
+	if strings.Trim(frac, "0") != "" {
+		ms++
+	}
+	return ms, ms > 0
+}
+
+func (s *Service) set(r *Request, args [][]byte) {
+	if len(args) < 3 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	cmd := store.Command{Op: store.OpSet, Key: args[1], Value: args[2]}
+	havePX := false
+	for i := 3; i < len(args); i++ {
+		opt := args[i]
+		switch {
+		case equalFold(opt, "NX") && cmd.Cond == store.Always:
+			cmd.Cond = store.NX
+		case equalFold(opt, "NEX") && cmd.Cond == store.Always:
+			cmd.Cond = store.NEX
+		case equalFold(opt, "PX") && !havePX && i+1 < len(args):
+			ttl, ok := parsePX(args[i+1])
+			if !ok {
+				s.fail(r, resp.ErrSyntax)
+				return
+			}
+			cmd.TTL, havePX = ttl, true
+			i++
+		default:
+			s.fail(r, resp.ErrSyntax)
+			return
+		}
+	}
+	s.write(r, cmd)
+}
+
+func (s *Service) del(r *Request, args [][]byte, op store.Op) {
+	want := 2
+	if op == store.OpVDel {
+		want = 3
+	}
+	if len(args) != want {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	cmd := store.Command{Op: op, Key: args[1]}
+	if op == store.OpVDel {
+		cmd.Value = args[2]
+	}
+	s.write(r, cmd)
+}
+
+// write validates what needs the clock and sends the command to the log;
+// fencing, conditions and quota are decided when it is applied.
+func (s *Service) write(r *Request, cmd store.Command) {
+	if len(cmd.Key) == 0 {
+		s.fail(r, resp.ErrKeyLengthZero)
+		return
+	}
+	ts, e := s.requestTimestamp(r, true)
+	if e != "" {
+		s.fail(r, e)
+		return
+	}
+	if cmd.Fence, e = s.fencingToken(r); e != "" {
+		s.fail(r, e)
+		return
+	}
+	op := cmd.Op
+	s.group.Submit(replica.Proposal{Cmd: cmd, After: ts, Done: func(res store.Result, err error) {
+		if err != nil {
+			s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
+			s.fail(r, errUnavailable)
+			return
+		}
+		s.answerWrite(r, op, res)
+	}})
+}
+
+func (s *Service) answerWrite(r *Request, op store.Op, res store.Result) {
+	switch res.Outcome {
+	case store.FenceRequired:
+		s.fail(r, resp.ErrMissingFencingToken)
+	case store.FenceLower:
+		s.fail(r, resp.ErrFencingTokenLowerVersion)
+	case store.QuotaExceeded:
+		s.fail(r, resp.ErrQuotaExceeded)
+	case store.Applied:
+		if op == store.OpSet {
+			s.reply(r, resp.OK, res.Version)
+		} else {
+			s.reply(r, resp.One, res.Version)
+		}
+	case store.NotApplied:
+		if op == store.OpSet {
+			// The key's current version: .NET throws without a __ts.
+			s.reply(r, resp.MinusOne, res.Version)
+		} else {
+			s.reply(r, resp.MinusOne, hlc.Timestamp{})
+		}
+	case store.Missing:
+		s.reply(r, resp.Zero, hlc.Timestamp{})
+	}
+}
+
+func (s *Service) keyNotify(r *Request, args [][]byte) {
+	if len(args) != 2 && len(args) != 3 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	stop := len(args) == 3
+	if stop && !equalFold(args[2], "STOP") {
+		s.fail(r, resp.ErrSyntax)
+		return
+	}
+	if len(args[1]) == 0 {
+		s.fail(r, resp.ErrKeyLengthZero)
+		return
+	}
+	if _, e := s.requestTimestamp(r, false); e != "" {
+		s.fail(r, e)
+		return
+	}
+	if !stop {
+		s.observers.add(r.ClientID, r.Conn, args[1])
+		s.reply(r, resp.OK, hlc.Timestamp{})
+		return
+	}
+	if s.observers.remove(r.ClientID, r.Conn, args[1]) {
+		s.reply(r, resp.OK, hlc.Timestamp{})
+	} else {
+		s.reply(r, resp.Zero, hlc.Timestamp{})
+	}
+}
+
+// Events turns applied changes into notifications. It runs on the replica's
+// apply goroutine, in log order.
+func (s *Service) Events(events []store.Event) {
+	for i := range events {
+		ev := &events[i]
+		clients := s.observers.lookup(ev.Key)
+		if len(clients) == 0 {
+			continue
+		}
+		var payload []byte
+		if ev.Kind == store.EventSet {
+			payload = resp.AppendNotifySet(nil, ev.Value)
+		} else {
+			payload = resp.AppendNotifyDelete(nil)
+		}
+		keyHex := strings.ToUpper(hex.EncodeToString(ev.Key))
+		for _, o := range clients {
+			s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version)
+			s.Counters.NotificationsSent.Add(1)
+		}
+	}
+}
+
+// equalFold compares an argument with an upper-case ASCII word, ignoring
+// case as Redis does, without allocating.
+func equalFold(arg []byte, word string) bool {
+	if len(arg) != len(word) {
+		return false
+	}
+	for i := 0; i < len(arg); i++ {
+		c := arg[i]
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		if c != word[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,139 @@
+// Package e2e drives real mqkv servers over real sockets: the official AIO
+// Go SDK for conformance, raw MQTT (paho) for the bytes the other SDKs
+// depend on, and the mqkv binary itself for crash durability.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/iot-operations-sdks/go/mqtt"
+	"github.com/Azure/iot-operations-sdks/go/protocol"
+	"github.com/Azure/iot-operations-sdks/go/services/statestore"
+
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+// testServer is an mqkv node running in this process on an ephemeral port.
+type testServer struct {
+	*server.Server
+	dir  string
+	host string
+	port uint16
+}
+
+type serverOption func(*server.Config)
+
+func inMemory() serverOption { return func(c *server.Config) { c.InMemory = true } }
+
+// startServer starts a durable server on a fresh data directory.
+func startServer(t testing.TB, opts ...serverOption) *testServer {
+	t.Helper()
+	return startServerIn(t, t.TempDir(), opts...)
+}
+
+func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
+	t.Helper()
+	cfg := server.Config{
+		Listen:  "127.0.0.1:0",
+		DataDir: dir,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s, err := server.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{Server: s, dir: dir}
+	host, port, _ := net.SplitHostPort(s.Addr())
+	p, _ := strconv.Atoi(port)
+	ts.host, ts.port = host, uint16(p)
+	t.Cleanup(func() { s.Close() })
+	return ts
+}
+
+var (
+	appOnce sync.Once
+	app     *protocol.Application
+)
+
+// sdkApp is the protocol application (it owns the client-side HLC) shared
+// by the SDK clients of a test binary, as in an application process.
+func sdkApp(t testing.TB) *protocol.Application {
+	appOnce.Do(func() {
+		var err error
+		if app, err = protocol.NewApplication(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return app
+}
+
+// sdkClient is an official AIO Go SDK state store client with its own MQTT
+// session.
+type sdkClient struct {
+	mqtt  *mqtt.SessionClient
+	store *statestore.Client[string, string]
+}
+
+func newSDKClient(t testing.TB, s *testServer) *sdkClient {
+	t.Helper()
+	return newSDKClientID(t, s, mqtt.RandomClientID())
+}
+
+func newSDKClientID(t testing.TB, s *testServer, id string) *sdkClient {
+	t.Helper()
+	mc, err := mqtt.NewSessionClient(id, mqtt.TCPConnection(s.host, s.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := statestore.New[string, string](sdkApp(t), mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ss.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := &sdkClient{mqtt: mc, store: ss}
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *sdkClient) close() {
+	c.store.Close()
+	_ = c.mqtt.Stop()
+}
+
+// ctx returns a context that ends with the test or after d.
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var keySeq struct {
+	sync.Mutex
+	n int
+}
+
+// uniqueKey returns a key no other test in this binary uses.
+func uniqueKey(t testing.TB) string {
+	keySeq.Lock()
+	defer keySeq.Unlock()
+	keySeq.n++
+	return fmt.Sprintf("%s/%d", t.Name(), keySeq.n)
+}
