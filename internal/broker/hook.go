@@ -26,7 +26,20 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnACLCheck,
 		mqtt.OnPublish,
 		mqtt.OnDisconnect,
+		mqtt.OnPacketEncode,
 	}, []byte{b})
+}
+
+// OnPacketEncode keeps user properties on PUBLISH packets to clients that
+// connected with Request Problem Information = 0. mochi drops them from
+// every packet then, but MQTT 5 (3.1.2.11.7) only forbids them on packets
+// other than PUBLISH, CONNACK and DISCONNECT; without them a reply loses
+// __stat and __ts and no AIO client accepts it.
+func (h *hook) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type == packets.Publish {
+		pk.Mods.DisallowProblemInfo = false
+	}
+	return pk
 }
 
 func (h *hook) OnConnectAuthenticate(*mqtt.Client, packets.Packet) bool { return true }

@@ -63,15 +63,15 @@ const (
 // Command is one state change. The proposer fills in Version (a fresh HLC)
 // and Now (its wall clock); every replica applies it to the same effect.
 type Command struct {
-	Op        Op
-	Cond      Cond
-	Key       []byte
-	Value     []byte
-	Version   hlc.Timestamp // the new key version (SET), the event version (deletes)
-	Now       int64         // proposer's wall clock, unix ms: decides which keys have expired
-	TTL       int64         // SET: milliseconds to live from Now; 0 for no expiry
-	Fence     hlc.Timestamp // the request's fencing token; zero if it carried none
-	Expected  hlc.Timestamp // OpExpire: the version the key must still hold
+	Op       Op
+	Cond     Cond
+	Key      []byte
+	Value    []byte
+	Version  hlc.Timestamp // the new key version (SET), the event version (deletes)
+	Now      int64         // proposer's wall clock, unix ms: decides which keys have expired
+	TTL      int64         // SET: milliseconds to live from Now; 0 for no expiry
+	Fence    hlc.Timestamp // the request's fencing token; zero if it carried none
+	Expected hlc.Timestamp // OpExpire: the version the key must still hold
 }
 
 // Outcome says what a command did.

@@ -1,0 +1,247 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// rawClient speaks MQTT v5 through paho with nothing of the AIO SDKs in
+// between, to check the bytes the .NET and Rust clients depend on.
+type rawClient struct {
+	t        testing.TB
+	id       string
+	c        *paho.Client
+	respTopc string
+	inbox    chan *paho.Publish // every PUBLISH that is not a reply
+	mu       sync.Mutex
+	waiting  map[string]chan *paho.Publish // correlation data → reply
+	disc     chan *paho.Disconnect
+}
+
+type rawOpts struct {
+	sessionExpiry uint32
+	cleanStart    bool
+	noSubscribe   bool
+}
+
+func dialRaw(t testing.TB, s *testServer, id string, o rawOpts) *rawClient {
+	t.Helper()
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rawClient{
+		t:        t,
+		id:       id,
+		respTopc: "clients/" + id + "/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
+		inbox:    make(chan *paho.Publish, 1000),
+		waiting:  map[string]chan *paho.Publish{},
+		disc:     make(chan *paho.Disconnect, 1),
+	}
+	rc.c = paho.NewClient(paho.ClientConfig{
+		ClientID: id,
+		Conn:     conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+			p := pr.Packet
+			if p.Topic == rc.respTopc && p.Properties != nil {
+				rc.mu.Lock()
+				ch := rc.waiting[string(p.Properties.CorrelationData)]
+				rc.mu.Unlock()
+				if ch != nil {
+					ch <- p
+					return true, nil
+				}
+			}
+			rc.inbox <- p
+			return true, nil
+		}},
+		OnServerDisconnect: func(d *paho.Disconnect) {
+			select {
+			case rc.disc <- d:
+			default:
+			}
+		},
+		OnClientError: func(error) {},
+	})
+	expiry := o.sessionExpiry
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ack, err := rc.c.Connect(ctx, &paho.Connect{
+		ClientID:   id,
+		CleanStart: o.cleanStart,
+		KeepAlive:  30,
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry},
+	})
+	if err != nil || ack.ReasonCode != 0 {
+		t.Fatalf("connect %s: %v %+v", id, err, ack)
+	}
+	if !o.noSubscribe {
+		rc.subscribe(rc.respTopc, 1)
+	}
+	t.Cleanup(func() { rc.c.Disconnect(&paho.Disconnect{}) })
+	return rc
+}
+
+func (rc *rawClient) subscribe(filter string, qos byte) byte {
+	rc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ack, err := rc.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: qos}}})
+	if err != nil {
+		rc.t.Fatalf("subscribe %s: %v", filter, err)
+	}
+	return ack.Reasons[0]
+}
+
+// req is one request with the properties a client can set.
+type req struct {
+	args     []string
+	payload  []byte // raw payload instead of args
+	ts       *string
+	ft       *string
+	qos0     bool   // publish at QoS 0 instead of 1
+	respTopc string // response topic instead of the client's own
+	// disconnects: the server drops the connection instead of answering,
+	// so the PUBACK may never come.
+	disconnects     bool
+	noResponseTopic bool
+}
+
+// now returns a valid request timestamp from this process's clock.
+func now() *string {
+	s := fmt.Sprintf("%015d:%05d:%s", time.Now().UnixMilli(), 0, "raw-test")
+	return &s
+}
+
+func ptr(s string) *string { return &s }
+
+func encode(args ...string) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	return b.Bytes()
+}
+
+// send publishes a request and returns the correlation data it used.
+func (rc *rawClient) send(r req) (corr []byte, reply chan *paho.Publish) {
+	rc.t.Helper()
+	corr = make([]byte, 16)
+	rand.Read(corr)
+	reply = make(chan *paho.Publish, 1)
+	rc.mu.Lock()
+	rc.waiting[string(corr)] = reply
+	rc.mu.Unlock()
+	payload := r.payload
+	if payload == nil {
+		payload = encode(r.args...)
+	}
+	props := &paho.PublishProperties{
+		CorrelationData: corr,
+		ResponseTopic:   rc.respTopc,
+		ContentType:     "application/octet-stream",
+	}
+	if r.respTopc != "" {
+		props.ResponseTopic = r.respTopc
+	}
+	if r.noResponseTopic {
+		props.ResponseTopic = ""
+	}
+	if r.ts != nil {
+		props.User.Add("__ts", *r.ts)
+	}
+	if r.ft != nil {
+		props.User.Add("__ft", *r.ft)
+	}
+	qos := byte(1)
+	if r.qos0 {
+		qos = 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pub := &paho.Publish{Topic: statestore.RequestTopic, QoS: qos, Payload: payload, Properties: props}
+	if r.disconnects {
+		go rc.c.Publish(ctx, pub)
+		return corr, reply
+	}
+	if _, err := rc.c.Publish(ctx, pub); err != nil {
+		rc.t.Fatalf("publish: %v", err)
+	}
+	return corr, reply
+}
+
+// do sends a request and waits for its reply.
+func (rc *rawClient) do(r req) *paho.Publish {
+	rc.t.Helper()
+	_, reply := rc.send(r)
+	select {
+	case p := <-reply:
+		return p
+	case <-time.After(5 * time.Second):
+		rc.t.Fatalf("no reply to %q", r.args)
+	}
+	return nil
+}
+
+// call sends args with a fresh __ts and returns the reply.
+func (rc *rawClient) call(args ...string) *paho.Publish {
+	rc.t.Helper()
+	return rc.do(req{args: args, ts: now()})
+}
+
+func userProp(p *paho.Publish, key string) (string, bool) {
+	if p.Properties == nil {
+		return "", false
+	}
+	for _, u := range p.Properties.User {
+		if u.Key == key {
+			return u.Value, true
+		}
+	}
+	return "", false
+}
+
+// expectPayload checks a reply's exact bytes and the properties every
+// reply must carry.
+func expectPayload(t testing.TB, p *paho.Publish, want string) {
+	t.Helper()
+	if string(p.Payload) != want {
+		t.Fatalf("payload %q, want %q", p.Payload, want)
+	}
+	if st, ok := userProp(p, "__stat"); !ok || st != "200" {
+		t.Fatalf("__stat = %q (present %v), want 200", st, ok)
+	}
+	if _, ok := userProp(p, "__protVer"); ok {
+		t.Fatal("reply carries __protVer")
+	}
+	if ct := p.Properties.ContentType; ct != "" && ct != "application/octet-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	if p.QoS != 1 {
+		t.Fatalf("reply QoS %d", p.QoS)
+	}
+}
+
+func hexUpper(s string) string { return strings.ToUpper(fmt.Sprintf("%x", s)) }
+
+// nextPublish waits for a non-reply PUBLISH.
+func (rc *rawClient) nextPublish(d time.Duration) (*paho.Publish, bool) {
+	select {
+	case p := <-rc.inbox:
+		return p, true
+	case <-time.After(d):
+		return nil, false
+	}
+}
