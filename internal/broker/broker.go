@@ -71,6 +71,9 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	// 0x01 on QoS 1 acks (mochi issue #474).
 	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.MaximumPacketSize = cfg.MaxPacketSize
+	// mochi would give every message without an expiry one of a day;
+	// messages pass through as published.
+	caps.MaximumMessageExpiryInterval = 0
 	srv := mqtt.New(&mqtt.Options{
 		Capabilities:             caps,
 		Logger:                   cfg.Logger,
@@ -159,13 +162,17 @@ func (b *Broker) inject(topic string, payload []byte, props packets.Properties) 
 var statOK = packets.UserProperty{Key: "__stat", Val: "200"}
 
 // Reply implements statestore.Transport.
-func (b *Broker) Reply(topic string, correlation, payload []byte, version hlc.Timestamp) {
+func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timestamp) {
 	user := make([]packets.UserProperty, 1, 2)
 	user[0] = statOK
 	if !version.IsZero() {
 		user = append(user, packets.UserProperty{Key: "__ts", Val: version.String()})
 	}
-	b.inject(topic, payload, packets.Properties{CorrelationData: correlation, User: user})
+	b.inject(r.ResponseTopic, payload, packets.Properties{
+		CorrelationData:       r.CorrelationData,
+		MessageExpiryInterval: r.MessageExpiry,
+		User:                  user,
+	})
 }
 
 // Deliver implements statestore.Transport. The message goes through the

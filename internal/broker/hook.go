@@ -64,6 +64,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		ResponseTopic:   pk.Properties.ResponseTopic,
 		CorrelationData: pk.Properties.CorrelationData,
 		QoS:             pk.FixedHeader.Qos,
+		MessageExpiry:   pk.Properties.MessageExpiryInterval,
 	}
 	for _, u := range pk.Properties.User {
 		switch u.Key {

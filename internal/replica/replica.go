@@ -130,7 +130,9 @@ func Open(cfg Config) (*Group, error) {
 		rc.SnapshotThreshold = 4096
 	}
 	rc.TrailingLogs = 1024
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	// A lone voter "times out" and elects itself at every start: raft's
+	// warnings are routine here, so only its errors are shown.
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Error, Output: os.Stderr})
 
 	var (
 		logs   raft.LogStore

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/mqkv/mqkv/internal/broker"
@@ -38,6 +39,9 @@ type Server struct {
 	broker  *broker.Broker
 	lock    *os.File
 	NodeID  string
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Start opens (or creates) the data directory and starts serving.
@@ -122,12 +126,14 @@ func (s *Server) Group() *replica.Group { return s.group }
 // Close stops accepting clients, then stops the log, then releases the data
 // directory.
 func (s *Server) Close() error {
-	err := s.broker.Close()
-	if gerr := s.group.Close(); err == nil {
-		err = gerr
-	}
-	s.unlock()
-	return err
+	s.closeOnce.Do(func() {
+		s.closeErr = s.broker.Close()
+		if err := s.group.Close(); s.closeErr == nil {
+			s.closeErr = err
+		}
+		s.unlock()
+	})
+	return s.closeErr
 }
 
 func (s *Server) unlock() {

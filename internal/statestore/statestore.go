@@ -57,6 +57,7 @@ type Request struct {
 	ResponseTopic   string
 	CorrelationData []byte
 	QoS             byte
+	MessageExpiry   uint32 // seconds; the reply expires with the request
 	// Timestamp and FencingToken are the __ts and __ft user properties;
 	// the Has flags tell an absent property from an empty one.
 	Timestamp, FencingToken       string
@@ -65,9 +66,10 @@ type Request struct {
 
 // Transport is what the service needs from the broker.
 type Transport interface {
-	// Reply publishes a response to topic, with correlation data, user
-	// property __stat=200 and, if version is not zero, __ts.
-	Reply(topic string, correlation, payload []byte, version hlc.Timestamp)
+	// Reply publishes the response to r on its response topic, with its
+	// correlation data and message expiry, user property __stat=200 and,
+	// if version is not zero, __ts.
+	Reply(r *Request, payload []byte, version hlc.Timestamp)
 	// Deliver puts a notification into the session of clientID, exactly
 	// once, whether or not the client subscribed to the topic.
 	// conn is the connection that registered; a newer connection of the
@@ -166,7 +168,7 @@ func (s *Service) Disconnected(clientID string, conn uint64) {
 }
 
 func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
-	s.transport.Reply(r.ResponseTopic, r.CorrelationData, payload, version)
+	s.transport.Reply(r, payload, version)
 }
 
 func (s *Service) fail(r *Request, e resp.Error) {

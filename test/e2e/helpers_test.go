@@ -29,6 +29,8 @@ type testServer struct {
 	port uint16
 }
 
+type serverConfig = server.Config
+
 type serverOption func(*server.Config)
 
 func inMemory() serverOption { return func(c *server.Config) { c.InMemory = true } }
@@ -78,6 +80,8 @@ func sdkApp(t testing.TB) *protocol.Application {
 	return app
 }
 
+type getResponse = statestore.Response[string]
+
 // sdkClient is an official AIO Go SDK state store client with its own MQTT
 // session.
 type sdkClient struct {
@@ -113,9 +117,11 @@ func newSDKClientID(t testing.TB, s *testServer, id string) *sdkClient {
 	return c
 }
 
+// close stops the MQTT session first: the SDK unsubscribes on Close and
+// would wait forever for a server that a test already stopped.
 func (c *sdkClient) close() {
-	c.store.Close()
 	_ = c.mqtt.Stop()
+	c.store.Close()
 }
 
 // ctx returns a context that ends with the test or after d.
