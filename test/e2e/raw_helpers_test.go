@@ -35,7 +35,7 @@ type rawOpts struct {
 	noSubscribe   bool
 }
 
-func dialRaw(t testing.TB, s *testServer, id string, o rawOpts) *rawClient {
+func dialRaw(t testing.TB, s interface{ Addr() string }, id string, o rawOpts) *rawClient {
 	t.Helper()
 	conn, err := net.Dial("tcp", s.Addr())
 	if err != nil {
@@ -135,12 +135,22 @@ func encode(args ...string) []byte {
 	return b.Bytes()
 }
 
-// send publishes a request and returns the correlation data it used.
-func (rc *rawClient) send(r req) (corr []byte, reply chan *paho.Publish) {
+// send publishes a request and returns the channel its reply will come on.
+func (rc *rawClient) send(r req) chan *paho.Publish {
 	rc.t.Helper()
+	reply, err := rc.trySend(r)
+	if err != nil {
+		rc.t.Fatalf("publish: %v", err)
+	}
+	return reply
+}
+
+// trySend is send for callers that expect the server to go away.
+func (rc *rawClient) trySend(r req) (chan *paho.Publish, error) {
+	var corr []byte
 	corr = make([]byte, 16)
 	rand.Read(corr)
-	reply = make(chan *paho.Publish, 1)
+	reply := make(chan *paho.Publish, 1)
 	rc.mu.Lock()
 	rc.waiting[string(corr)] = reply
 	rc.mu.Unlock()
@@ -174,18 +184,16 @@ func (rc *rawClient) send(r req) (corr []byte, reply chan *paho.Publish) {
 	pub := &paho.Publish{Topic: statestore.RequestTopic, QoS: qos, Payload: payload, Properties: props}
 	if r.disconnects {
 		go rc.c.Publish(ctx, pub)
-		return corr, reply
+		return reply, nil
 	}
-	if _, err := rc.c.Publish(ctx, pub); err != nil {
-		rc.t.Fatalf("publish: %v", err)
-	}
-	return corr, reply
+	_, err := rc.c.Publish(ctx, pub)
+	return reply, err
 }
 
 // do sends a request and waits for its reply.
 func (rc *rawClient) do(r req) *paho.Publish {
 	rc.t.Helper()
-	_, reply := rc.send(r)
+	reply := rc.send(r)
 	select {
 	case p := <-reply:
 		return p
