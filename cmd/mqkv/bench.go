@@ -1,5 +1,145 @@
 package main
 
-import "errors"
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+	"time"
 
-func bench(args []string) error { return errors.New("bench: not yet") }
+	"github.com/mqkv/mqkv/internal/bench"
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+func runBench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	addr := fs.String("server", "", "MQTT `address` of the server to measure; empty starts a fresh one as a child process")
+	inMemory := fs.Bool("in-memory", false, "start the child server in memory instead of on a temporary data directory")
+	clients := fs.Int("clients", 64, "number of MQTT clients, each with one request in flight")
+	op := fs.String("op", "set", "request `mix`: set, get, mixed (half each), lease (SET NEX PX renewals), echo, ping")
+	valueSize := fs.Int("value-size", 256, "value size in `bytes`")
+	keys := fs.Int("keys", 10000, "size of the keyspace")
+	duration := fs.Duration("duration", 10*time.Second, "measured time per round")
+	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured time before each round")
+	baseline := fs.String("baseline", "", "also measure a floor and report ratios: `echo` (an MQTT responder client answers through the same broker) or ping (the server answers PING without touching the store)")
+	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
+	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: mqkv bench [flags]
+
+Closed-loop load: each client sends a request exactly as the AIO SDKs frame
+it, waits for the reply, and sends the next. Prints throughput and latency
+percentiles.
+
+Baselines, measured in the same run:
+  echo  the same requests go to an MQTT responder client (shared
+        subscription, --responders connections) that answers through
+        the same broker without a store: the MQTT request/response floor
+  ping  the server answers PING without touching the store: the floor of
+        the state store's own request path (stricter)
+
+Examples:
+  mqkv bench --op set --baseline echo            # durable SET against the MQTT floor
+  mqkv bench --op get --clients 64 --value-size 256 --baseline echo
+  mqkv bench --op set --clients 1 --baseline echo  # single-client latency
+  mqkv bench --server 127.0.0.1:1883 --op mixed  # an already running server
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return nil
+		}
+		return err
+	}
+	switch bench.Op(*op) {
+	case bench.OpEcho, bench.OpPing, bench.OpSet, bench.OpGet, bench.OpMixed, bench.OpLease:
+	default:
+		return fmt.Errorf("bench: unknown op %q", *op)
+	}
+	if *baseline != "" && *baseline != "echo" && *baseline != "ping" {
+		return fmt.Errorf("bench: unknown baseline %q (want echo or ping)", *baseline)
+	}
+	if *clients < 1 || *rounds < 1 || *duration <= 0 {
+		return fmt.Errorf("bench: clients, rounds and duration must be positive")
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer cancel()
+
+	mode := "existing server"
+	if *addr == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		extra := []string{"--in-memory"}
+		mode = "child server, in memory"
+		if !*inMemory {
+			dir, err := os.MkdirTemp("", "mqkv-bench-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			extra = []string{"--data-dir", dir}
+			mode = "child server, durable (fsync), data dir " + dir
+		}
+		p, err := server.Spawn(exe, extra...)
+		if err != nil {
+			return err
+		}
+		defer p.Stop()
+		*addr = p.Addr()
+	}
+	cfg := bench.Config{
+		Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
+		Keys: *keys, Duration: *duration, Warmup: *warmup,
+	}
+	fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
+		mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
+	if cfg.Op == bench.OpGet || cfg.Op == bench.OpMixed {
+		if err := bench.Prepare(ctx, cfg); err != nil {
+			return fmt.Errorf("bench: preparing keys: %w", err)
+		}
+	}
+	var base, main []bench.Result
+	for r := 0; r < *rounds; r++ {
+		if *baseline != "" {
+			c := cfg
+			c.Op = bench.Op(*baseline)
+			res, err := bench.Run(ctx, c)
+			if err != nil {
+				return fmt.Errorf("bench: %s: %w", c.Op, err)
+			}
+			base = append(base, res)
+		}
+		res, err := bench.Run(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("bench: %s: %w", cfg.Op, err)
+		}
+		main = append(main, res)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tops\terrors\tops/s\tp50\tp99\tp99.9\t")
+	rows := []bench.Result{bench.Merge(main)}
+	if len(base) > 0 {
+		rows = append([]bench.Result{bench.Merge(base)}, rows...)
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t\n", r.Op, r.Ops, r.Errors, r.Throughput(),
+			ms(r.Percentile(0.50)), ms(r.Percentile(0.99)), ms(r.Percentile(0.999)))
+	}
+	tw.Flush()
+	if len(base) > 0 {
+		b, m := rows[0], rows[1]
+		fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", m.Op, b.Op, m.Throughput()/b.Throughput(),
+			strings.TrimSpace(ms(m.Percentile(0.5)-b.Percentile(0.5))))
+	}
+	return nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }

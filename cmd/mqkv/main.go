@@ -28,7 +28,7 @@ func main() {
 	case "serve":
 		err = serve(args)
 	case "bench":
-		err = bench(args)
+		err = runBench(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -20,6 +21,7 @@ func serve(args []string) error {
 	inMemory := fs.Bool("in-memory", false, "keep everything in memory: nothing survives the process")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log `format`: text or json")
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to `file` (for performance work)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: mqkv serve [flags]\n\nRuns the MQTT broker and state store.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -36,6 +38,16 @@ func serve(args []string) error {
 	logger, err := newLogger(os.Stderr, *logLevel, *logFormat)
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	srv, err := server.Start(server.Config{
 		Listen:   *listen,

@@ -60,9 +60,13 @@ type Proposal struct {
 var ErrClosed = errors.New("replica: group closed")
 
 const (
-	maxBatch      = 512     // commands per log entry
+	maxBatch      = 1024    // commands per log entry
 	maxBatchBytes = 4 << 20 // payload bytes per log entry, unless one command is bigger
-	pipelineDepth = 64      // log entries proposed but not yet applied
+	// pipelineDepth is how many log entries may be proposed and not yet
+	// applied. Two let one entry be synced while the previous one is
+	// applied; more would only split what arrives meanwhile into smaller
+	// entries (group commit works by making writers wait for the sync).
+	pipelineDepth = 2
 )
 
 // Group is one replica group.
@@ -75,6 +79,7 @@ type Group struct {
 	wal   io.Closer // nil in memory
 
 	in       chan Proposal
+	slots    chan struct{} // one token per log entry in flight
 	inflight chan pending
 	expiryCh chan struct{} // wakes the expiry loop when an earlier deadline appears
 
@@ -108,6 +113,7 @@ func Open(cfg Config) (*Group, error) {
 		log:      cfg.Logger,
 		clock:    clock,
 		in:       make(chan Proposal, maxBatch),
+		slots:    make(chan struct{}, pipelineDepth),
 		inflight: make(chan pending, pipelineDepth),
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
@@ -294,9 +300,9 @@ func (g *Group) closeWAL() error {
 	return g.wal.Close()
 }
 
-// propose turns queued proposals into log entries, one batch at a time,
-// without waiting for earlier entries: raft groups what arrives while the
-// log is syncing into the next write.
+// propose turns queued proposals into log entries. It waits for a free
+// pipeline slot before gathering a batch, so everything that arrives while
+// earlier entries are being synced goes into one entry.
 func (g *Group) propose() {
 	defer g.wg.Done()
 	defer close(g.inflight)
@@ -313,6 +319,7 @@ func (g *Group) propose() {
 			g.drain()
 			return
 		}
+		g.slots <- struct{}{} // released by complete
 		cmds, dones = cmds[:0], nil
 		size := 0
 		add := func(p Proposal) {
@@ -368,6 +375,7 @@ func (g *Group) complete() {
 		if err == nil && len(results) != len(p.dones) {
 			err = fmt.Errorf("replica: %d results for %d commands", len(results), len(p.dones))
 		}
+		<-g.slots
 		for i, done := range p.dones {
 			if err != nil {
 				done(store.Result{}, err)

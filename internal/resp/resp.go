@@ -97,6 +97,7 @@ var (
 	Nil      = []byte("$-1\r\n") // GET of a missing key
 	Zero     = []byte(":0\r\n")
 	One      = []byte(":1\r\n")
+	Pong     = []byte("+PONG\r\n")
 )
 
 // AppendInt appends a RESP integer.

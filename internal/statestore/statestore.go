@@ -151,6 +151,8 @@ func (s *Service) Handle(r *Request) {
 		s.del(r, args, store.OpVDel)
 	case equalFold(verb, "KEYNOTIFY"):
 		s.keyNotify(r, args)
+	case equalFold(verb, "PING"):
+		s.ping(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
 	}
@@ -385,6 +387,18 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	} else {
 		s.reply(r, resp.Zero, hlc.Timestamp{})
 	}
+}
+
+// ping answers PING (an mqkv extension, as in Redis) without touching the
+// store: a health check, and the floor `mqkv bench --baseline echo`
+// measures the store against, since it takes the same path through the
+// broker and this service as every other request.
+func (s *Service) ping(r *Request, args [][]byte) {
+	if len(args) != 1 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	s.reply(r, resp.Pong, hlc.Timestamp{})
 }
 
 // Events turns applied changes into notifications. It runs on the replica's

@@ -1,19 +1,16 @@
 package e2e
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/server"
 )
 
 var (
@@ -44,55 +41,15 @@ func mqkvBinary(t *testing.T) string {
 	return binPath
 }
 
-// process is an mqkv server running as a child process.
-type process struct {
-	cmd  *exec.Cmd
-	addr string
-}
-
-func (p *process) Addr() string { return p.addr }
-
-// startProcess runs `mqkv serve` on dir and waits for it to report its
-// listener address.
-func startProcess(t *testing.T, dir string) *process {
+// startProcess runs `mqkv serve` on dir as a child process.
+func startProcess(t *testing.T, dir string) *server.Process {
 	t.Helper()
-	cmd := exec.Command(mqkvBinary(t), "serve", "--listen", "127.0.0.1:0", "--data-dir", dir, "--log-format", "json")
-	stderr, err := cmd.StderrPipe()
+	p, err := server.Spawn(mqkvBinary(t), "--data-dir", dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &process{cmd: cmd}
-	t.Cleanup(func() { p.kill() })
-	addrCh := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var rec struct {
-				Msg  string `json:"msg"`
-				MQTT string `json:"mqtt"`
-			}
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "mqkv serving" {
-				addrCh <- rec.MQTT
-			}
-		}
-		io.Copy(io.Discard, stderr)
-	}()
-	select {
-	case p.addr = <-addrCh:
-	case <-time.After(30 * time.Second):
-		t.Fatal("server did not start")
-	}
+	t.Cleanup(p.Kill)
 	return p
-}
-
-func (p *process) kill() {
-	if p.cmd.Process != nil {
-		p.cmd.Process.Signal(syscall.SIGKILL)
-		p.cmd.Wait()
-	}
 }
 
 // keyState is what a writer knows of one of its keys.
@@ -206,7 +163,7 @@ func TestCrashDurability(t *testing.T) {
 		}(w, c)
 	}
 	time.Sleep(1500 * time.Millisecond)
-	p.kill() // SIGKILL, mid-load
+	p.Kill() // SIGKILL, mid-load
 	killedAt := time.Now()
 	close(stop)
 	wg.Wait()

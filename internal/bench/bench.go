@@ -1,0 +1,398 @@
+// Package bench is the load generator behind `mqkv bench`: closed-loop MQTT
+// v5 clients that send state store requests exactly as the AIO SDKs frame
+// them, and report throughput and latency percentiles.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// Op is a request mix.
+type Op string
+
+const (
+	// OpEcho sends the same requests to EchoTopic, where Responders MQTT
+	// clients answer them without touching the store: the floor of an
+	// MQTT request/response service through the same broker.
+	OpEcho Op = "echo"
+	// OpPing sends PING, answered inside the server without touching the
+	// store: the floor of the state store's own request path.
+	OpPing  Op = "ping"
+	OpSet   Op = "set"   // SET key value
+	OpGet   Op = "get"   // GET of an existing key
+	OpMixed Op = "mixed" // half GET, half SET
+	OpLease Op = "lease" // SET key holder NEX PX 10000: a lease renewal
+)
+
+// EchoTopic is where the echo responders listen (a shared subscription).
+const EchoTopic = "mqkv/bench/echo"
+
+// Config describes one measurement.
+type Config struct {
+	Addr       string
+	Clients    int
+	Responders int // echo responder connections (OpEcho)
+	Op        Op
+	ValueSize int
+	Keys      int // size of the keyspace
+	Duration  time.Duration
+	Warmup    time.Duration
+}
+
+// Result is what one measurement found.
+type Result struct {
+	Op        Op
+	Ops       int
+	Errors    int
+	Elapsed   time.Duration
+	latencies []time.Duration // sorted
+}
+
+// Throughput returns operations per second.
+func (r Result) Throughput() float64 { return float64(r.Ops) / r.Elapsed.Seconds() }
+
+// Percentile returns the latency below which a fraction q of requests
+// completed.
+func (r Result) Percentile(q float64) time.Duration {
+	if len(r.latencies) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(r.latencies)))) - 1
+	return r.latencies[max(0, min(i, len(r.latencies)-1))]
+}
+
+// client is one MQTT connection sending one request at a time.
+type client struct {
+	id        string
+	c         *paho.Client
+	respTopic string
+	replies   chan *paho.Publish
+	corr      uint64
+}
+
+func dial(ctx context.Context, addr, id string) (*client, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	cl := &client{
+		id:        id,
+		respTopic: "clients/" + id + "/bench/statestore/response",
+		replies:   make(chan *paho.Publish, 16),
+	}
+	cl.c = paho.NewClient(paho.ClientConfig{
+		ClientID: id,
+		Conn:     conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+			cl.replies <- pr.Packet
+			return true, nil
+		}},
+		OnClientError: func(error) {},
+	})
+	if _, err := cl.c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 60}); err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if _, err := cl.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: cl.respTopic, QoS: 1, NoLocal: true}}}); err != nil {
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	return cl, nil
+}
+
+var errTimeout = errors.New("no reply within 10s")
+
+// call sends one request framed as the SDKs frame it and waits for the
+// reply with the same correlation data.
+func (cl *client) call(ctx context.Context, payload []byte) ([]byte, error) {
+	return cl.callTopic(ctx, statestore.RequestTopic, payload)
+}
+
+func (cl *client) callTopic(ctx context.Context, topic string, payload []byte) ([]byte, error) {
+	cl.corr++
+	corr := make([]byte, 16)
+	binary.BigEndian.PutUint64(corr[8:], cl.corr)
+	ts := fmt.Sprintf("%015d:%05d:%s", time.Now().UnixMilli(), 0, cl.id)
+	_, err := cl.c.Publish(ctx, &paho.Publish{
+		Topic:   topic,
+		QoS:     1,
+		Payload: payload,
+		Properties: &paho.PublishProperties{
+			CorrelationData: corr,
+			ResponseTopic:   cl.respTopic,
+			ContentType:     "application/octet-stream",
+			User:            paho.UserProperties{{Key: "__ts", Value: ts}, {Key: "__srcId", Value: cl.id}},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for {
+		select {
+		case p := <-cl.replies:
+			if p.Properties != nil && string(p.Properties.CorrelationData) == string(corr) {
+				return p.Payload, nil
+			}
+		case <-timer.C:
+			return nil, errTimeout
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (cl *client) close() { cl.c.Disconnect(&paho.Disconnect{}) }
+
+func key(i int) []byte { return []byte("bench/key/" + strconv.Itoa(i)) }
+
+// Prepare writes every key of the keyspace, so GETs hit.
+func Prepare(ctx context.Context, cfg Config) error {
+	clients, err := connect(ctx, cfg.Addr, "prep", min(cfg.Clients, 16))
+	if err != nil {
+		return err
+	}
+	defer closeAll(clients)
+	value := make([]byte, cfg.ValueSize)
+	rand.Read(value)
+	var next atomic.Int64
+	errs := make(chan error, len(clients))
+	var wg sync.WaitGroup
+	for _, cl := range clients {
+		wg.Add(1)
+		go func(cl *client) {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= cfg.Keys {
+					return
+				}
+				r, err := cl.call(ctx, resp.AppendBulks(nil, []byte("SET"), key(i), value))
+				if err == nil && string(r) != "+OK\r\n" {
+					err = fmt.Errorf("SET answered %q", r)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(cl)
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func connect(ctx context.Context, addr, prefix string, n int) ([]*client, error) {
+	var run [4]byte
+	rand.Read(run[:])
+	out := make([]*client, 0, n)
+	for i := 0; i < n; i++ {
+		cl, err := dial(ctx, addr, fmt.Sprintf("bench-%s-%x-%d", prefix, run, i))
+		if err != nil {
+			closeAll(out)
+			return nil, err
+		}
+		out = append(out, cl)
+	}
+	return out, nil
+}
+
+func closeAll(cs []*client) {
+	for _, c := range cs {
+		c.close()
+	}
+}
+
+// Run measures one op mix. Each client sends a request, waits for its
+// reply, and sends the next (a closed loop), for Warmup and then Duration;
+// only the Duration part counts.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	clients, err := connect(ctx, cfg.Addr, string(cfg.Op), cfg.Clients)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll(clients)
+	if cfg.Op == OpEcho {
+		stopEcho, err := startResponders(ctx, cfg.Addr, max(cfg.Responders, 1))
+		if err != nil {
+			return Result{}, err
+		}
+		defer stopEcho()
+	}
+	value := make([]byte, cfg.ValueSize)
+	rand.Read(value)
+
+	var measuring atomic.Bool
+	stop := make(chan struct{})
+	type tally struct {
+		lat    []time.Duration
+		errors int
+		err    error
+	}
+	tallies := make([]tally, len(clients))
+	var wg sync.WaitGroup
+	for n, cl := range clients {
+		wg.Add(1)
+		go func(n int, cl *client) {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(n), 42))
+			holder := []byte(cl.id)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := key(rng.IntN(max(cfg.Keys, 1)))
+				var payload []byte
+				op := cfg.Op
+				if op == OpMixed {
+					op = OpGet
+					if rng.IntN(2) == 0 {
+						op = OpSet
+					}
+				}
+				topic := statestore.RequestTopic
+				switch op {
+				case OpEcho:
+					topic = EchoTopic
+					payload = resp.AppendBulks(nil, []byte("SET"), k, value)
+				case OpPing:
+					payload = resp.AppendBulks(nil, []byte("PING"))
+				case OpSet:
+					payload = resp.AppendBulks(nil, []byte("SET"), k, value)
+				case OpGet:
+					payload = resp.AppendBulks(nil, []byte("GET"), k)
+				case OpLease:
+					payload = resp.AppendBulks(nil, []byte("SET"), []byte("bench/lease/"+cl.id), holder, []byte("NEX"), []byte("PX"), []byte("10000"))
+				}
+				start := time.Now()
+				r, err := cl.callTopic(ctx, topic, payload)
+				d := time.Since(start)
+				if err != nil {
+					tallies[n].err = err
+					return
+				}
+				if !measuring.Load() {
+					continue
+				}
+				if len(r) > 0 && r[0] == '-' {
+					tallies[n].errors++
+				}
+				tallies[n].lat = append(tallies[n].lat, d)
+			}
+		}(n, cl)
+	}
+	select {
+	case <-time.After(cfg.Warmup):
+	case <-ctx.Done():
+	}
+	measuring.Store(true)
+	start := time.Now()
+	select {
+	case <-time.After(cfg.Duration):
+	case <-ctx.Done():
+	}
+	measuring.Store(false)
+	elapsed := time.Since(start)
+	close(stop)
+	wg.Wait()
+	res := Result{Op: cfg.Op, Elapsed: elapsed}
+	for _, t := range tallies {
+		if t.err != nil {
+			return res, t.err
+		}
+		res.latencies = append(res.latencies, t.lat...)
+		res.Errors += t.errors
+	}
+	res.Ops = len(res.latencies)
+	slices.Sort(res.latencies)
+	return res, nil
+}
+
+// Merge combines the results of several rounds of the same op.
+func Merge(rs []Result) Result {
+	var out Result
+	for _, r := range rs {
+		out.Op = r.Op
+		out.Ops += r.Ops
+		out.Errors += r.Errors
+		out.Elapsed += r.Elapsed
+		out.latencies = append(out.latencies, r.latencies...)
+	}
+	slices.Sort(out.latencies)
+	return out
+}
+
+// startResponders connects n echo responders that share EchoTopic and
+// answer every request with +OK, correlation data and __stat, as a
+// command executor would.
+func startResponders(ctx context.Context, addr string, n int) (func(), error) {
+	var run [4]byte
+	rand.Read(run[:])
+	var conns []*paho.Client
+	stop := func() {
+		for _, c := range conns {
+			c.Disconnect(&paho.Disconnect{})
+		}
+	}
+	for i := 0; i < n; i++ {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		var c *paho.Client
+		c = paho.NewClient(paho.ClientConfig{
+			ClientID: fmt.Sprintf("bench-echo-%x-%d", run, i),
+			Conn:     conn,
+			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+				req := pr.Packet
+				if req.Properties == nil || req.Properties.ResponseTopic == "" {
+					return true, nil
+				}
+				// Published from a goroutine, as executors do: paho's
+				// receive loop must not wait for its own PUBACK.
+				go c.Publish(ctx, &paho.Publish{
+					Topic:   req.Properties.ResponseTopic,
+					QoS:     1,
+					Payload: resp.OK,
+					Properties: &paho.PublishProperties{
+						CorrelationData: req.Properties.CorrelationData,
+						ContentType:     "application/octet-stream",
+						User:            paho.UserProperties{{Key: "__stat", Value: "200"}},
+					},
+				})
+				return true, nil
+			}},
+			OnClientError: func(error) {},
+		})
+		if _, err := c.Connect(ctx, &paho.Connect{ClientID: fmt.Sprintf("bench-echo-%x-%d", run, i), CleanStart: true, KeepAlive: 60}); err != nil {
+			stop()
+			return nil, err
+		}
+		conns = append(conns, c)
+		if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "$share/mqkv-bench/" + EchoTopic, QoS: 1}}}); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	return stop, nil
+}

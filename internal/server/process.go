@@ -1,0 +1,88 @@
+package server
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// Process is an mqkv server running as a child process, for tools and tests
+// that need a real, separate server (benchmarks, crash tests).
+type Process struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{}
+}
+
+// Spawn runs `binary serve --listen 127.0.0.1:0 --log-format json extra...`
+// and waits until it reports the address it serves MQTT on.
+func Spawn(binary string, extra ...string) (*Process, error) {
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	cmd := exec.Command(binary, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Process{cmd: cmd, done: make(chan struct{})}
+	addrCh := make(chan string, 1)
+	lastLines := make(chan []string, 1)
+	go func() {
+		var tail []string
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var rec struct {
+				Msg  string `json:"msg"`
+				MQTT string `json:"mqtt"`
+			}
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "mqkv serving" {
+				addrCh <- rec.MQTT
+			}
+			if len(tail) < 20 {
+				tail = append(tail, sc.Text())
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		lastLines <- tail
+	}()
+	go func() {
+		cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case p.addr = <-addrCh:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("server exited before serving: %v", <-lastLines)
+	case <-time.After(60 * time.Second):
+		p.Kill()
+		return nil, errors.New("server did not start within a minute")
+	}
+}
+
+// Addr returns the MQTT address of the server.
+func (p *Process) Addr() string { return p.addr }
+
+// Kill sends SIGKILL and waits for the process to end.
+func (p *Process) Kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends SIGTERM and waits for a clean shutdown.
+func (p *Process) Stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.Kill()
+	}
+}
