@@ -49,11 +49,11 @@ type Config struct {
 	Addr       string
 	Clients    int
 	Responders int // echo responder connections (OpEcho)
-	Op        Op
-	ValueSize int
-	Keys      int // size of the keyspace
-	Duration  time.Duration
-	Warmup    time.Duration
+	Op         Op
+	ValueSize  int
+	Keys       int // size of the keyspace
+	Duration   time.Duration
+	Warmup     time.Duration
 }
 
 // Result is what one measurement found.
