@@ -312,10 +312,7 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	if c.TTL > 0 {
 		e.ExpiresAt = c.Now + c.TTL
 	}
-	if stored != nil {
-		s.remove(stored)
-	}
-	s.insert(e)
+	s.replace(stored, e)
 	return Result{Outcome: Applied, Version: e.Version},
 		append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
 }
@@ -348,10 +345,20 @@ func (s *Store) fits(stored *Entry, size int64) bool {
 	return s.limits.MaxBytes <= 0 || grow <= 0 || s.bytes+grow <= s.limits.MaxBytes
 }
 
-func (s *Store) insert(e *Entry) {
+// replace stores e in place of old (nil if the key is new) with one tree
+// search, keeping the byte count and expiry index in step.
+func (s *Store) replace(old, e *Entry) {
 	s.keys.ReplaceOrInsert(e)
 	s.bytes += e.size()
+	if old != nil {
+		s.bytes -= old.size()
+		if old.ExpiresAt != 0 && old.ExpiresAt != e.ExpiresAt {
+			s.expiry.Delete(expiryItem{at: old.ExpiresAt, key: old.Key})
+		}
+	}
 	if e.ExpiresAt != 0 {
+		// Also when the deadline is unchanged: the item must hold e's key
+		// bytes, not old's buffer (which also holds old's value).
 		s.expiry.ReplaceOrInsert(expiryItem{at: e.ExpiresAt, key: e.Key})
 	}
 }

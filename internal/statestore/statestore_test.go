@@ -1,0 +1,114 @@
+package statestore
+
+import (
+	"sync/atomic"
+	"testing"
+)
+
+func TestParsePX(t *testing.T) {
+	cases := []struct {
+		in string
+		ms int64
+		ok bool
+	}{
+		{"1000", 1000, true},
+		{"1", 1, true},
+		{"1.5", 2, true},
+		{"1.0", 1, true},
+		{"0.1", 1, true},
+		{"0.000", 0, false},
+		{"0", 0, false},
+		{"-1", 0, false},
+		{"abc", 0, false},
+		{"1e3", 0, false},
+		{"", 0, false},
+		{".5", 0, false},
+		{"5.", 0, false},
+		{"1.2.3", 0, false},
+		{" 5", 0, false},
+		{"+5", 0, false},
+		{"99999999999999999999", 0, false},
+	}
+	for _, c := range cases {
+		ms, ok := parsePX([]byte(c.in))
+		if ok != c.ok || (ok && ms != c.ms) {
+			t.Errorf("parsePX(%q) = %d, %v; want %d, %v", c.in, ms, ok, c.ms, c.ok)
+		}
+	}
+}
+
+func TestForbiddenResponseTopic(t *testing.T) {
+	for topic, forbidden := range map[string]bool{
+		RequestTopic:                           true,
+		NotifyPrefix:                           true,
+		NotifyPrefix + "/41/command/notify/42": true,
+		"clients/a/b/+":                        true,
+		"clients/a/#":                          true,
+		"clients/4142/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response":        false,
+		"clients/ab/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke":                   false,
+		"clients/ab/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response": false,
+	} {
+		if got := forbiddenResponseTopic(topic); got != forbidden {
+			t.Errorf("forbiddenResponseTopic(%q) = %v", topic, got)
+		}
+	}
+}
+
+func TestNotifyTopicIsUpperHex(t *testing.T) {
+	got := NotifyTopic("client-id1", []byte("SOMEKEY\x00\xff"))
+	want := "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E742D696431/command/notify/534F4D454B455900FF"
+	if got != want {
+		t.Fatalf("NotifyTopic = %q, want %q", got, want)
+	}
+}
+
+func TestEqualFold(t *testing.T) {
+	for _, c := range []struct {
+		arg, word string
+		eq        bool
+	}{{"SET", "SET", true}, {"set", "SET", true}, {"SeT", "SET", true}, {"SETX", "SET", false}, {"SE", "SET", false}, {"S\xc5T", "SET", false}} {
+		if got := equalFold([]byte(c.arg), c.word); got != c.eq {
+			t.Errorf("equalFold(%q, %q) = %v", c.arg, c.word, got)
+		}
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	var active atomic.Int64
+	r := newRegistry(&active)
+	r.add("a", 1, []byte("k1"))
+	r.add("a", 1, []byte("k1")) // idempotent
+	r.add("a", 1, []byte("k2"))
+	r.add("b", 7, []byte("k1"))
+	if n := len(r.lookup([]byte("k1"))); n != 2 {
+		t.Fatalf("k1 observers = %d", n)
+	}
+	if active.Load() != 3 {
+		t.Fatalf("active = %d", active.Load())
+	}
+	held := r.lookup([]byte("k1"))
+	if !r.remove("a", 1, []byte("k1")) || r.remove("a", 1, []byte("k1")) {
+		t.Fatal("remove must report whether a registration existed")
+	}
+	if len(held) != 2 || held[0] == nil || held[1] == nil {
+		t.Fatal("a slice returned by lookup changed after remove")
+	}
+	if r.remove("b", 8, []byte("k1")) {
+		t.Fatal("another connection of b removed b's registration")
+	}
+	// A new connection of a replaces the old one's registrations.
+	r.add("a", 2, []byte("k3"))
+	if len(r.lookup([]byte("k2"))) != 0 {
+		t.Fatal("registration of a's old connection survived its new connection")
+	}
+	// Disconnect of the old connection does not touch the new one.
+	r.dropConn("a", 1)
+	if len(r.lookup([]byte("k3"))) != 1 {
+		t.Fatal("old connection's disconnect dropped the new connection's registration")
+	}
+	r.dropConn("a", 2)
+	r.dropConn("b", 7)
+	if active.Load() != 0 || len(r.byKey) != 0 || len(r.byClient) != 0 {
+		t.Fatalf("left behind: active %d, keys %d, clients %d", active.Load(), len(r.byKey), len(r.byClient))
+	}
+}
