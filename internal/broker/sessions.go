@@ -108,6 +108,13 @@ func (s *sessions) put(bucket []byte, key string, v storage.Serializable) {
 	}
 }
 
+func (s *sessions) del(bucket []byte, key string) {
+	k := []byte(key)
+	if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Delete(k) }); err != nil {
+		s.log.Error("session store: delete", "error", err)
+	}
+}
+
 func (s *sessions) delPrefix(bucket []byte, prefix string) {
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
 		c := tx.Bucket(bucket).Cursor()
@@ -175,10 +182,7 @@ func (s *sessions) OnClientExpired(cl *mqtt.Client) { s.forget(cl.ID) }
 
 // forget removes every trace of a client's session.
 func (s *sessions) forget(clientID string) {
-	k := []byte(clientID)
-	if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucketClients).Delete(k) }); err != nil {
-		s.log.Error("session store: delete", "error", err)
-	}
+	s.del(bucketClients, clientID)
 	s.delPrefix(bucketSubs, clientID+"\x00")
 	s.dropInflight(clientID)
 }
@@ -209,10 +213,7 @@ func (s *sessions) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte
 
 func (s *sessions) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	for _, f := range pk.Filters {
-		k := []byte(subKey(cl.ID, f.Filter))
-		if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucketSubs).Delete(k) }); err != nil {
-			s.log.Error("session store: delete", "error", err)
-		}
+		s.del(bucketSubs, subKey(cl.ID, f.Filter))
 	}
 }
 
@@ -224,12 +225,7 @@ func (s *sessions) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) 
 	s.put(bucketRetained, pk.TopicName, messageRecord(storage.RetainedKey+"_"+pk.TopicName, storage.RetainedKey, cl.ID, pk))
 }
 
-func (s *sessions) OnRetainedExpired(topic string) {
-	k := []byte(topic)
-	if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucketRetained).Delete(k) }); err != nil {
-		s.log.Error("session store: delete", "error", err)
-	}
-}
+func (s *sessions) OnRetainedExpired(topic string) { s.del(bucketRetained, topic) }
 
 func messageRecord(id, kind, client string, pk packets.Packet) *storage.Message {
 	p := pk.Properties
@@ -359,29 +355,11 @@ func (s *sessions) flush() {
 }
 
 func (s *sessions) StoredClients() ([]storage.Client, error) {
-	var out []storage.Client
-	err := s.each(bucketClients, func(v []byte) error {
-		var c storage.Client
-		if err := c.UnmarshalBinary(v); err != nil {
-			return err
-		}
-		out = append(out, c)
-		return nil
-	})
-	return out, err
+	return load[storage.Client](s, bucketClients)
 }
 
 func (s *sessions) StoredSubscriptions() ([]storage.Subscription, error) {
-	var out []storage.Subscription
-	err := s.each(bucketSubs, func(v []byte) error {
-		var c storage.Subscription
-		if err := c.UnmarshalBinary(v); err != nil {
-			return err
-		}
-		out = append(out, c)
-		return nil
-	})
-	return out, err
+	return load[storage.Subscription](s, bucketSubs)
 }
 
 func (s *sessions) StoredRetainedMessages() ([]storage.Message, error) {
@@ -399,30 +377,29 @@ func (s *sessions) StoredInflightMessages() ([]storage.Message, error) {
 }
 
 func (s *sessions) messages(bucket []byte) ([]storage.Message, error) {
-	var out []storage.Message
-	err := s.each(bucket, func(v []byte) error {
-		var m storage.Message
-		if err := m.UnmarshalBinary(v); err != nil {
-			return err
-		}
-		out = append(out, m)
-		return nil
+	return load[storage.Message](s, bucket)
+}
+
+// load decodes every record of a bucket.
+func load[T any, PT interface {
+	*T
+	UnmarshalBinary([]byte) error
+}](s *sessions, bucket []byte) ([]T, error) {
+	var out []T
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			var rec T
+			if err := PT(&rec).UnmarshalBinary(v); err != nil {
+				return fmt.Errorf("%w %q: %v", errCorruptSession, k, err)
+			}
+			out = append(out, rec)
+			return nil
+		})
 	})
 	return out, err
 }
 
 var errCorruptSession = errors.New("corrupt session record")
-
-func (s *sessions) each(bucket []byte, fn func(v []byte) error) error {
-	return s.db.View(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
-			if err := fn(v); err != nil {
-				return fmt.Errorf("%w %q: %v", errCorruptSession, k, err)
-			}
-			return nil
-		})
-	})
-}
 
 // Stop flushes what is pending and closes the file.
 func (s *sessions) Stop() error {

@@ -178,37 +178,38 @@ func (s *Service) fail(r *Request, e resp.Error) {
 	s.reply(r, resp.AppendError(nil, string(e)), hlc.Timestamp{})
 }
 
-// requestTimestamp checks __ts: required for writes, validated when present.
-func (s *Service) requestTimestamp(r *Request, required bool) (hlc.Timestamp, resp.Error) {
-	if !r.HasTimestamp {
-		if required {
-			return hlc.Timestamp{}, resp.ErrTimestampMissing
-		}
-		return hlc.Timestamp{}, ""
+// checkKeyAndTimestamp applies the checks every keyed command starts with,
+// in the protocol's order: an empty key, then __ts (required for writes,
+// validated whenever present).
+func (s *Service) checkKeyAndTimestamp(r *Request, key []byte, write bool) (hlc.Timestamp, resp.Error) {
+	if len(key) == 0 {
+		return hlc.Timestamp{}, resp.ErrKeyLengthZero
 	}
-	ts, err := hlc.Parse(r.Timestamp)
-	if err != nil {
-		return hlc.Timestamp{}, resp.ErrTimestampMalformed
+	if !r.HasTimestamp && write {
+		return hlc.Timestamp{}, resp.ErrTimestampMissing
 	}
-	if s.group.Clock().CheckSkew(ts) != nil {
-		return hlc.Timestamp{}, resp.ErrTimestampSkew
-	}
-	return ts, ""
+	return s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew)
 }
 
 // fencingToken checks __ft when present.
 func (s *Service) fencingToken(r *Request) (hlc.Timestamp, resp.Error) {
-	if !r.HasFencingToken {
+	return s.parseHLC(r.FencingToken, r.HasFencingToken, resp.ErrFencingTokenSkew)
+}
+
+// parseHLC reads a timestamp property; absent is the zero timestamp, too
+// far ahead of the server clock is skewErr.
+func (s *Service) parseHLC(v string, present bool, skewErr resp.Error) (hlc.Timestamp, resp.Error) {
+	if !present {
 		return hlc.Timestamp{}, ""
 	}
-	ft, err := hlc.Parse(r.FencingToken)
+	ts, err := hlc.Parse(v)
 	if err != nil {
 		return hlc.Timestamp{}, resp.ErrTimestampMalformed
 	}
-	if s.group.Clock().CheckSkew(ft) != nil {
-		return hlc.Timestamp{}, resp.ErrFencingTokenSkew
+	if s.group.Clock().CheckSkew(ts) != nil {
+		return hlc.Timestamp{}, skewErr
 	}
-	return ft, ""
+	return ts, ""
 }
 
 func (s *Service) get(r *Request, args [][]byte) {
@@ -216,11 +217,7 @@ func (s *Service) get(r *Request, args [][]byte) {
 		s.fail(r, resp.ErrWrongNumberOfArguments)
 		return
 	}
-	if len(args[1]) == 0 {
-		s.fail(r, resp.ErrKeyLengthZero)
-		return
-	}
-	if _, e := s.requestTimestamp(r, false); e != "" {
+	if _, e := s.checkKeyAndTimestamp(r, args[1], false); e != "" {
 		s.fail(r, e)
 		return
 	}
@@ -309,11 +306,7 @@ func (s *Service) del(r *Request, args [][]byte, op store.Op) {
 // write validates what needs the clock and sends the command to the log;
 // fencing, conditions and quota are decided when it is applied.
 func (s *Service) write(r *Request, cmd store.Command) {
-	if len(cmd.Key) == 0 {
-		s.fail(r, resp.ErrKeyLengthZero)
-		return
-	}
-	ts, e := s.requestTimestamp(r, true)
+	ts, e := s.checkKeyAndTimestamp(r, cmd.Key, true)
 	if e != "" {
 		s.fail(r, e)
 		return
@@ -369,11 +362,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		s.fail(r, resp.ErrSyntax)
 		return
 	}
-	if len(args[1]) == 0 {
-		s.fail(r, resp.ErrKeyLengthZero)
-		return
-	}
-	if _, e := s.requestTimestamp(r, false); e != "" {
+	if _, e := s.checkKeyAndTimestamp(r, args[1], false); e != "" {
 		s.fail(r, e)
 		return
 	}

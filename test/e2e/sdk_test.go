@@ -174,16 +174,22 @@ func expectNone(t *testing.T, ch <-chan statestore.Notify[string, string], d tim
 	}
 }
 
-func TestSDKObserve(t *testing.T) {
-	s := startServer(t)
-	c := newSDKClient(t, s)
-	ctx := ctxFor(t, 20*time.Second)
-	key := uniqueKey(t)
+// observing starts a server and a client that observes a fresh key.
+func observing(t *testing.T) (c *sdkClient, key string, ch <-chan statestore.Notify[string, string], ctx context.Context) {
+	t.Helper()
+	c = newSDKClient(t, startServer(t))
+	ctx = ctxFor(t, 20*time.Second)
+	key = uniqueKey(t)
 	ch, done := c.store.Notify(key)
-	defer done()
+	t.Cleanup(done)
 	if err := c.store.KeyNotify(ctx, key); err != nil {
 		t.Fatal(err)
 	}
+	return c, key, ch, ctx
+}
+
+func TestSDKObserve(t *testing.T) {
+	c, key, ch, ctx := observing(t)
 	set, err := c.store.Set(ctx, key, "v1")
 	if err != nil {
 		t.Fatal(err)
@@ -211,15 +217,7 @@ func TestSDKObserve(t *testing.T) {
 }
 
 func TestSDKObserveExpiry(t *testing.T) {
-	s := startServer(t)
-	c := newSDKClient(t, s)
-	ctx := ctxFor(t, 20*time.Second)
-	key := uniqueKey(t)
-	ch, done := c.store.Notify(key)
-	defer done()
-	if err := c.store.KeyNotify(ctx, key); err != nil {
-		t.Fatal(err)
-	}
+	c, key, ch, ctx := observing(t)
 	if _, err := c.store.Set(ctx, key, "v", statestore.WithExpiry(500*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
