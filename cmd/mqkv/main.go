@@ -13,6 +13,7 @@ const usage = `mqkv: an MQTT v5 broker with a durable, AIO-compatible state stor
 Usage:
   mqkv [serve] [flags]    run the server (the default)
   mqkv bench [flags]      measure a server's throughput and latency
+  mqkv passwd FILE USER   add or change a user in a password file
 
 Run "mqkv <command> -h" for the flags of a command.
 `
@@ -29,6 +30,8 @@ func main() {
 		err = serve(args)
 	case "bench":
 		err = runBench(args)
+	case "passwd":
+		err = passwd(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -16,14 +16,40 @@ import (
 
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:1883", "MQTT listener `address` (host:port; port 0 picks a free one)")
-	dataDir := fs.String("data-dir", "./mqkv-data", "`directory` for the log, snapshots and MQTT sessions")
-	inMemory := fs.Bool("in-memory", false, "keep everything in memory: nothing survives the process")
+	var cfg server.Config
+	d := server.DefaultLimits
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:1883", "plain MQTT listener `address` (host:port; port 0 picks a free one; empty for none)")
+	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "MQTT over TLS listener `address` (needs --tls-cert and --tls-key)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server private key `file` (PEM)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM): clients must present a certificate it signed (mTLS); the subject CN becomes the username")
+	fs.BoolVar(&cfg.TLSClientCertOptional, "tls-client-cert-optional", false, "with --tls-client-ca: also admit TLS clients without a certificate (password or anonymous)")
+	fs.StringVar(&cfg.WSListen, "ws-listen", "", "MQTT over WebSocket listener `address`")
+	fs.BoolVar(&cfg.WSTLS, "ws-tls", false, "serve the WebSocket listener over TLS (wss), with --tls-cert and --tls-key")
+	fs.StringVar(&cfg.DataDir, "data-dir", "./mqkv-data", "`directory` for the log, snapshots and MQTT sessions")
+	fs.BoolVar(&cfg.InMemory, "in-memory", false, "keep everything in memory: nothing survives the process")
+	fs.StringVar(&cfg.PasswordFile, "password-file", "", "`file` of username:bcrypt-hash lines (write it with `mqkv passwd`)")
+	fs.StringVar(&cfg.CertAttributesFile, "cert-attributes", "", "YAML `file` mapping certificate subjects to principal attributes")
+	fs.BoolVar(&cfg.AllowAnonymous, "allow-anonymous", false, "admit clients without credentials even when passwords or client certificates are configured")
+	fs.StringVar(&cfg.PolicyFile, "policy", "", "authorization policy `file` (YAML, AIO BrokerAuthorization rules); reloaded on SIGHUP")
+	maxPacket := fs.Uint("max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")
+	fs.IntVar(&cfg.Limits.MaxKeyLength, "max-key-length", d.MaxKeyLength, "longest state store key in `bytes`")
+	fs.IntVar(&cfg.Limits.MaxKeys, "max-keys", d.MaxKeys, "most keys the store holds")
+	fs.Int64Var(&cfg.Limits.MaxBytes, "max-bytes", d.MaxBytes, "most key and value `bytes` the store holds")
+	fs.IntVar(&cfg.Limits.MaxRegistrations, "max-keynotify", d.MaxRegistrations, "most KEYNOTIFY registrations per connection")
+	fs.Int64Var(&cfg.Limits.MaxConnections, "max-connections", d.MaxConnections, "most connected clients")
+	maxOutbound := fs.Int("max-outbound", int(d.MaxOutbound), "most messages waiting to be written to one client; a client that lets them pile up is disconnected (0x97)")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log `format`: text or json")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to `file` (for performance work)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: mqkv serve [flags]\n\nRuns the MQTT broker and state store.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), `Usage: mqkv serve [flags]
+
+Runs the MQTT broker and state store. SIGHUP reloads the policy and password
+files; SIGINT or SIGTERM stop the server.
+
+Flags:
+`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -35,10 +61,15 @@ func serve(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
+	if *maxPacket > 1<<28 || *maxOutbound <= 0 || *maxOutbound > 1<<20 {
+		return fmt.Errorf("serve: --max-packet-size at most %d, --max-outbound between 1 and %d", 1<<28, 1<<20)
+	}
+	cfg.Limits.MaxPacketSize, cfg.Limits.MaxOutbound = uint32(*maxPacket), int32(*maxOutbound)
 	logger, err := newLogger(os.Stderr, *logLevel, *logFormat)
 	if err != nil {
 		return err
 	}
+	cfg.Logger = logger
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -49,19 +80,22 @@ func serve(args []string) error {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	srv, err := server.Start(server.Config{
-		Listen:   *listen,
-		DataDir:  *dataDir,
-		InMemory: *inMemory,
-		Logger:   logger,
-	})
+	srv, err := server.Start(cfg)
 	if err != nil {
 		return err
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	s := <-sig
-	logger.Info("shutting down", "signal", s.String())
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	for s := range sig {
+		if s == syscall.SIGHUP {
+			if err := srv.Reload(); err != nil {
+				logger.Error("reload failed; the previous configuration stays in force", "error", err)
+			}
+			continue
+		}
+		logger.Info("shutting down", "signal", s.String())
+		break
+	}
 	return srv.Close()
 }
 

@@ -1,11 +1,13 @@
 // Package broker embeds the mochi-mqtt MQTT v5 broker: it owns the
-// listeners and the persisted session state, hands state store requests to
-// a Handler, and implements statestore.Transport to publish replies and to
-// deliver notifications into client sessions.
+// listeners (TCP, TLS, WebSocket), authenticates and authorizes clients,
+// keeps persisted session state, hands state store requests to a Handler,
+// and implements statestore.Transport to publish replies and to deliver
+// notifications into client sessions.
 package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -25,40 +27,70 @@ import (
 type Handler interface {
 	Handle(*statestore.Request)
 	Disconnected(clientID string, conn uint64)
+	// Revoke ends the KEYNOTIFY registrations of a connection for keys
+	// canRead refuses (after a policy change).
+	Revoke(clientID string, conn uint64, canRead func(key []byte) bool)
+}
+
+// Listener is one network endpoint clients connect to.
+type Listener struct {
+	Name string // "tcp", "tls", "ws"...: shows in logs
+	Addr string // host:port; port 0 picks a free one
+	// TLS, if set, wraps connections in TLS (for WebSocket: wss).
+	TLS       *tls.Config
+	WebSocket bool
 }
 
 // Config configures the broker.
 type Config struct {
-	// Listen is the TCP address of the MQTT listener, e.g. "127.0.0.1:1883".
-	Listen string
+	Listeners []Listener
 	// DataDir holds the session store. Empty: sessions live in memory.
 	DataDir string
 	// MaxPacketSize is the largest MQTT packet accepted (and advertised
-	// in CONNACK); zero means the default of 64 MiB.
+	// in CONNACK); zero means DefaultMaxPacketSize.
 	MaxPacketSize uint32
-	Logger        *slog.Logger
+	// MaxConnections caps connected clients; zero means unlimited.
+	MaxConnections int64
+	// MaxOutbound is how many messages may wait to be written to one
+	// client; a client that lets it fill is disconnected. Zero means
+	// DefaultMaxOutbound.
+	MaxOutbound int32
+	Security    Security
+	Logger      *slog.Logger
 }
 
-// DefaultMaxPacketSize matches the AIO broker's default profile.
-const DefaultMaxPacketSize = 64 << 20
+// Defaults for Config.
+const (
+	DefaultMaxPacketSize = 64 << 20 // the AIO broker's default profile
+	DefaultMaxOutbound   = 1024
+)
+
+// Counters are monotonically increasing event counts.
+type Counters struct {
+	AuthFailures         atomic.Int64 // CONNECTs refused
+	SlowConsumers        atomic.Int64 // clients disconnected for not reading
+	SubscriptionsRevoked atomic.Int64 // subscriptions removed by a policy change
+}
 
 // Broker is a running MQTT broker.
 type Broker struct {
-	srv      *mqtt.Server
-	inline   *mqtt.Client // publishes replies and notifications
-	handler  Handler
-	log      *slog.Logger
-	sessions *sessions
-	ln       *listener
+	srv       *mqtt.Server
+	inline    *mqtt.Client // publishes replies and notifications
+	handler   Handler
+	log       *slog.Logger
+	sessions  *sessions
+	listeners []*listener
+	security  atomic.Pointer[Security]
+	Counters  Counters
 
-	conns    sync.Map // *mqtt.Client → uint64 connection id
+	conns    sync.Map // *mqtt.Client → *conn
 	nextConn atomic.Uint64
 
 	mu         sync.Mutex
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 }
 
-// New creates a broker listening on cfg.Listen. Call Serve to start it.
+// New creates a broker with its listeners bound. Call Serve to start it.
 func New(cfg Config, h Handler) (*Broker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -66,22 +98,36 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	if cfg.MaxPacketSize == 0 {
 		cfg.MaxPacketSize = DefaultMaxPacketSize
 	}
+	if cfg.MaxOutbound == 0 {
+		cfg.MaxOutbound = DefaultMaxOutbound
+	}
+	if len(cfg.Listeners) == 0 {
+		return nil, fmt.Errorf("broker: no listener configured")
+	}
 	caps := mqtt.NewDefaultServerCapabilities()
 	// Without this mochi echoes user properties on PUBACK and sets reason
 	// 0x01 on QoS 1 acks (mochi issue #474).
 	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.MaximumPacketSize = cfg.MaxPacketSize
+	caps.MaximumClientWritesPending = cfg.MaxOutbound
+	if cfg.MaxConnections > 0 {
+		caps.MaximumClients = cfg.MaxConnections
+	}
 	// mochi would give every message without an expiry one of a day;
 	// messages pass through as published.
 	caps.MaximumMessageExpiryInterval = 0
 	srv := mqtt.New(&mqtt.Options{
-		Capabilities:             caps,
-		Logger:                   cfg.Logger,
+		Capabilities: caps,
+		// mochi reports every hook and listener at info; keep its voice
+		// to warnings unless debugging.
+		Logger:                   slog.New(minLevel{cfg.Logger.Handler(), slog.LevelWarn}).With("component", "mqtt"),
 		SysTopicResendInterval:   10,
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
 	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}}
+	sec := cfg.Security
+	b.security.Store(&sec)
 	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)
 	b.inline.Properties.ProtocolVersion = 5
 
@@ -102,18 +148,28 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			return nil, err
 		}
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		b.closeSessions()
-		return nil, fmt.Errorf("mqtt listener: %w", err)
-	}
-	b.ln = &listener{id: "tcp", ln: ln, protocol: "tcp"}
-	if err := srv.AddListener(b.ln); err != nil {
-		ln.Close()
-		b.closeSessions()
-		return nil, err
+	for _, lc := range cfg.Listeners {
+		ln, err := net.Listen("tcp", lc.Addr)
+		if err != nil {
+			b.closeListeners()
+			b.closeSessions()
+			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
+		}
+		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket}
+		b.listeners = append(b.listeners, l)
+		if err := srv.AddListener(l); err != nil {
+			b.closeListeners()
+			b.closeSessions()
+			return nil, err
+		}
 	}
 	return b, nil
+}
+
+func (b *Broker) closeListeners() {
+	for _, l := range b.listeners {
+		l.ln.Close()
+	}
 }
 
 func (b *Broker) closeSessions() {
@@ -122,8 +178,17 @@ func (b *Broker) closeSessions() {
 	}
 }
 
-// Addr returns the address the MQTT listener is bound to.
-func (b *Broker) Addr() string { return b.ln.Address() }
+// Addr returns the address of the first listener.
+func (b *Broker) Addr() string { return b.listeners[0].Address() }
+
+// Addrs returns the address of every listener by name.
+func (b *Broker) Addrs() map[string]string {
+	out := map[string]string{}
+	for _, l := range b.listeners {
+		out[l.id] = l.Address()
+	}
+	return out
+}
 
 // Serve loads persisted sessions and starts accepting connections.
 func (b *Broker) Serve() error { return b.srv.Serve() }
@@ -134,15 +199,6 @@ func (b *Broker) Close() error { return b.srv.Close() }
 
 // ClientsConnected returns the number of connected clients.
 func (b *Broker) ClientsConnected() int64 { return atomic.LoadInt64(&b.srv.Info.ClientsConnected) }
-
-// connID returns the id of a connection: each *mqtt.Client is one.
-func (b *Broker) connID(cl *mqtt.Client) uint64 {
-	if v, ok := b.conns.Load(cl); ok {
-		return v.(uint64)
-	}
-	v, _ := b.conns.LoadOrStore(cl, b.nextConn.Add(1))
-	return v.(uint64)
-}
 
 // inject publishes a message from the broker itself, at QoS 1.
 func (b *Broker) inject(topic string, payload []byte, props packets.Properties) {
@@ -180,9 +236,12 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 // notification topics: mochi merges all of one client's matching
 // subscriptions into one delivery, so a client that also subscribed itself
 // (as the Rust SDK does) still gets each notification once.
-func (b *Broker) Deliver(clientID string, conn uint64, topic string, payload []byte, version hlc.Timestamp) {
+func (b *Broker) Deliver(clientID string, connID uint64, topic string, payload []byte, version hlc.Timestamp) {
 	cl, ok := b.srv.Clients.Get(clientID)
-	if !ok || cl.Closed() || b.connID(cl) != conn {
+	if !ok || cl.Closed() {
+		return
+	}
+	if c := b.connOf(cl); c == nil || c.id != connID {
 		return // that connection is gone; its registrations end with it
 	}
 	b.ensureNotifySubscription(cl)
@@ -223,9 +282,12 @@ func (b *Broker) dropNotifySubscription(cl *mqtt.Client) {
 }
 
 // Disconnect implements statestore.Transport.
-func (b *Broker) Disconnect(clientID string, conn uint64, reason byte) {
+func (b *Broker) Disconnect(clientID string, connID uint64, reason byte) {
 	cl, ok := b.srv.Clients.Get(clientID)
-	if !ok || b.connID(cl) != conn {
+	if !ok {
+		return
+	}
+	if c := b.connOf(cl); c == nil || c.id != connID {
 		return
 	}
 	code := packets.Code{Code: reason, Reason: "state store: forbidden response topic"}

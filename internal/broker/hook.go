@@ -2,7 +2,6 @@ package broker
 
 import (
 	"bytes"
-	"strings"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -10,9 +9,9 @@ import (
 	"github.com/mqkv/mqkv/internal/statestore"
 )
 
-// hook connects mochi's events to the broker: it takes state store
-// requests off the request topic, protects the notification namespace and
-// ends state store registrations with their connection.
+// hook connects mochi's events to the broker: authentication and
+// authorization, state store requests off the request topic, and the end
+// of a connection.
 type hook struct {
 	mqtt.HookBase
 	b *Broker
@@ -22,12 +21,37 @@ func (h *hook) ID() string { return "mqkv" }
 
 func (h *hook) Provides(b byte) bool {
 	return bytes.Contains([]byte{
+		mqtt.OnConnect,
 		mqtt.OnConnectAuthenticate,
+		mqtt.OnSessionEstablished,
 		mqtt.OnACLCheck,
 		mqtt.OnPublish,
+		mqtt.OnPublishDropped,
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
 	}, []byte{b})
+}
+
+// OnConnect authenticates; a refused client has had its CONNACK and the
+// returned error ends the connection.
+func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
+	return h.b.authenticate(cl, pk)
+}
+
+func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
+	return h.b.connOf(cl) != nil
+}
+
+// OnSessionEstablished judges the subscriptions a resumed session brought
+// along against the client's current grant.
+func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	if c := h.b.connOf(cl); c != nil {
+		h.b.pruneSubscriptions(cl, c)
+	}
+}
+
+func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
+	return h.b.allowed(cl, topic, write)
 }
 
 // OnPacketEncode keeps user properties on PUBLISH packets to clients that
@@ -42,14 +66,6 @@ func (h *hook) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet 
 	return pk
 }
 
-func (h *hook) OnConnectAuthenticate(*mqtt.Client, packets.Packet) bool { return true }
-
-// OnACLCheck keeps clients from publishing into the notification namespace,
-// where they could forge notifications for other clients.
-func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
-	return !write || !strings.HasPrefix(topic, statestore.NotifyPrefix)
-}
-
 // OnPublish hands requests to the state store. They are not routed to
 // subscribers: CodeSuccessIgnore still acknowledges QoS 1 (returning
 // ErrRejectPacket would not, mochi issue #465).
@@ -57,9 +73,14 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
 		return pk, nil
 	}
+	c := h.b.connOf(cl)
+	if c == nil {
+		return pk, packets.CodeSuccessIgnore
+	}
 	req := &statestore.Request{
 		ClientID:        cl.ID,
-		Conn:            h.b.connID(cl),
+		Conn:            c.id,
+		Grant:           c.grant.Load(),
 		Payload:         pk.Payload,
 		ResponseTopic:   pk.Properties.ResponseTopic,
 		CorrelationData: pk.Properties.CorrelationData,
@@ -78,9 +99,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	return pk, packets.CodeSuccessIgnore
 }
 
+func (h *hook) OnPublishDropped(cl *mqtt.Client, _ packets.Packet) { h.b.slowConsumer(cl) }
+
 func (h *hook) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 	if v, ok := h.b.conns.LoadAndDelete(cl); ok {
-		h.b.handler.Disconnected(cl.ID, v.(uint64))
+		h.b.handler.Disconnected(cl.ID, v.(*conn).id)
 	}
 	h.b.dropNotifySubscription(cl)
 }

@@ -41,10 +41,10 @@ func Spawn(binary string, extra ...string) (*Process, error) {
 		for sc.Scan() {
 			var rec struct {
 				Msg  string `json:"msg"`
-				MQTT string `json:"mqtt"`
+				TCP  string `json:"tcp"`
 			}
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "mqkv serving" {
-				addrCh <- rec.MQTT
+				addrCh <- rec.TCP
 			}
 			if len(tail) < 20 {
 				tail = append(tail, sc.Text())

@@ -23,11 +23,80 @@ import (
 
 // Config is the whole configuration of a node, validated once by Start.
 type Config struct {
-	Listen   string // MQTT listener address
+	Listen string // plain MQTT listener address; empty for none
+
+	TLSListen   string // MQTT over TLS listener address; empty for none
+	TLSCert     string // server certificate file (PEM), for TLS and wss
+	TLSKey      string // its private key (PEM)
+	TLSClientCA string // CA file: verify client certificates (mTLS)
+	// TLSClientCertOptional admits TLS clients without a certificate
+	// (they then authenticate with a password or anonymously).
+	TLSClientCertOptional bool
+
+	WSListen string // MQTT over WebSocket listener address; empty for none
+	WSTLS    bool   // serve the WebSocket listener over TLS (wss)
+
 	DataDir  string // ignored when InMemory
 	InMemory bool   // keep nothing on disk
-	Logger   *slog.Logger
-	Limits   store.Limits
+
+	PasswordFile       string // username:bcrypt lines (mqkv passwd)
+	CertAttributesFile string // certificate subject → principal attributes
+	// AllowAnonymous admits clients without credentials when passwords or
+	// client certificates are configured; without either, anonymous
+	// clients are always admitted.
+	AllowAnonymous bool
+	PolicyFile     string // authorization rules (YAML); empty: allow all
+
+	Limits Limits
+	Logger *slog.Logger
+}
+
+// Limits are the node's resource limits; zero fields take the defaults.
+type Limits struct {
+	MaxPacketSize    uint32 // bytes, advertised in CONNACK
+	MaxKeyLength     int    // bytes
+	MaxKeys          int    // keys in the store
+	MaxBytes         int64  // key and value bytes in the store
+	MaxRegistrations int    // KEYNOTIFY registrations per connection
+	MaxConnections   int64
+	MaxOutbound      int32 // messages waiting to be written to one client
+}
+
+// DefaultLimits are what an unconfigured node uses.
+var DefaultLimits = Limits{
+	MaxPacketSize:    broker.DefaultMaxPacketSize,
+	MaxKeyLength:     64 << 10,
+	MaxKeys:          1_000_000,
+	MaxBytes:         1 << 30,
+	MaxRegistrations: 10_000,
+	MaxConnections:   10_000,
+	MaxOutbound:      broker.DefaultMaxOutbound,
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	if l.MaxPacketSize == 0 {
+		l.MaxPacketSize = d.MaxPacketSize
+	}
+	if l.MaxKeyLength == 0 {
+		l.MaxKeyLength = d.MaxKeyLength
+	}
+	if l.MaxKeys == 0 {
+		l.MaxKeys = d.MaxKeys
+	}
+	if l.MaxBytes == 0 {
+		l.MaxBytes = d.MaxBytes
+	}
+	if l.MaxRegistrations == 0 {
+		l.MaxRegistrations = d.MaxRegistrations
+	}
+	if l.MaxConnections == 0 {
+		l.MaxConnections = d.MaxConnections
+	}
+	if l.MaxOutbound == 0 {
+		l.MaxOutbound = d.MaxOutbound
+	}
+	return l
 }
 
 // Server is a running node.
@@ -49,8 +118,14 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Listen == "" {
-		return nil, errors.New("server: no listen address")
+	cfg.Limits = cfg.Limits.withDefaults()
+	listeners, err := listenersOf(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sec, err := securityOf(cfg)
+	if err != nil {
+		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	var raftDir, mqttDir string
@@ -64,7 +139,8 @@ func Start(cfg Config) (*Server, error) {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("data directory: %w", err)
 		}
-		lock, err := lockDir(cfg.DataDir)
+		var lock *os.File
+		lock, err = lockDir(cfg.DataDir)
 		if err != nil {
 			return nil, err
 		}
@@ -77,11 +153,14 @@ func Start(cfg Config) (*Server, error) {
 		mqttDir = filepath.Join(cfg.DataDir, "mqtt")
 	}
 
-	s.service = statestore.New(nil, cfg.Logger)
+	s.service = statestore.New(nil, statestore.Limits{
+		MaxKeyLength:            cfg.Limits.MaxKeyLength,
+		MaxRegistrationsPerConn: cfg.Limits.MaxRegistrations,
+	}, cfg.Logger)
 	g, err := replica.Open(replica.Config{
 		NodeID:   s.NodeID,
 		Dir:      raftDir,
-		Limits:   cfg.Limits,
+		Limits:   store.Limits{MaxKeys: cfg.Limits.MaxKeys, MaxBytes: cfg.Limits.MaxBytes},
 		Logger:   cfg.Logger,
 		OnEvents: s.service.Events,
 	})
@@ -92,7 +171,15 @@ func Start(cfg Config) (*Server, error) {
 	s.group = g
 	s.service.Attach(g)
 
-	b, err := broker.New(broker.Config{Listen: cfg.Listen, DataDir: mqttDir, Logger: cfg.Logger}, s.service)
+	b, err := broker.New(broker.Config{
+		Listeners:      listeners,
+		DataDir:        mqttDir,
+		MaxPacketSize:  cfg.Limits.MaxPacketSize,
+		MaxConnections: cfg.Limits.MaxConnections,
+		MaxOutbound:    cfg.Limits.MaxOutbound,
+		Security:       sec,
+		Logger:         cfg.Logger,
+	}, s.service)
 	if err != nil {
 		g.Close()
 		s.unlock()
@@ -110,12 +197,22 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.InMemory {
 		mode = "in-memory"
 	}
-	cfg.Logger.Info("mqkv serving", "mqtt", b.Addr(), "node", s.NodeID, "mode", mode, "data_dir", cfg.DataDir)
+	attrs := []any{"node", s.NodeID, "mode", mode, "data_dir", cfg.DataDir}
+	for name, addr := range b.Addrs() {
+		attrs = append(attrs, name, addr)
+	}
+	cfg.Logger.Info("mqkv serving", attrs...)
 	return s, nil
 }
 
-// Addr returns the MQTT listener's address.
+// Addr returns the address of the first MQTT listener.
 func (s *Server) Addr() string { return s.broker.Addr() }
+
+// Addrs returns the address of each listener by name (tcp, tls, ws).
+func (s *Server) Addrs() map[string]string { return s.broker.Addrs() }
+
+// Broker returns the MQTT broker (for its counters).
+func (s *Server) Broker() *broker.Broker { return s.broker }
 
 // Service returns the state store service (for its counters).
 func (s *Server) Service() *statestore.Service { return s.service }

@@ -27,8 +27,9 @@ func newRegistry(active *atomic.Int64) *registry {
 	return &registry{byKey: map[string][]*observer{}, byClient: map[string]*observer{}, active: active}
 }
 
-// add registers clientID (on conn) for key; repeating it is harmless.
-func (r *registry) add(clientID string, conn uint64, key []byte) {
+// add registers clientID (on conn) for key; repeating it is harmless. It
+// refuses a new registration beyond max per connection (0: no limit).
+func (r *registry) add(clientID string, conn uint64, key []byte, max int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	o := r.byClient[clientID]
@@ -44,11 +45,38 @@ func (r *registry) add(clientID string, conn uint64, key []byte) {
 	}
 	k := string(key)
 	if _, ok := o.keys[k]; ok {
-		return
+		return true
+	}
+	if max > 0 && len(o.keys) >= max {
+		if len(o.keys) == 0 {
+			delete(r.byClient, clientID)
+		}
+		return false
 	}
 	o.keys[k] = struct{}{}
 	r.byKey[k] = append(r.byKey[k], o)
 	r.active.Add(1)
+	return true
+}
+
+// revoke ends the registrations of conn for keys keep refuses.
+func (r *registry) revoke(clientID string, conn uint64, keep func(key []byte) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.byClient[clientID]
+	if o == nil || o.conn != conn {
+		return
+	}
+	for k := range o.keys {
+		if !keep([]byte(k)) {
+			delete(o.keys, k)
+			r.unlinkLocked(k, o)
+			r.active.Add(-1)
+		}
+	}
+	if len(o.keys) == 0 {
+		delete(r.byClient, clientID)
+	}
 }
 
 // remove ends one registration and reports whether there was one.

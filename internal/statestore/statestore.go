@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/resp"
 	"github.com/mqkv/mqkv/internal/store"
@@ -51,8 +52,10 @@ const ReasonTopicNameInvalid byte = 0x90
 
 // Request is one state store request as it came off MQTT.
 type Request struct {
-	ClientID        string
-	Conn            uint64 // identifies the connection; registrations end with it
+	ClientID string
+	Conn     uint64 // identifies the connection; registrations end with it
+	// Grant says which keys the client may read and write; nil allows all.
+	Grant           *policy.Grant
 	Payload         []byte
 	ResponseTopic   string
 	CorrelationData []byte
@@ -87,6 +90,14 @@ type Counters struct {
 	Errors              atomic.Int64 // -ERR replies
 	NotificationsSent   atomic.Int64
 	RegistrationsActive atomic.Int64
+	Denied              atomic.Int64 // requests refused by the policy
+}
+
+// Limits bound what one request or client may use. Zero means unlimited.
+// The store's own limits (keys, bytes) are in store.Limits.
+type Limits struct {
+	MaxKeyLength            int // bytes
+	MaxRegistrationsPerConn int // KEYNOTIFY registrations of one connection
 }
 
 // Service serves the protocol for one replica group.
@@ -95,16 +106,17 @@ type Service struct {
 	transport Transport
 	log       *slog.Logger
 	observers *registry
+	limits    Limits
 	Counters  Counters
 }
 
 // New returns a service. Call Attach, and SetTransport if t is nil, before
 // Handle.
-func New(t Transport, log *slog.Logger) *Service {
+func New(t Transport, limits Limits, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{transport: t, log: log}
+	s := &Service{transport: t, log: log, limits: limits}
 	s.observers = newRegistry(&s.Counters.RegistrationsActive)
 	return s
 }
@@ -169,6 +181,12 @@ func (s *Service) Disconnected(clientID string, conn uint64) {
 	s.observers.dropConn(clientID, conn)
 }
 
+// Revoke ends the registrations of a connection for keys it may no longer
+// read.
+func (s *Service) Revoke(clientID string, conn uint64, canRead func(key []byte) bool) {
+	s.observers.revoke(clientID, conn, canRead)
+}
+
 func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 	s.transport.Reply(r, payload, version)
 }
@@ -178,17 +196,28 @@ func (s *Service) fail(r *Request, e resp.Error) {
 	s.reply(r, resp.AppendError(nil, string(e)), hlc.Timestamp{})
 }
 
-// checkKeyAndTimestamp applies the checks every keyed command starts with,
-// in the protocol's order: an empty key, then __ts (required for writes,
-// validated whenever present).
-func (s *Service) checkKeyAndTimestamp(r *Request, key []byte, write bool) (hlc.Timestamp, resp.Error) {
+// checkKey applies the checks every keyed command starts with, in the
+// protocol's order: an empty key, __ts (required for writes, validated
+// whenever present), authorization, then the key length limit.
+func (s *Service) checkKey(r *Request, key []byte, method policy.Method) (hlc.Timestamp, resp.Error) {
 	if len(key) == 0 {
 		return hlc.Timestamp{}, resp.ErrKeyLengthZero
 	}
-	if !r.HasTimestamp && write {
+	if !r.HasTimestamp && method == policy.Write {
 		return hlc.Timestamp{}, resp.ErrTimestampMissing
 	}
-	return s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew)
+	ts, e := s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew)
+	if e != "" {
+		return ts, e
+	}
+	if !r.Grant.CanAccess(key, method) {
+		s.Counters.Denied.Add(1)
+		return ts, resp.ErrNotAuthorized
+	}
+	if s.limits.MaxKeyLength > 0 && len(key) > s.limits.MaxKeyLength {
+		return ts, resp.ErrQuotaExceeded
+	}
+	return ts, ""
 }
 
 // fencingToken checks __ft when present.
@@ -217,7 +246,7 @@ func (s *Service) get(r *Request, args [][]byte) {
 		s.fail(r, resp.ErrWrongNumberOfArguments)
 		return
 	}
-	if _, e := s.checkKeyAndTimestamp(r, args[1], false); e != "" {
+	if _, e := s.checkKey(r, args[1], policy.Read); e != "" {
 		s.fail(r, e)
 		return
 	}
@@ -306,7 +335,7 @@ func (s *Service) del(r *Request, args [][]byte, op store.Op) {
 // write validates what needs the clock and sends the command to the log;
 // fencing, conditions and quota are decided when it is applied.
 func (s *Service) write(r *Request, cmd store.Command) {
-	ts, e := s.checkKeyAndTimestamp(r, cmd.Key, true)
+	ts, e := s.checkKey(r, cmd.Key, policy.Write)
 	if e != "" {
 		s.fail(r, e)
 		return
@@ -362,12 +391,15 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		s.fail(r, resp.ErrSyntax)
 		return
 	}
-	if _, e := s.checkKeyAndTimestamp(r, args[1], false); e != "" {
+	if _, e := s.checkKey(r, args[1], policy.Read); e != "" {
 		s.fail(r, e)
 		return
 	}
 	if !stop {
-		s.observers.add(r.ClientID, r.Conn, args[1])
+		if !s.observers.add(r.ClientID, r.Conn, args[1], s.limits.MaxRegistrationsPerConn) {
+			s.fail(r, resp.ErrQuotaExceeded)
+			return
+		}
 		s.reply(r, resp.OK, hlc.Timestamp{})
 		return
 	}

@@ -76,10 +76,10 @@ func TestEqualFold(t *testing.T) {
 func TestRegistry(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
-	r.add("a", 1, []byte("k1"))
-	r.add("a", 1, []byte("k1")) // idempotent
-	r.add("a", 1, []byte("k2"))
-	r.add("b", 7, []byte("k1"))
+	r.add("a", 1, []byte("k1"), 0)
+	r.add("a", 1, []byte("k1"), 0) // idempotent
+	r.add("a", 1, []byte("k2"), 0)
+	r.add("b", 7, []byte("k1"), 0)
 	if n := len(r.lookup([]byte("k1"))); n != 2 {
 		t.Fatalf("k1 observers = %d", n)
 	}
@@ -97,7 +97,7 @@ func TestRegistry(t *testing.T) {
 		t.Fatal("another connection of b removed b's registration")
 	}
 	// A new connection of a replaces the old one's registrations.
-	r.add("a", 2, []byte("k3"))
+	r.add("a", 2, []byte("k3"), 0)
 	if len(r.lookup([]byte("k2"))) != 0 {
 		t.Fatal("registration of a's old connection survived its new connection")
 	}
@@ -105,6 +105,14 @@ func TestRegistry(t *testing.T) {
 	r.dropConn("a", 1)
 	if len(r.lookup([]byte("k3"))) != 1 {
 		t.Fatal("old connection's disconnect dropped the new connection's registration")
+	}
+	// The limit counts registrations per connection.
+	if !r.add("a", 2, []byte("k4"), 2) || r.add("a", 2, []byte("k5"), 2) || !r.add("a", 2, []byte("k4"), 2) {
+		t.Fatal("registration limit")
+	}
+	r.revoke("a", 2, func(k []byte) bool { return string(k) != "k4" })
+	if len(r.lookup([]byte("k4"))) != 0 || len(r.lookup([]byte("k3"))) != 1 {
+		t.Fatal("revoke")
 	}
 	r.dropConn("a", 2)
 	r.dropConn("b", 7)

@@ -1,0 +1,221 @@
+package broker
+
+import (
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/auth"
+	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// Security is how the broker authenticates and authorizes clients.
+type Security struct {
+	Passwords      *auth.Passwords      // nil: no password authentication
+	CertAttributes *auth.CertAttributes // attributes for certificate subjects
+	// AllowAnonymous admits clients that present neither a password nor a
+	// verified certificate.
+	AllowAnonymous bool
+	// Policy authorizes; nil allows everything to everyone admitted.
+	Policy *policy.Policy
+}
+
+// conn is what the broker knows of one connection.
+type conn struct {
+	id        uint64
+	principal policy.Principal
+	grant     atomic.Pointer[policy.Grant] // nil: no policy
+	// The client's own state store topics, always allowed (see ownTopic).
+	hexID string
+	slow  atomic.Bool // being disconnected as a slow consumer
+}
+
+var errAuthFailed = errors.New("authentication failed")
+
+// authenticate establishes the principal of a connecting client, answering
+// CONNACK itself when it refuses (mochi's authentication hook can only say
+// "bad username or password", and a policy refusal is "not authorized").
+func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
+	sec := b.security.Load()
+	p := policy.Principal{ClientID: cl.ID}
+	verified := false
+	if tc, ok := cl.Net.Conn.(interface{ ConnectionState() tls.ConnectionState }); ok {
+		st := tc.ConnectionState()
+		if len(st.VerifiedChains) > 0 {
+			p.Username, p.Attributes = sec.CertAttributes.CertPrincipal(st.VerifiedChains[0])
+			verified = true
+		}
+	}
+	switch {
+	case pk.Connect.PasswordFlag:
+		if sec.Passwords == nil || !sec.Passwords.Check(string(pk.Connect.Username), pk.Connect.Password) {
+			b.refuse(cl, packets.ErrBadUsernameOrPassword)
+			return errAuthFailed
+		}
+		p.Username = string(pk.Connect.Username)
+	case verified:
+	case sec.AllowAnonymous:
+	default:
+		b.refuse(cl, packets.ErrNotAuthorized)
+		return errAuthFailed
+	}
+	c := &conn{id: b.nextConn.Add(1), principal: p, hexID: strings.ToUpper(hex.EncodeToString([]byte(cl.ID)))}
+	if sec.Policy != nil {
+		g := sec.Policy.Grant(p)
+		if !g.CanConnect() {
+			b.refuse(cl, packets.ErrNotAuthorized)
+			return errAuthFailed
+		}
+		c.grant.Store(g)
+	}
+	b.conns.Store(cl, c)
+	return nil
+}
+
+func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) {
+	b.Counters.AuthFailures.Add(1)
+	_ = b.srv.SendConnack(cl, code, false, nil)
+}
+
+// connOf returns what the broker knows of a connection.
+func (b *Broker) connOf(cl *mqtt.Client) *conn {
+	if v, ok := b.conns.Load(cl); ok {
+		return v.(*conn)
+	}
+	return nil
+}
+
+// ownTopic reports whether topic is one of the client's own state store
+// topics: the response topic shapes the three SDKs use and the
+// notification topics (including the .NET SDK's raw-id subscription).
+// Access to the state store is authorized per key, so a policy need not
+// (and cannot be expected to) grant these.
+func (c *conn) ownTopic(clientID, topic string) bool {
+	if strings.ContainsAny(topic, "+#") {
+		return false
+	}
+	const (
+		invoke = "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+		notify = statestore.NotifyPrefix + "/"
+	)
+	if rest, ok := strings.CutPrefix(topic, notify); ok {
+		id, _, _ := strings.Cut(rest, "/")
+		return (id == c.hexID || id == clientID) && strings.HasPrefix(rest[len(id):], "/command/notify")
+	}
+	for _, id := range []string{clientID, c.hexID} {
+		if rest, ok := strings.CutPrefix(topic, "clients/"+id); ok {
+			switch rest {
+			case invoke, invoke + "/response", "/services" + invoke + "/response":
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// allowed decides a publish (write) or a subscription/delivery (read).
+func (b *Broker) allowed(cl *mqtt.Client, topic string, write bool) bool {
+	if write && strings.HasPrefix(topic, statestore.NotifyPrefix) {
+		return false // nobody forges notifications
+	}
+	if write && topic == statestore.RequestTopic {
+		return true // authorized per key by the state store
+	}
+	c := b.connOf(cl)
+	if c == nil {
+		// Delivery to a session restored from disk whose client has not
+		// reconnected yet: judged when it does.
+		return !write
+	}
+	g := c.grant.Load()
+	if g == nil {
+		return true
+	}
+	if write {
+		return g.CanPublish(topic)
+	}
+	return c.ownTopic(cl.ID, topic) || g.CanSubscribe(topic)
+}
+
+// SetPolicy replaces the authorization policy (nil allows everything). Every
+// connected client is judged again: one no longer allowed to connect is
+// disconnected; subscriptions and KEYNOTIFY registrations it may no longer
+// have are removed, the rest stay.
+func (b *Broker) SetPolicy(p *policy.Policy) {
+	old := b.security.Load()
+	sec := *old
+	sec.Policy = p
+	b.security.Store(&sec)
+	b.conns.Range(func(k, v any) bool {
+		cl, c := k.(*mqtt.Client), v.(*conn)
+		if p == nil {
+			c.grant.Store(nil)
+			return true
+		}
+		g := p.Grant(c.principal)
+		c.grant.Store(g)
+		if !g.CanConnect() {
+			b.log.Info("policy reload: client no longer allowed to connect", "client", cl.ID)
+			_ = b.srv.DisconnectClient(cl, packets.ErrNotAuthorized)
+			return true
+		}
+		b.pruneSubscriptions(cl, c)
+		b.handler.Revoke(cl.ID, c.id, func(key []byte) bool { return g.CanAccess(key, policy.Read) })
+		return true
+	})
+}
+
+// pruneSubscriptions removes the client's subscriptions its grant no longer
+// covers.
+func (b *Broker) pruneSubscriptions(cl *mqtt.Client, c *conn) {
+	g := c.grant.Load()
+	if g == nil {
+		return
+	}
+	for filter, sub := range cl.State.Subscriptions.GetAll() {
+		if c.ownTopic(cl.ID, filter) || g.CanSubscribe(filter) {
+			continue
+		}
+		b.log.Info("subscription removed: no longer allowed", "client", cl.ID, "filter", filter)
+		if b.srv.Topics.Unsubscribe(filter, cl.ID) {
+			atomic.AddInt64(&b.srv.Info.Subscriptions, -1)
+		}
+		cl.State.Subscriptions.Delete(filter)
+		if b.sessions != nil {
+			b.sessions.OnUnsubscribed(cl, packets.Packet{Filters: packets.Subscriptions{sub}})
+		}
+		b.Counters.SubscriptionsRevoked.Add(1)
+	}
+}
+
+// slowConsumer disconnects a client whose outbound queue is full: it is
+// not reading, and queuing more for it would grow memory without bound.
+func (b *Broker) slowConsumer(cl *mqtt.Client) {
+	c := b.connOf(cl)
+	if cl.Net.Inline || cl.Closed() || c == nil || !c.slow.CompareAndSwap(false, true) {
+		return
+	}
+	b.Counters.SlowConsumers.Add(1)
+	b.log.Warn("client disconnected: not reading its messages", "client", cl.ID, "reason", "0x97 quota exceeded")
+	// The write loop may be blocked on the socket: unblock it, then close.
+	if cl.Net.Conn != nil {
+		_ = cl.Net.Conn.SetWriteDeadline(aLongTimeAgo)
+	}
+	go func() { _ = b.srv.DisconnectClient(cl, packets.ErrQuotaExceeded) }()
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// SetPasswords replaces the password file used for new connections.
+func (b *Broker) SetPasswords(p *auth.Passwords) {
+	sec := *b.security.Load()
+	sec.Passwords = p
+	b.security.Store(&sec)
+}

@@ -1,0 +1,303 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestGlob(t *testing.T) {
+	cases := []struct {
+		pattern, key string
+		want         bool
+	}{
+		{"*", "", true},
+		{"*", "anything/at/all", true},
+		{"a*", "a", true},
+		{"a*", "abc/def", true},
+		{"a*", "ba", false},
+		{"*c", "abc", true},
+		{"a*c", "ac", true},
+		{"a*c", "abcbc", true},
+		{"a*c", "abcb", false},
+		{"?", "x", true},
+		{"?", "", false},
+		{"a?c", "abc", true},
+		{"a?c", "ac", false},
+		{"[abc]", "b", true},
+		{"[abc]", "d", false},
+		{"[a-c]x", "bx", true},
+		{"[!a-c]x", "bx", false},
+		{"[^a-c]x", "dx", true},
+		{"[]]", "]", true},
+		{"[", "[", true},
+		{"a[", "a[", true},
+		{`\*`, "*", true},
+		{`\*`, "x", false},
+		{`a\?`, "a?", true},
+		{"clients/dev1/*", "clients/dev1/temp", true},
+		{"clients/dev1/*", "clients/dev10/temp", false},
+		{"*a*a*a*a*a*a*a*b", strings.Repeat("a", 200), false},
+	}
+	for _, c := range cases {
+		if got := globMatch([]byte(c.pattern), []byte(c.key)); got != c.want {
+			t.Errorf("globMatch(%q, %q) = %v, want %v", c.pattern, c.key, got, c.want)
+		}
+	}
+}
+
+func TestEscapedValuesMatchOnlyThemselves(t *testing.T) {
+	for _, v := range []string{"*", "?", "[a-z]", `\`, "a*b", "x]"} {
+		e := escapeGlob(v)
+		if !globMatch([]byte(e), []byte(v)) {
+			t.Errorf("escaped %q does not match itself", v)
+		}
+		if v != "x" && globMatch([]byte(e), []byte("x")) {
+			t.Errorf("escaped %q matches %q", v, "x")
+		}
+	}
+}
+
+func TestTopicMatches(t *testing.T) {
+	cases := []struct {
+		filter, topic string
+		want          bool
+	}{
+		{"a/b", "a/b", true},
+		{"a/b", "a/c", false},
+		{"a/+", "a/b", true},
+		{"a/+", "a/b/c", false},
+		{"a/#", "a", true},
+		{"a/#", "a/b/c", true},
+		{"#", "a/b", true},
+		{"#", "$SYS/x", false},
+		{"+/b", "$x/b", false},
+		{"+/+", "/b", true},
+		{"a/+/c", "a//c", true},
+	}
+	for _, c := range cases {
+		if got := topicMatches(c.filter, c.topic); got != c.want {
+			t.Errorf("topicMatches(%q, %q) = %v", c.filter, c.topic, got)
+		}
+	}
+}
+
+func TestFilterCovers(t *testing.T) {
+	cases := []struct {
+		granted, requested string
+		want               bool
+	}{
+		{"a/#", "a/b/+", true},
+		{"a/#", "a/#", true},
+		{"a/+", "a/b", true},
+		{"a/+", "a/+", true},
+		{"a/+", "a/#", false},
+		{"a/b", "a/+", false},
+		{"a/+/c", "a/x/c", true},
+		{"#", "anything/#", true},
+		{"a/b", "a/b/c", false},
+		{"a/b/#", "a/b", true},
+	}
+	for _, c := range cases {
+		if got := filterCovers(c.granted, c.requested); got != c.want {
+			t.Errorf("filterCovers(%q, %q) = %v", c.granted, c.requested, got)
+		}
+	}
+}
+
+// An AIO BrokerAuthorization resource, as an operator has it.
+const aioPolicy = `
+apiVersion: connectivity.iotoperations.azure.com/v1
+kind: BrokerAuthorization
+metadata:
+  name: my-authz-policies
+  namespace: azure-iot-operations
+spec:
+  authorizationPolicies:
+    cache: Enabled
+    rules:
+      - principals:
+          clientIds:
+            - "temperature-sensor"
+            - "humidity-sensor"
+          attributes:
+            - city: "seattle"
+              organization: "contoso"
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics:
+              - "/sensor/{principal.clientId}"
+              - "/sensor/{principal.attributes.organization}"
+          - method: Subscribe
+            topics:
+              - "/commands/{principal.attributes.organization}"
+        stateStoreResources:
+          - method: Read
+            keyType: "Pattern"
+            keys:
+              - "myreadkey"
+              - "myotherkey?"
+              - "mynumerickeysuffix[0-9]"
+              - "clients/{principal.clientId}/*"
+          - method: ReadWrite
+            keyType: "Binary"
+            keys:
+              - "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx="
+`
+
+func TestParseAIOResource(t *testing.T) {
+	p, err := Parse([]byte(aioPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Rules() != 1 {
+		t.Fatalf("rules = %d", p.Rules())
+	}
+	g := p.Grant(Principal{ClientID: "temperature-sensor"})
+	if !g.CanConnect() || !g.CanPublish("/sensor/temperature-sensor") || g.CanPublish("/sensor/humidity-sensor") {
+		t.Fatal("client id substitution in publish topics")
+	}
+	if g.CanPublish("/sensor/contoso") {
+		t.Fatal("an unresolved attribute granted a topic")
+	}
+	if !g.CanAccess([]byte("myotherkey1"), Read) || !g.CanAccess([]byte("mynumerickeysuffix7"), Read) || g.CanAccess([]byte("mynumerickeysuffixA"), Read) {
+		t.Fatal("pattern keys")
+	}
+	if !g.CanAccess([]byte("clients/temperature-sensor/x"), Read) || g.CanAccess([]byte("clients/humidity-sensor/x"), Read) {
+		t.Fatal("client sandbox")
+	}
+	if g.CanAccess([]byte("myreadkey"), Write) {
+		t.Fatal("Read granted Write")
+	}
+	org := p.Grant(Principal{ClientID: "other", Attributes: map[string]string{"city": "seattle", "organization": "contoso"}})
+	if !org.CanConnect() || !org.CanPublish("/sensor/contoso") || !org.CanSubscribe("/commands/contoso") || org.CanSubscribe("/commands/#") {
+		t.Fatal("attribute principal")
+	}
+	half := p.Grant(Principal{ClientID: "other", Attributes: map[string]string{"city": "seattle"}})
+	if half.CanConnect() {
+		t.Fatal("a partial attribute match is not a match")
+	}
+	if p.Grant(Principal{ClientID: "stranger"}).CanConnect() {
+		t.Fatal("a principal no rule names may connect")
+	}
+}
+
+func TestParseShortForms(t *testing.T) {
+	for _, doc := range []string{
+		"rules:\n  - principals: {usernames: [alice]}\n    brokerResources: [{method: Connect}]\n",
+		"authorizationPolicies:\n  rules:\n    - principals: {usernames: [alice]}\n      brokerResources: [{method: connect}]\n",
+	} {
+		p, err := Parse([]byte(doc))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if !p.Grant(Principal{ClientID: "x", Username: "alice"}).CanConnect() {
+			t.Fatalf("%q: alice cannot connect", doc)
+		}
+		if p.Grant(Principal{ClientID: "alice"}).CanConnect() {
+			t.Fatalf("%q: a client id matched a username rule", doc)
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, doc := range []string{
+		"rules: [{brokerResources: [{method: Connect}]}]",
+		"rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Delete}]}]",
+		"rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Publish}]}]",
+		"rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Publish, topics: ['a/#/b']}]}]",
+		"rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Publish, topics: ['a/b+']}]}]",
+		"rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Publish, topics: ['{principal.nope}']}]}]",
+		"rules: [{principals: {clientIds: [a]}, stateStoreResources: [{method: Read, keyType: Regex, keys: [x]}]}]",
+		"rules: [{principals: {clientIds: [a]}, stateStoreResources: [{method: Modify, keys: [x]}]}]",
+		"rules: [{principals: {clientIds: [a]}, stateStoreResources: [{method: Read, keyType: Binary, keys: ['***']}]}]",
+		"rules: [{principals: {clientIds: [a]}, stateStoreResources: [{method: Read}]}]",
+		"rules: [{principals: {attributes: [{}]}, brokerResources: [{method: Connect}]}]",
+		"rules: [{principals: {clientIds: [a]}, brokerResourcez: []}]",
+		"kind: BrokerAuthentication\n",
+		"rules: {",
+	} {
+		if _, err := Parse([]byte(doc)); err == nil {
+			t.Errorf("accepted %q", doc)
+		}
+	}
+}
+
+func TestSubstitutedValuesCannotWidenGrants(t *testing.T) {
+	p, err := Parse([]byte(`rules:
+  - principals: {clientIds: ["*"]}
+    brokerResources:
+      - {method: Connect}
+      - {method: Publish, topics: ["clients/{principal.clientId}/out"]}
+    stateStoreResources:
+      - {method: ReadWrite, keys: ["clients/{principal.clientId}/*"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Grant(Principal{ClientID: "*"})
+	if g.CanAccess([]byte("clients/victim/secret"), Write) {
+		t.Fatal(`client id "*" widened its key sandbox`)
+	}
+	if !g.CanAccess([]byte("clients/*/mine"), Write) {
+		t.Fatal(`client id "*" lost its own sandbox`)
+	}
+	h := p.Grant(Principal{ClientID: "+"})
+	if h.CanPublish("clients/victim/out") || h.CanPublish("clients/+/out") {
+		t.Fatal(`client id "+" widened its topics`)
+	}
+}
+
+func TestNilGrantAllowsEverything(t *testing.T) {
+	var g *Grant
+	if !g.CanConnect() || !g.CanPublish("x") || !g.CanSubscribe("#") || !g.CanAccess([]byte("k"), Write) {
+		t.Fatal("nil grant must allow everything")
+	}
+}
+
+func TestSharedSubscriptionJudgedByFilter(t *testing.T) {
+	p, _ := Parse([]byte("rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Subscribe, topics: ['jobs/#']}]}]"))
+	g := p.Grant(Principal{ClientID: "a"})
+	if !g.CanSubscribe("$share/workers/jobs/x") || g.CanSubscribe("$share/workers/other") {
+		t.Fatal("shared subscription")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(aioPolicy))
+	f.Add([]byte("rules: [{principals: {clientIds: [a]}, brokerResources: [{method: Connect}]}]"))
+	f.Add([]byte("rules: [{principals: {usernames: ['{']}}]"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := Parse(b)
+		if err != nil {
+			return
+		}
+		g := p.Grant(Principal{ClientID: "c", Username: "u", Attributes: map[string]string{"a": "b"}})
+		g.CanConnect()
+		g.CanPublish("a/b")
+		g.CanSubscribe("a/#")
+		g.CanAccess([]byte("k"), Read)
+	})
+}
+
+// FuzzGlob checks the matcher with substitution: an escaped value is always
+// matched literally, and matching never panics or hangs.
+func FuzzGlob(f *testing.F) {
+	f.Add("clients/{principal.clientId}/*", "dev*1", "clients/dev*1/x")
+	f.Add("[a-", "x", "[a-")
+	f.Add(`\`, "", `\`)
+	f.Fuzz(func(t *testing.T, pattern, clientID, key string) {
+		if checkVariables(pattern) != nil {
+			return
+		}
+		p := Principal{ClientID: clientID}
+		s, ok := substitute(pattern, &p, globValue)
+		if !ok {
+			return
+		}
+		globMatch([]byte(s), []byte(key))
+		if !globMatch([]byte(escapeGlob(clientID)), []byte(clientID)) {
+			t.Fatalf("escaped %q does not match itself", clientID)
+		}
+	})
+}
