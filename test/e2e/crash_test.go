@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,3 +243,5 @@ func TestCrashDurability(t *testing.T) {
 	}
 	t.Logf("checked %d keys (%d with a write in flight at the kill); restart took %v", checked, inflight, time.Since(killedAt).Round(time.Millisecond))
 }
+
+var sigHUP = syscall.SIGHUP

@@ -46,7 +46,7 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 	cfg := server.Config{
 		Listen:  "127.0.0.1:0",
 		DataDir: dir,
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:  quietLogger(),
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -62,6 +62,8 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 	t.Cleanup(func() { s.Close() })
 	return ts
 }
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 var (
 	appOnce sync.Once

@@ -33,14 +33,33 @@ type rawOpts struct {
 	sessionExpiry uint32
 	cleanStart    bool
 	noSubscribe   bool
+	username      string
+	password      string // sent when not empty
+	// conn, if set, is the connection to use (TLS, WebSocket...) instead
+	// of plain TCP to the server's first listener.
+	conn net.Conn
 }
 
 func dialRaw(t testing.TB, s interface{ Addr() string }, id string, o rawOpts) *rawClient {
 	t.Helper()
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
+	if o.conn == nil {
+		conn, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.conn = conn
 	}
+	rc, ack, err := connectRaw(t, id, o)
+	if err != nil || ack.ReasonCode != 0 {
+		t.Fatalf("connect %s: %v %+v", id, err, ack)
+	}
+	return rc
+}
+
+// connectRaw connects over o.conn and returns the CONNACK whatever it says.
+func connectRaw(t testing.TB, id string, o rawOpts) (*rawClient, *paho.Connack, error) {
+	t.Helper()
+	conn := o.conn
 	rc := &rawClient{
 		t:        t,
 		id:       id,
@@ -77,20 +96,28 @@ func dialRaw(t testing.TB, s interface{ Addr() string }, id string, o rawOpts) *
 	expiry := o.sessionExpiry
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ack, err := rc.c.Connect(ctx, &paho.Connect{
+	cp := &paho.Connect{
 		ClientID:   id,
 		CleanStart: o.cleanStart,
 		KeepAlive:  30,
 		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry},
-	})
+	}
+	if o.username != "" {
+		cp.UsernameFlag, cp.Username = true, o.username
+	}
+	if o.password != "" {
+		cp.PasswordFlag, cp.Password = true, []byte(o.password)
+	}
+	ack, err := rc.c.Connect(ctx, cp)
 	if err != nil || ack.ReasonCode != 0 {
-		t.Fatalf("connect %s: %v %+v", id, err, ack)
+		conn.Close()
+		return nil, ack, err
 	}
 	if !o.noSubscribe {
 		rc.subscribe(rc.respTopc, 1)
 	}
 	t.Cleanup(func() { rc.c.Disconnect(&paho.Disconnect{}) })
-	return rc
+	return rc, ack, nil
 }
 
 func (rc *rawClient) subscribe(filter string, qos byte) byte {
@@ -98,10 +125,10 @@ func (rc *rawClient) subscribe(filter string, qos byte) byte {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ack, err := rc.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: qos}}})
-	if err != nil {
+	if ack == nil || len(ack.Reasons) == 0 {
 		rc.t.Fatalf("subscribe %s: %v", filter, err)
 	}
-	return ack.Reasons[0]
+	return ack.Reasons[0] // paho also reports a refusal as an error
 }
 
 // req is one request with the properties a client can set.

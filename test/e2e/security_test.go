@@ -1,0 +1,499 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/gorilla/websocket"
+
+	"github.com/mqkv/mqkv/internal/auth"
+	"github.com/mqkv/mqkv/internal/server"
+	"github.com/mqkv/mqkv/internal/testcerts"
+)
+
+// pki is a throwaway CA with a server certificate on disk.
+type pki struct {
+	ca                    *testcerts.CA
+	dir                   string
+	caFile                string
+	serverCert, serverKey string
+}
+
+func newPKI(t *testing.T) *pki {
+	t.Helper()
+	ca, err := testcerts.NewCA(pkix.Name{CommonName: "mqkv test root", Organization: []string{"Contoso"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	p := &pki{ca: ca, dir: dir, caFile: filepath.Join(dir, "ca.pem")}
+	if err := os.WriteFile(p.caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.serverCert, p.serverKey, err = srv.WriteFiles(dir, "server"); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// dialTLS opens a TLS connection that trusts the test CA, optionally with
+// a client certificate for cn.
+func (p *pki) dialTLS(t *testing.T, addr, cn string) (net.Conn, error) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	cfg := &tls.Config{RootCAs: pool, ServerName: "localhost"}
+	if cn != "" {
+		leaf, err := p.ca.Client(pkix.Name{CommonName: cn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := leaf.TLS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{c}
+	}
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	// TLS 1.3 reports a refused client certificate on the first read.
+	return conn, conn.Handshake()
+}
+
+func withTLS(p *pki, clientCA bool) serverOption {
+	return func(c *server.Config) {
+		c.TLSListen, c.TLSCert, c.TLSKey = "127.0.0.1:0", p.serverCert, p.serverKey
+		if clientCA {
+			c.TLSClientCA = p.caFile
+		}
+	}
+}
+
+func TestTLSListener(t *testing.T) {
+	p := newPKI(t)
+	s := startServer(t, inMemory(), withTLS(p, false))
+	conn, err := p.dialTLS(t, s.Addrs()["tls"], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, s, "tls-client", rawOpts{cleanStart: true, conn: conn})
+	expectPayload(t, c.call("SET", "k", "over-tls"), "+OK\r\n")
+	// Plain MQTT on the TLS port gets nowhere.
+	plain, err := net.Dial("tcp", s.Addrs()["tls"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, _, err := connectRaw(t, "plain-on-tls", rawOpts{conn: plain}); err == nil {
+		t.Fatal("plain MQTT accepted on the TLS listener")
+	}
+}
+
+func TestMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	attrs := filepath.Join(p.dir, "attrs.yaml")
+	os.WriteFile(attrs, []byte(`authorizationAttributes:
+  fleet:
+    subject: "CN = mqkv test root, O = Contoso"
+    attributes:
+      organization: contoso
+`), 0o600)
+	policyFile := filepath.Join(p.dir, "policy.yaml")
+	os.WriteFile(policyFile, []byte(`rules:
+  - principals:
+      attributes:
+        - organization: contoso
+    brokerResources:
+      - method: Connect
+    stateStoreResources:
+      - method: ReadWrite
+        keys: ["devices/{principal.username}/*"]
+`), 0o600)
+	s := startServer(t, inMemory(), withTLS(p, true), func(c *server.Config) {
+		c.CertAttributesFile, c.PolicyFile = attrs, policyFile
+	})
+	addr := s.Addrs()["tls"]
+
+	conn, err := p.dialTLS(t, addr, "sensor-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, s, "any-client-id", rawOpts{cleanStart: true, conn: conn})
+	// The certificate CN is the username; the CA's subject gave the
+	// attribute the policy admits on.
+	expectPayload(t, c.call("SET", "devices/sensor-7/temp", "21"), "+OK\r\n")
+	expectPayload(t, c.call("SET", "devices/sensor-8/temp", "21"), "-ERR not authorized\r\n")
+
+	// No certificate: the handshake fails.
+	if conn, err := p.dialTLS(t, addr, ""); err == nil {
+		if _, _, err := connectRaw(t, "no-cert", rawOpts{conn: conn}); err == nil {
+			t.Fatal("client without certificate admitted")
+		}
+	}
+	// A certificate from another CA: refused too.
+	other := newPKI(t)
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	leaf, _ := other.ca.Client(pkix.Name{CommonName: "intruder"})
+	cert, _ := leaf.TLS()
+	bad, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "localhost", Certificates: []tls.Certificate{cert}})
+	if err == nil {
+		if err = bad.Handshake(); err == nil {
+			_, _, err = connectRaw(t, "intruder", rawOpts{conn: bad})
+		}
+	}
+	if err == nil {
+		t.Fatal("certificate from an unknown CA admitted")
+	}
+}
+
+func writePasswords(t *testing.T, users ...string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "passwd")
+	for i := 0; i+1 < len(users); i += 2 {
+		if err := auth.SetPassword(file, users[i], []byte(users[i+1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return file
+}
+
+func TestPasswordAuthentication(t *testing.T) {
+	file := writePasswords(t, "alice", "wonderland")
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile = file })
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c, _, err := connectRaw(t, "alice-1", rawOpts{cleanStart: true, conn: dial(), username: "alice", password: "wonderland"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectPayload(t, c.call("PING"), "+PONG\r\n")
+	if _, ack, _ := connectRaw(t, "alice-2", rawOpts{conn: dial(), username: "alice", password: "queen"}); ack == nil || ack.ReasonCode != 0x86 {
+		t.Fatalf("wrong password: CONNACK %+v, want 0x86", ack)
+	}
+	if _, ack, _ := connectRaw(t, "bob", rawOpts{conn: dial(), username: "bob", password: "wonderland"}); ack == nil || ack.ReasonCode != 0x86 {
+		t.Fatalf("unknown user: CONNACK %+v, want 0x86", ack)
+	}
+	if _, ack, _ := connectRaw(t, "anon", rawOpts{conn: dial()}); ack == nil || ack.ReasonCode != 0x87 {
+		t.Fatalf("anonymous: CONNACK %+v, want 0x87", ack)
+	}
+	if got := s.Broker().Counters.AuthFailures.Load(); got != 3 {
+		t.Fatalf("auth failures counted %d, want 3", got)
+	}
+
+	open := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.AllowAnonymous = file, true })
+	conn, _ := net.Dial("tcp", open.Addr())
+	if _, _, err := connectRaw(t, "anon", rawOpts{conn: conn, cleanStart: true}); err != nil {
+		t.Fatalf("anonymous with --allow-anonymous: %v", err)
+	}
+}
+
+func TestWebSocketListener(t *testing.T) {
+	s := startServer(t, inMemory(), func(c *server.Config) { c.WSListen = "127.0.0.1:0" })
+	ws, _, err := (&websocket.Dialer{Subprotocols: []string{"mqtt"}}).Dial("ws://"+s.Addrs()["ws"]+"/mqtt", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, s, "ws-client", rawOpts{cleanStart: true, conn: &wsNetConn{Conn: ws}})
+	expectPayload(t, c.call("SET", "k", "over-websocket"), "+OK\r\n")
+	expectPayload(t, c.call("GET", "k"), "$14\r\nover-websocket\r\n")
+}
+
+// The policy of TestPolicy: every rule kind.
+const testPolicy = `
+apiVersion: connectivity.iotoperations.azure.com/v1
+kind: BrokerAuthorization
+metadata:
+  name: test
+spec:
+  authorizationPolicies:
+    cache: Enabled
+    rules:
+      - principals:
+          usernames: ["writer", "reader"]
+          clientIds: ["device-*"]
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics: ["telemetry/{principal.clientId}/#"]
+          - method: Subscribe
+            topics: ["commands/{principal.clientId}", "broadcast/#"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: Pattern
+            keys: ["clients/{principal.clientId}/*"]
+      - principals:
+          usernames: ["writer"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: String
+            keys: ["config/site*"]
+          - method: ReadWrite
+            keyType: Binary
+            keys: ["` + "AAH/" + `"]
+      - principals:
+          usernames: ["reader"]
+        stateStoreResources:
+          - method: Read
+            keys: ["config/*", "shared"]
+`
+
+func TestPolicy(t *testing.T) {
+	pw := writePasswords(t, "writer", "w", "reader", "r", "nobody", "n")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(pol, []byte(testPolicy), 0o600)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
+	connect := func(id, user, pass string) (*rawClient, *paho.Connack) {
+		conn, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: true, conn: conn, username: user, password: pass})
+		return c, ack
+	}
+	w, _ := connect("device-1", "writer", "w")
+	r, _ := connect("device-2", "reader", "r")
+	if w == nil || r == nil {
+		t.Fatal("writer or reader refused")
+	}
+	if _, ack := connect("lamp", "nobody", "n"); ack == nil || ack.ReasonCode != 0x87 {
+		t.Fatalf("a principal without Connect: CONNACK %+v, want 0x87", ack)
+	}
+
+	// Per-client sandbox.
+	expectPayload(t, w.call("SET", "clients/device-1/state", "on"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "clients/device-2/state", "on"), "-ERR not authorized\r\n")
+	expectPayload(t, r.call("GET", "clients/device-1/state"), "-ERR not authorized\r\n")
+	// String keys are exact: the '*' is a character, not a wildcard.
+	expectPayload(t, w.call("SET", "config/site*", "v"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "config/site1", "v"), "-ERR not authorized\r\n")
+	// Binary keys are given in base64.
+	bin, _ := base64.StdEncoding.DecodeString("AAH/")
+	expectPayload(t, w.call("SET", string(bin), "v"), "+OK\r\n")
+	// Read-only: GET and KEYNOTIFY yes, SET, DEL, VDEL no.
+	expectPayload(t, r.call("GET", "config/site*"), "$1\r\nv\r\n")
+	expectPayload(t, r.call("KEYNOTIFY", "shared"), "+OK\r\n")
+	for _, args := range [][]string{{"SET", "config/site*", "x"}, {"DEL", "config/site*"}, {"VDEL", "config/site*", "v"}, {"SET", "shared", "x"}} {
+		expectPayload(t, r.call(args...), "-ERR not authorized\r\n")
+	}
+	expectPayload(t, w.call("GET", "config/site*"), "$1\r\nv\r\n") // nothing changed
+	if s.Service().Counters.Denied.Load() < 7 {
+		t.Fatalf("denied counter %d", s.Service().Counters.Denied.Load())
+	}
+
+	// Broker resources: publish and subscribe denial codes.
+	ctx := ctxFor(t, 5*time.Second)
+	if res, err := w.c.Publish(ctx, &paho.Publish{Topic: "telemetry/device-1/temp", QoS: 1, Payload: []byte("1")}); err != nil || res.ReasonCode != 0 {
+		t.Fatalf("allowed publish: %+v %v", res, err)
+	}
+	if res, _ := w.c.Publish(ctx, &paho.Publish{Topic: "telemetry/device-2/temp", QoS: 1, Payload: []byte("1")}); res == nil || res.ReasonCode != 0x87 {
+		t.Fatalf("denied publish: PUBACK %+v, want 0x87", res)
+	}
+	if code := w.subscribe("commands/device-1", 1); code != 1 {
+		t.Fatalf("allowed subscribe: %d", code)
+	}
+	if code := w.subscribe("commands/device-2", 1); code != 0x87 {
+		t.Fatalf("denied subscribe: SUBACK 0x%02x, want 0x87", code)
+	}
+	if code := w.subscribe("#", 1); code != 0x87 {
+		t.Fatalf("wildcard beyond the grant: SUBACK 0x%02x, want 0x87", code)
+	}
+}
+
+func TestPolicyAllowsTheSDKs(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(pol, []byte(`rules:
+  - principals: {clientIds: ["*"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources:
+      - {method: ReadWrite, keys: ["{principal.clientId}/*"]}
+`), 0o600)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PolicyFile = pol })
+	c := newSDKClientID(t, s, "sdk-under-policy")
+	ctx := ctxFor(t, 10*time.Second)
+	// The SDK's response topic and its notifications need no grant: the
+	// state store authorizes by key.
+	ch, done := c.store.Notify("sdk-under-policy/k")
+	defer done()
+	if err := c.store.KeyNotify(ctx, "sdk-under-policy/k"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.store.Set(ctx, "sdk-under-policy/k", "v"); err != nil || !res.Value {
+		t.Fatalf("Set: %+v %v", res, err)
+	}
+	if n := recv(t, ch, 5*time.Second); n.Value != "v" {
+		t.Fatalf("notification %+v", n)
+	}
+	if _, err := c.store.Set(ctx, "other/k", "v"); err == nil || !strings.Contains(err.Error(), "not authorized") {
+		t.Fatalf("Set outside the grant: %v", err)
+	}
+}
+
+func TestPolicyReload(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	write := func(doc string) {
+		if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`rules:
+  - principals: {clientIds: ["c1"]}
+    brokerResources:
+      - {method: Connect}
+      - {method: Subscribe, topics: ["news/#", "alerts"]}
+      - {method: Publish, topics: ["news/#", "alerts"]}
+    stateStoreResources:
+      - {method: ReadWrite, keys: ["a/*"]}
+`)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PolicyFile = pol })
+	c := dialRaw(t, s, "c1", rawOpts{cleanStart: true})
+	c.subscribe("news/#", 1)
+	c.subscribe("alerts", 1)
+	expectPayload(t, c.call("KEYNOTIFY", "a/1"), "+OK\r\n")
+	expectPayload(t, c.call("SET", "b/1", "x"), "-ERR not authorized\r\n")
+
+	write(`rules:
+  - principals: {clientIds: ["c1"]}
+    brokerResources:
+      - {method: Connect}
+      - {method: Subscribe, topics: ["alerts"]}
+      - {method: Publish, topics: ["news/#", "alerts"]}
+    stateStoreResources:
+      - {method: ReadWrite, keys: ["b/*"]}
+`)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	// Still connected; the news subscription and the a/1 registration
+	// are gone, the alerts subscription stays; b/* is now writable.
+	expectPayload(t, c.call("SET", "b/1", "x"), "+OK\r\n")
+	expectPayload(t, c.call("SET", "a/1", "x"), "-ERR not authorized\r\n")
+	ctx := ctxFor(t, 5*time.Second)
+	c.c.Publish(ctx, &paho.Publish{Topic: "news/today", QoS: 1, Payload: []byte("n")})
+	c.c.Publish(ctx, &paho.Publish{Topic: "alerts", QoS: 1, Payload: []byte("a")})
+	p, ok := c.nextPublish(5 * time.Second)
+	if !ok || p.Topic != "alerts" {
+		t.Fatalf("after reload got %+v", p)
+	}
+	expectNoPublish(t, c, 300*time.Millisecond)
+	if s.Broker().Counters.SubscriptionsRevoked.Load() != 1 {
+		t.Fatalf("revoked %d subscriptions", s.Broker().Counters.SubscriptionsRevoked.Load())
+	}
+	if s.Service().Counters.RegistrationsActive.Load() != 0 {
+		t.Fatal("a/1 registration survived the reload")
+	}
+	// A broken policy file leaves the running one in force.
+	write("rules: [{")
+	if err := s.Reload(); err == nil {
+		t.Fatal("broken policy accepted")
+	}
+	expectPayload(t, c.call("SET", "b/2", "x"), "+OK\r\n")
+}
+
+// TestPolicyReloadOnSIGHUP drives the binary: SIGHUP reloads the policy.
+func TestPolicyReloadOnSIGHUP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	rule := func(keys string) []byte {
+		return []byte("rules:\n  - principals: {clientIds: [\"*\"]}\n    brokerResources: [{method: Connect}]\n    stateStoreResources: [{method: ReadWrite, keys: [\"" + keys + "\"]}]\n")
+	}
+	os.WriteFile(pol, rule("x/*"), 0o600)
+	p, err := server.Spawn(mqkvBinary(t), "--in-memory", "--policy", pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	c := dialRaw(t, p, "sighup", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "y/1", "v"), "-ERR not authorized\r\n")
+	os.WriteFile(pol, rule("y/*"), 0o600)
+	if err := p.Signal(sigHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for string(c.call("SET", "y/1", "v").Payload) != "+OK\r\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("SIGHUP did not reload the policy")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	expectPayload(t, c.call("SET", "x/1", "v"), "-ERR not authorized\r\n")
+}
+
+func TestStartRefusesBadSecurityFiles(t *testing.T) {
+	p := newPKI(t)
+	garbage := filepath.Join(p.dir, "garbage.pem")
+	os.WriteFile(garbage, []byte("not a certificate"), 0o600)
+	cases := map[string]func(*server.Config){
+		"missing cert": func(c *server.Config) {
+			c.TLSListen, c.TLSCert, c.TLSKey = "127.0.0.1:0", filepath.Join(p.dir, "nope.crt"), p.serverKey
+		},
+		"garbage cert":      func(c *server.Config) { c.TLSListen, c.TLSCert, c.TLSKey = "127.0.0.1:0", garbage, p.serverKey },
+		"key of no cert":    func(c *server.Config) { c.TLSListen, c.TLSCert, c.TLSKey = "127.0.0.1:0", p.serverCert, garbage },
+		"garbage client CA": func(c *server.Config) { withTLS(p, false)(c); c.TLSClientCA = garbage },
+		"missing client CA": func(c *server.Config) { withTLS(p, false)(c); c.TLSClientCA = filepath.Join(p.dir, "nope") },
+		"missing passwords": func(c *server.Config) { c.PasswordFile = filepath.Join(p.dir, "nope") },
+		"garbage passwords": func(c *server.Config) { c.PasswordFile = garbage },
+		"broken policy":     func(c *server.Config) { c.PolicyFile = garbage },
+		"cert without TLS":  func(c *server.Config) { c.TLSCert = p.serverCert },
+	}
+	for name, opt := range cases {
+		cfg := server.Config{Listen: "127.0.0.1:0", InMemory: true, Logger: quietLogger()}
+		opt(&cfg)
+		if s, err := server.Start(cfg); err == nil {
+			s.Close()
+			t.Errorf("%s: server started", name)
+		} else if !strings.Contains(err.Error(), "tls") && !strings.Contains(err.Error(), "password") && !strings.Contains(err.Error(), "policy") && !strings.Contains(err.Error(), "listener") {
+			t.Errorf("%s: unclear error %q", name, err)
+		}
+	}
+}
+
+// wsNetConn adapts a client WebSocket to net.Conn for paho.
+type wsNetConn struct {
+	*websocket.Conn
+	buf []byte
+}
+
+func (c *wsNetConn) Read(p []byte) (int, error) {
+	for len(c.buf) == 0 {
+		_, b, err := c.ReadMessage()
+		if err != nil {
+			return 0, err
+		}
+		c.buf = b
+	}
+	n := copy(p, c.buf)
+	c.buf = c.buf[n:]
+	return n, nil
+}
+
+func (c *wsNetConn) Write(p []byte) (int, error) {
+	return len(p), c.WriteMessage(websocket.BinaryMessage, p)
+}
+
+func (c *wsNetConn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	return c.SetWriteDeadline(t)
+}
