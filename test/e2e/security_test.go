@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -474,6 +475,7 @@ func TestStartRefusesBadSecurityFiles(t *testing.T) {
 type wsNetConn struct {
 	*websocket.Conn
 	buf []byte
+	wmu sync.Mutex // paho writes from several goroutines
 }
 
 func (c *wsNetConn) Read(p []byte) (int, error) {
@@ -490,6 +492,8 @@ func (c *wsNetConn) Read(p []byte) (int, error) {
 }
 
 func (c *wsNetConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	return len(p), c.WriteMessage(websocket.BinaryMessage, p)
 }
 
