@@ -171,11 +171,15 @@ func (c *wsConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (c *wsConn) SetDeadline(t time.Time) error {
-	if err := c.SetReadDeadline(t); err != nil {
-		return err
-	}
-	return c.SetWriteDeadline(t)
+// SetDeadline sets only the read deadline: mochi calls it from the read
+// loop for keep-alive while the write loop may be writing, and gorilla's
+// write deadline is not safe to change during a write.
+func (c *wsConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
+
+func (c *wsConn) SetWriteDeadline(t time.Time) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.Conn.SetWriteDeadline(t)
 }
 
 // ConnectionState reports the TLS state of a wss connection, for client

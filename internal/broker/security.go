@@ -204,11 +204,24 @@ func (b *Broker) slowConsumer(cl *mqtt.Client) {
 	}
 	b.Counters.SlowConsumers.Add(1)
 	b.log.Warn("client disconnected: not reading its messages", "client", cl.ID, "reason", "0x97 quota exceeded")
-	// The write loop may be blocked on the socket: unblock it, then close.
-	if cl.Net.Conn != nil {
-		_ = cl.Net.Conn.SetWriteDeadline(aLongTimeAgo)
-	}
-	go func() { _ = b.srv.DisconnectClient(cl, packets.ErrQuotaExceeded) }()
+	go func() {
+		// The write loop may be blocked on the socket, holding the lock
+		// DisconnectClient needs: unblock it, and close the connection
+		// outright if the DISCONNECT cannot be written soon.
+		done := make(chan struct{})
+		go func() {
+			if cl.Net.Conn != nil {
+				_ = cl.Net.Conn.SetWriteDeadline(aLongTimeAgo)
+			}
+			_ = b.srv.DisconnectClient(cl, packets.ErrQuotaExceeded)
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			cl.Stop(packets.ErrQuotaExceeded)
+		}
+	}()
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
