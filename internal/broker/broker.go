@@ -83,6 +83,8 @@ type Broker struct {
 	security  atomic.Pointer[Security]
 	Counters  Counters
 
+	maxPacketSize uint32
+
 	conns    sync.Map // *mqtt.Client → *conn
 	nextConn atomic.Uint64
 
@@ -125,7 +127,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, maxPacketSize: cfg.MaxPacketSize}
 	sec := cfg.Security
 	b.security.Store(&sec)
 	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)

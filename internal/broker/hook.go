@@ -60,8 +60,13 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 // other than PUBLISH, CONNACK and DISCONNECT; without them a reply loses
 // __stat and __ts and no AIO client accepts it.
 func (h *hook) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type == packets.Publish {
+	switch pk.FixedHeader.Type {
+	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
+	case packets.Connack:
+		// mochi enforces its maximum packet size but does not tell
+		// clients (MQTT 5, 3.2.2.3.6).
+		pk.Properties.MaximumPacketSize = h.b.maxPacketSize
 	}
 	return pk
 }

@@ -41,8 +41,8 @@ func Spawn(binary string, extra ...string) (*Process, error) {
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			var rec struct {
-				Msg  string `json:"msg"`
-				TCP  string `json:"tcp"`
+				Msg string `json:"msg"`
+				TCP string `json:"tcp"`
 			}
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "mqkv serving" {
 				addrCh <- rec.TCP

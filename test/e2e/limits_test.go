@@ -1,0 +1,178 @@
+package e2e
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+func withLimits(l server.Limits) serverOption {
+	return func(c *server.Config) { c.Limits = l }
+}
+
+func TestQuotaKeysAndBytes(t *testing.T) {
+	s := startServer(t, withLimits(server.Limits{MaxKeys: 3, MaxBytes: 40}))
+	c := dialRaw(t, s, "quota", rawOpts{cleanStart: true})
+	for _, k := range []string{"k1", "k2", "k3"} {
+		expectPayload(t, c.call("SET", k, "0123456789"), "+OK\r\n") // 12 bytes each
+	}
+	expectPayload(t, c.call("SET", "k4", "x"), "-ERR the quota has been exceeded\r\n")
+	expectPayload(t, c.call("SET", "k1", "abcdefghij"), "+OK\r\n")                                    // same size: fits
+	expectPayload(t, c.call("SET", "k1", "abcdefghijklmnop"), "-ERR the quota has been exceeded\r\n") // 36+6 > 40
+	// Quota errors change nothing.
+	expectPayload(t, c.call("GET", "k1"), "$10\r\nabcdefghij\r\n")
+	expectPayload(t, c.call("GET", "k4"), "$-1\r\n")
+	// Deleting makes room.
+	expectPayload(t, c.call("DEL", "k2"), ":1\r\n")
+	expectPayload(t, c.call("SET", "k4", "x"), "+OK\r\n")
+	// Limits survive a restart with the same flags.
+	s.Close()
+	s2 := startServerIn(t, s.dir, withLimits(server.Limits{MaxKeys: 3, MaxBytes: 40}))
+	c2 := dialRaw(t, s2, "quota", rawOpts{cleanStart: true})
+	expectPayload(t, c2.call("SET", "k5", "x"), "-ERR the quota has been exceeded\r\n")
+}
+
+func TestQuotaKeyLengthAndRegistrations(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxKeyLength: 8, MaxRegistrations: 2}))
+	c := dialRaw(t, s, "limits", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "12345678", "v"), "+OK\r\n")
+	expectPayload(t, c.call("SET", "123456789", "v"), "-ERR the quota has been exceeded\r\n")
+	expectPayload(t, c.call("GET", "123456789"), "-ERR the quota has been exceeded\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", "a"), "+OK\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", "b"), "+OK\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", "a"), "+OK\r\n") // already registered: no new slot
+	expectPayload(t, c.call("KEYNOTIFY", "c"), "-ERR the quota has been exceeded\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", "a", "STOP"), "+OK\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", "c"), "+OK\r\n")
+}
+
+func TestMaxConnections(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxConnections: 2}))
+	dialRaw(t, s, "one", rawOpts{cleanStart: true, noSubscribe: true})
+	dialRaw(t, s, "two", rawOpts{cleanStart: true, noSubscribe: true})
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ack, _ := connectRaw(t, "three", rawOpts{conn: conn}); ack == nil || ack.ReasonCode != 0x89 {
+		t.Fatalf("third connection: CONNACK %+v, want 0x89 (server busy)", ack)
+	}
+}
+
+func TestMaxPacketSize(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxPacketSize: 4096}))
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ack, err := connectRaw(t, "big", rawOpts{cleanStart: true, conn: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack.Properties == nil || ack.Properties.MaximumPacketSize == nil || *ack.Properties.MaximumPacketSize != 4096 {
+		t.Fatalf("CONNACK maximum packet size %+v", ack.Properties)
+	}
+	// paho refuses to send what the server said it would not take; bypass
+	// it with raw bytes: a PUBLISH that claims 1 MiB.
+	raw, _ := net.Dial("tcp", s.Addr())
+	defer raw.Close()
+	raw.Write(connectPacket("big-raw"))
+	raw.Write([]byte{0x30, 0x80, 0x80, 0x40}) // PUBLISH, remaining length 1 MiB
+	raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := readUntilClosed(raw); err != nil {
+		t.Fatalf("oversized packet: connection not closed: %v", err)
+	}
+	expectPayload(t, c.call("PING"), "+PONG\r\n") // the server serves on
+}
+
+// TestSlowConsumerIsDisconnected: a client that stops reading is cut off
+// (0x97) instead of making the server queue without bound.
+func TestSlowConsumerIsDisconnected(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxOutbound: 32}))
+	slow, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	slow.Write(connectPacket("slow-reader"))
+	slow.Write(subscribePacket("flood/#"))
+	// Never read from slow again.
+	pub := dialRaw(t, s, "flooder", rawOpts{cleanStart: true, noSubscribe: true})
+	payload := make([]byte, 64<<10)
+	ctx := ctxFor(t, 30*time.Second)
+	for i := 0; s.Broker().Counters.SlowConsumers.Load() == 0; i++ {
+		if i > 20000 {
+			t.Fatal("slow consumer never disconnected")
+		}
+		if _, err := pub.c.Publish(ctx, &paho.Publish{Topic: "flood/x", QoS: 0, Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The slow client's connection is closed by the server.
+	slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := readUntilClosed(slow); err != nil {
+		t.Fatalf("slow client still connected: %v", err)
+	}
+	other := dialRaw(t, s, "bystander", rawOpts{cleanStart: true})
+	expectPayload(t, other.call("PING"), "+PONG\r\n")
+}
+
+// readUntilClosed drains conn until the peer closes it (nil) or the read
+// deadline passes (an error).
+func readUntilClosed(conn net.Conn) (int, error) {
+	buf := make([]byte, 64<<10)
+	total := 0
+	for {
+		n, err := conn.Read(buf)
+		total += n
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				return total, err
+			}
+			return total, nil
+		}
+	}
+}
+
+// Hand-made MQTT v5 packets, for clients that misbehave on purpose.
+
+func mqttString(s string) []byte { return append([]byte{byte(len(s) >> 8), byte(len(s))}, s...) }
+
+func varint(n int) []byte {
+	var b []byte
+	for {
+		c := byte(n % 128)
+		n /= 128
+		if n > 0 {
+			c |= 0x80
+		}
+		b = append(b, c)
+		if n == 0 {
+			return b
+		}
+	}
+}
+
+func packet(typ byte, body []byte) []byte {
+	return append(append([]byte{typ}, varint(len(body))...), body...)
+}
+
+func connectPacket(id string) []byte {
+	body := append(mqttString("MQTT"), 5, 0x02, 0, 60, 0) // v5, clean start, keep-alive 60, no properties
+	return packet(0x10, append(body, mqttString(id)...))
+}
+
+func subscribePacket(filter string) []byte {
+	body := []byte{0, 1, 0} // packet id 1, no properties
+	body = append(append(body, mqttString(filter)...), 0)
+	return packet(0x82, body)
+}
+
+func publishPacket(topic string, payload []byte) []byte {
+	body := append(mqttString(topic), 0) // QoS 0: no packet id; no properties
+	return packet(0x30, append(body, payload...))
+}
