@@ -24,7 +24,8 @@ func runBench(args []string) error {
 	keys := fs.Int("keys", 10000, "size of the keyspace")
 	duration := fs.Duration("duration", 10*time.Second, "measured time per round")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured time before each round")
-	baseline := fs.String("baseline", "", "also measure a floor and report ratios: `echo` (an MQTT responder client answers through the same broker) or ping (the server answers PING without touching the store)")
+	baseline := fs.String("baseline", "", "also measure a baseline and report ratios: `echo` (an MQTT responder client answers through the same broker), ping (the server answers PING without touching the store), or nopolicy (the same op on a second child server without --policy)")
+	policyFile := fs.String("policy", "", "start the child server with this authorization policy `file`")
 	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
 	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
 	fs.Usage = func() {
@@ -62,8 +63,14 @@ Flags:
 	default:
 		return fmt.Errorf("bench: unknown op %q", *op)
 	}
-	if *baseline != "" && *baseline != "echo" && *baseline != "ping" {
-		return fmt.Errorf("bench: unknown baseline %q (want echo or ping)", *baseline)
+	switch *baseline {
+	case "", "echo", "ping":
+	case "nopolicy":
+		if *policyFile == "" || *addr != "" {
+			return fmt.Errorf("bench: --baseline nopolicy compares two child servers: give --policy and no --server")
+		}
+	default:
+		return fmt.Errorf("bench: unknown baseline %q (want echo, ping or nopolicy)", *baseline)
 	}
 	if *clients < 1 || *rounds < 1 || *duration <= 0 {
 		return fmt.Errorf("bench: clients, rounds and duration must be positive")
@@ -72,14 +79,13 @@ Flags:
 	defer cancel()
 
 	mode := "existing server"
+	baseAddr := *addr
 	if *addr == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		extra := []string{"--in-memory"}
+		var extra []string
 		mode = "child server, in memory"
-		if !*inMemory {
+		if *inMemory {
+			extra = []string{"--in-memory"}
+		} else {
 			dir, err := os.MkdirTemp("", "mqkv-bench-")
 			if err != nil {
 				return err
@@ -88,12 +94,37 @@ Flags:
 			extra = []string{"--data-dir", dir}
 			mode = "child server, durable (fsync), data dir " + dir
 		}
-		p, err := server.Spawn(exe, extra...)
+		if *baseline == "nopolicy" {
+			// The baseline server: the same, without the policy.
+			dir, err := os.MkdirTemp("", "mqkv-bench-base-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			args := []string{"--data-dir", dir}
+			if *inMemory {
+				args = []string{"--in-memory"}
+			}
+			p, err := spawnSelf(args...)
+			if err != nil {
+				return err
+			}
+			defer p.Stop()
+			baseAddr = p.Addr()
+		}
+		if *policyFile != "" {
+			extra = append(extra, "--policy", *policyFile)
+			mode += ", policy " + *policyFile
+		}
+		p, err := spawnSelf(extra...)
 		if err != nil {
 			return err
 		}
 		defer p.Stop()
 		*addr = p.Addr()
+		if baseAddr == "" {
+			baseAddr = *addr
+		}
 	}
 	cfg := bench.Config{
 		Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
@@ -102,15 +133,23 @@ Flags:
 	fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
 		mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
 	if cfg.Op == bench.OpGet || cfg.Op == bench.OpMixed {
-		if err := bench.Prepare(ctx, cfg); err != nil {
-			return fmt.Errorf("bench: preparing keys: %w", err)
+		for _, a := range uniq(*addr, baseAddr) {
+			c := cfg
+			c.Addr = a
+			if err := bench.Prepare(ctx, c); err != nil {
+				return fmt.Errorf("bench: preparing keys: %w", err)
+			}
 		}
 	}
 	var base, main []bench.Result
 	for r := 0; r < *rounds; r++ {
 		if *baseline != "" {
 			c := cfg
-			c.Op = bench.Op(*baseline)
+			if *baseline == "nopolicy" {
+				c.Addr = baseAddr
+			} else {
+				c.Op = bench.Op(*baseline)
+			}
 			res, err := bench.Run(ctx, c)
 			if err != nil {
 				return fmt.Errorf("bench: %s: %w", c.Op, err)
@@ -126,20 +165,41 @@ Flags:
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tops\terrors\tops/s\tp50\tp99\tp99.9\t")
 	rows := []bench.Result{bench.Merge(main)}
+	names := []string{string(cfg.Op)}
 	if len(base) > 0 {
 		rows = append([]bench.Result{bench.Merge(base)}, rows...)
+		names = append([]string{*baseline}, names...)
+		if *baseline == "nopolicy" {
+			names = []string{string(cfg.Op) + " (no policy)", string(cfg.Op) + " (policy)"}
+		}
 	}
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t\n", r.Op, r.Ops, r.Errors, r.Throughput(),
+	for i, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t\n", names[i], r.Ops, r.Errors, r.Throughput(),
 			ms(r.Percentile(0.50)), ms(r.Percentile(0.99)), ms(r.Percentile(0.999)))
 	}
 	tw.Flush()
 	if len(base) > 0 {
 		b, m := rows[0], rows[1]
-		fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", m.Op, b.Op, m.Throughput()/b.Throughput(),
+		fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", names[1], names[0], m.Throughput()/b.Throughput(),
 			strings.TrimSpace(ms(m.Percentile(0.5)-b.Percentile(0.5))))
 	}
 	return nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+
+// spawnSelf starts this binary as a child server.
+func spawnSelf(extra ...string) (*server.Process, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return server.Spawn(exe, extra...)
+}
+
+func uniq(a, b string) []string {
+	if a == b {
+		return []string{a}
+	}
+	return []string{a, b}
+}

@@ -32,9 +32,13 @@ type conn struct {
 	id        uint64
 	principal policy.Principal
 	grant     atomic.Pointer[policy.Grant] // nil: no policy
-	// The client's own state store topics, always allowed (see ownTopic).
-	hexID string
-	slow  atomic.Bool // being disconnected as a slow consumer
+	// The client's own state store topic prefixes, computed once: its
+	// response topics start with one of responsePrefixes (raw and hex
+	// id), its notification topics are notifyPrefixes (raw, hex) (see
+	// ownTopic).
+	responsePrefixes [2]string
+	notifyPrefixes   [2]string
+	slow             atomic.Bool // being disconnected as a slow consumer
 }
 
 var errAuthFailed = errors.New("authentication failed")
@@ -66,7 +70,13 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 		b.refuse(cl, packets.ErrNotAuthorized)
 		return errAuthFailed
 	}
-	c := &conn{id: b.nextConn.Add(1), principal: p, hexID: strings.ToUpper(hex.EncodeToString([]byte(cl.ID)))}
+	hexID := strings.ToUpper(hex.EncodeToString([]byte(cl.ID)))
+	c := &conn{
+		id:               b.nextConn.Add(1),
+		principal:        p,
+		responsePrefixes: [2]string{"clients/" + cl.ID, "clients/" + hexID},
+		notifyPrefixes:   [2]string{statestore.NotifyPrefix + "/" + cl.ID + "/command/notify", statestore.NotifyPrefix + "/" + hexID + "/command/notify"},
+	}
 	if sec.Policy != nil {
 		g := sec.Policy.Grant(p)
 		if !g.CanConnect() {
@@ -96,21 +106,24 @@ func (b *Broker) connOf(cl *mqtt.Client) *conn {
 // topics: the response topic shapes the three SDKs use and the
 // notification topics (including the .NET SDK's raw-id subscription).
 // Access to the state store is authorized per key, so a policy need not
-// (and cannot be expected to) grant these.
-func (c *conn) ownTopic(clientID, topic string) bool {
+// (and cannot be expected to) grant these. It runs for every message
+// delivered, so it only compares precomputed strings.
+func (c *conn) ownTopic(topic string) bool {
 	if strings.ContainsAny(topic, "+#") {
 		return false
 	}
-	const (
-		invoke = "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
-		notify = statestore.NotifyPrefix + "/"
-	)
-	if rest, ok := strings.CutPrefix(topic, notify); ok {
-		id, _, _ := strings.Cut(rest, "/")
-		return (id == c.hexID || id == clientID) && strings.HasPrefix(rest[len(id):], "/command/notify")
+	const invoke = "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+	// The raw-id form only as the .NET SDK subscribes it, with nothing
+	// after it: nothing is ever published there, and a raw id may be
+	// another client's hex id.
+	if topic == c.notifyPrefixes[0] {
+		return true
 	}
-	for _, id := range []string{clientID, c.hexID} {
-		if rest, ok := strings.CutPrefix(topic, "clients/"+id); ok {
+	if rest, ok := strings.CutPrefix(topic, c.notifyPrefixes[1]); ok && (rest == "" || rest[0] == '/') {
+		return true
+	}
+	for _, p := range c.responsePrefixes {
+		if rest, ok := strings.CutPrefix(topic, p); ok {
 			switch rest {
 			case invoke, invoke + "/response", "/services" + invoke + "/response":
 				return true
@@ -141,7 +154,7 @@ func (b *Broker) allowed(cl *mqtt.Client, topic string, write bool) bool {
 	if write {
 		return g.CanPublish(topic)
 	}
-	return c.ownTopic(cl.ID, topic) || g.CanSubscribe(topic)
+	return c.ownTopic(topic) || g.CanSubscribe(topic)
 }
 
 // SetPolicy replaces the authorization policy (nil allows everything). Every
@@ -180,7 +193,7 @@ func (b *Broker) pruneSubscriptions(cl *mqtt.Client, c *conn) {
 		return
 	}
 	for filter, sub := range cl.State.Subscriptions.GetAll() {
-		if c.ownTopic(cl.ID, filter) || g.CanSubscribe(filter) {
+		if c.ownTopic(filter) || g.CanSubscribe(filter) {
 			continue
 		}
 		b.log.Info("subscription removed: no longer allowed", "client", cl.ID, "filter", filter)

@@ -301,3 +301,22 @@ func FuzzGlob(f *testing.F) {
 		}
 	})
 }
+
+// The benchmark's 50-rule policy stays valid and grants the benchmark's
+// clients what they use.
+func TestBenchPolicyFile(t *testing.T) {
+	p, err := Load("../../docs/bench-policy-50.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Rules() != 50 {
+		t.Fatalf("%d rules", p.Rules())
+	}
+	g := p.Grant(Principal{ClientID: "bench-set-0a1b2c3d-7"})
+	if !g.CanConnect() || !g.CanAccess([]byte("bench/key/42"), Write) || !g.CanAccess([]byte("bench/lease/bench-set-0a1b2c3d-7"), Write) {
+		t.Fatal("the benchmark clients are not granted their keys")
+	}
+	if g.CanAccess([]byte("other"), Read) {
+		t.Fatal("granted a key no rule names")
+	}
+}
