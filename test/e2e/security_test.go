@@ -18,6 +18,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/auth"
 	"github.com/mqkv/mqkv/internal/server"
+	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/testcerts"
 )
 
@@ -318,6 +319,18 @@ func TestPolicy(t *testing.T) {
 	}
 	if code := w.subscribe("#", 1); code != 0x87 {
 		t.Fatalf("wildcard beyond the grant: SUBACK 0x%02x, want 0x87", code)
+	}
+	// A client's own notification topics need no grant (the .NET SDK's
+	// raw-id form, the Rust SDK's hex form); another client's are denied.
+	own := statestore.NotifyPrefix + "/device-1/command/notify"
+	if code := w.subscribe(own, 1); code != 1 {
+		t.Fatalf(".NET-style notify subscription: SUBACK 0x%02x, want QoS 1", code)
+	}
+	if code := w.subscribe(statestore.NotifyPrefix+"/"+hexUpper("device-1")+"/command/notify/+", 1); code != 1 {
+		t.Fatalf("Rust-style notify subscription: SUBACK 0x%02x, want QoS 1", code)
+	}
+	if code := w.subscribe(statestore.NotifyPrefix+"/"+hexUpper("device-2")+"/command/notify/+", 1); code != 0x87 {
+		t.Fatalf("another client's notifications: SUBACK 0x%02x, want 0x87", code)
 	}
 }
 
