@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -513,4 +514,62 @@ func (c *wsNetConn) Write(p []byte) (int, error) {
 func (c *wsNetConn) SetDeadline(t time.Time) error {
 	c.SetReadDeadline(t)
 	return c.SetWriteDeadline(t)
+}
+
+func TestSecureWebSocket(t *testing.T) {
+	p := newPKI(t)
+	s := startServer(t, inMemory(), withTLS(p, false), func(c *server.Config) { c.WSListen, c.WSTLS = "127.0.0.1:0", true })
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	d := websocket.Dialer{Subprotocols: []string{"mqtt"}, TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "localhost"}}
+	ws, _, err := d.Dial("wss://"+s.Addrs()["wss"]+"/mqtt", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, s, "wss-client", rawOpts{cleanStart: true, conn: &wsNetConn{Conn: ws}})
+	expectPayload(t, c.call("PING"), "+PONG\r\n")
+}
+
+func TestMissingPolicyFileAllowsAll(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "not-yet.yaml")
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PolicyFile = pol })
+	c := dialRaw(t, s, "early", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "anything", "v"), "+OK\r\n")
+	// Once the file exists, a reload applies it.
+	os.WriteFile(pol, []byte("rules: [{principals: {clientIds: [early]}, brokerResources: [{method: Connect}], stateStoreResources: [{method: Read, keys: ['*']}]}]"), 0o600)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	expectPayload(t, c.call("SET", "anything", "w"), "-ERR not authorized\r\n")
+	expectPayload(t, c.call("GET", "anything"), "$1\r\nv\r\n")
+}
+
+// TestPasswdCommand writes a password file with the binary, as an operator
+// would, and logs in with it.
+func TestPasswdCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	file := filepath.Join(t.TempDir(), "passwd")
+	run := func(stdin string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(mqkvBinary(t), append([]string{"passwd"}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("mqkv passwd %v: %v\n%s", args, err, out)
+		}
+	}
+	run("first\n", file, "alice")
+	run("second\n", file, "alice") // change
+	run("b\n", file, "bob")
+	run("", "--delete", file, "bob")
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile = file })
+	conn, _ := net.Dial("tcp", s.Addr())
+	if _, _, err := connectRaw(t, "alice", rawOpts{cleanStart: true, conn: conn, username: "alice", password: "second"}); err != nil {
+		t.Fatalf("alice with her new password: %v", err)
+	}
+	conn, _ = net.Dial("tcp", s.Addr())
+	if _, ack, _ := connectRaw(t, "bob", rawOpts{conn: conn, username: "bob", password: "b"}); ack == nil || ack.ReasonCode != 0x86 {
+		t.Fatalf("deleted bob: %+v", ack)
+	}
 }
