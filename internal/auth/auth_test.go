@@ -9,8 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/crypto/bcrypt"
+
 	"github.com/mqkv/mqkv/internal/testcerts"
 )
+
+func init() { cost = bcrypt.MinCost } // tests need not be slow on purpose
 
 func TestPasswordFileRoundTrip(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "passwd")

@@ -118,6 +118,9 @@ func (p *Passwords) Check(user string, password []byte) bool {
 	return true
 }
 
+// cost is bcrypt's work factor for new hashes; tests lower it.
+var cost = bcrypt.DefaultCost
+
 var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("mqkv-dummy"), bcrypt.DefaultCost)
 
 // SetPassword adds or replaces user's entry in file (creating it), keeping
@@ -129,7 +132,7 @@ func SetPassword(file, user string, password []byte) error {
 	if len(password) == 0 {
 		return errors.New("passwd: empty password")
 	}
-	hash, err := bcrypt.GenerateFromPassword(password, bcrypt.DefaultCost)
+	hash, err := bcrypt.GenerateFromPassword(password, cost)
 	if err != nil {
 		return fmt.Errorf("passwd: %w", err)
 	}
