@@ -44,5 +44,6 @@ require (
 	github.com/rs/xid v1.4.0 // indirect
 	github.com/sosodev/duration v1.4.0 // indirect
 	golang.org/x/exp v0.0.0-20230626212559-97b1e661b5df // indirect
+	golang.org/x/net v0.47.0 // indirect
 	golang.org/x/sys v0.47.0 // indirect
 )

@@ -133,3 +133,44 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestParseReply(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Value
+	}{
+		{"+OK\r\n", Value{Kind: SimpleString, Str: []byte("OK")}},
+		{"-ERR syntax error\r\n", Value{Kind: ErrorReply, Str: []byte("syntax error")}},
+		{":-1\r\n", Value{Kind: Integer, Int: -1}},
+		{"$-1\r\n", Value{Kind: BulkString, Null: true}},
+		{"$0\r\n\r\n", Value{Kind: BulkString, Str: []byte{}}},
+		{"$3\r\na\r\n\r\n", Value{Kind: BulkString, Str: []byte("a\r\n")}},
+	}
+	for _, c := range cases {
+		got, err := ParseReply([]byte(c.in))
+		if err != nil || got.Kind != c.want.Kind || string(got.Str) != string(c.want.Str) || got.Null != c.want.Null || got.Int != c.want.Int {
+			t.Errorf("ParseReply(%q) = %+v, %v", c.in, got, err)
+		}
+	}
+	arr, err := ParseReply([]byte("*2\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n$3\r\ntok\r\n"))
+	if err != nil || len(arr.Elems) != 2 || len(arr.Elems[0].Elems) != 2 || string(arr.Elems[1].Str) != "tok" {
+		t.Fatalf("array: %+v %v", arr, err)
+	}
+	if v, _ := ParseReply([]byte("-ERR not authorized\r\n")); v.Err() != ErrNotAuthorized {
+		t.Fatalf("Err() = %v", v.Err())
+	}
+	for _, bad := range []string{"", "+OK", "$5\r\nab\r\n", ":x\r\n", "*3\r\n:1\r\n", "+OK\r\nextra", "*2147483647\r\n", "?\r\n"} {
+		if _, err := ParseReply([]byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+func FuzzParseReply(f *testing.F) {
+	for _, s := range []string{"+OK\r\n", "$-1\r\n", "*1\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n", ":5\r\n", "-ERR x\r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ParseReply(b) // must not panic or allocate without bound
+	})
+}

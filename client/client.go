@@ -1,0 +1,358 @@
+// Package client is the Go client of mqkv's state store. It speaks only the
+// public protocol (RESP requests on the state store request topic, replies
+// on a response topic, notifications pushed into the session), so it also
+// works against the Azure IoT Operations MQTT broker.
+//
+//	c, err := client.Dial(ctx, client.Config{URL: "mqtt://127.0.0.1:1883"})
+//	res, err := c.Set(ctx, []byte("greeting"), []byte("hello"), client.WithTTL(time.Minute))
+//	v, err := c.Get(ctx, []byte("greeting"))
+//
+// It reconnects by itself; KEYNOTIFY registrations are made again after a
+// reconnect, and a watcher is told what changed while it was away.
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/resp"
+)
+
+// Version is a key's version: a hybrid logical clock reading, ordered by
+// Compare. Fencing tokens are versions too.
+type Version = hlc.Timestamp
+
+// ParseVersion reads a version in wire form ("%015d:%05d:%s").
+func ParseVersion(s string) (Version, error) { return hlc.Parse(s) }
+
+const (
+	requestTopic = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+	notifyPrefix = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/"
+)
+
+// Config says where and how to connect.
+type Config struct {
+	// URL of the server: mqtt://host:port (default scheme), tls://,
+	// ws://host:port/mqtt or wss://. A bare host:port means mqtt://.
+	URL      string
+	ClientID string // default: a random id
+	Username string
+	Password string
+	TLS      *tls.Config // for tls:// and wss://
+	// Timeout bounds each request whose context has no deadline; zero
+	// means 10 s.
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Client is a connection to a state store. It is safe for concurrent use.
+type Client struct {
+	cfg       Config
+	cm        *autopaho.ConnectionManager
+	clock     *hlc.Clock
+	respTopic string
+	log       *slog.Logger
+
+	mu      sync.Mutex
+	pending map[string]chan *paho.Publish // correlation data → reply
+	ready   chan struct{}                 // closed when the current connection can take requests
+	watches map[string]*keyWatch          // key → its watchers
+	closed  bool
+}
+
+// Dial connects and returns once the client can send requests.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.ClientID == "" {
+		var b [8]byte
+		rand.Read(b[:])
+		cfg.ClientID = "mqkv-client-" + hex.EncodeToString(b[:])
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	u, err := serverURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	clock, err := hlc.New(strings.ReplaceAll(cfg.ClientID, ":", "_"), nil)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:   cfg,
+		clock: clock,
+		// The Go SDK's shape: upper-case hex of the client id.
+		respTopic: "clients/" + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
+		log:       cfg.Logger,
+		pending:   map[string]chan *paho.Publish{},
+		ready:     make(chan struct{}),
+		watches:   map[string]*keyWatch{},
+	}
+	ac := autopaho.ClientConfig{
+		ServerUrls:                    []*url.URL{u},
+		TlsCfg:                        cfg.TLS,
+		KeepAlive:                     30,
+		CleanStartOnInitialConnection: true,
+		ConnectRetryDelay:             time.Second,
+		ReconnectBackoff:              func(attempt int) time.Duration { return min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second) },
+		ConnectTimeout:                10 * time.Second,
+		OnConnectionUp:                c.onConnectionUp,
+		OnConnectionDown:              c.onConnectionDown,
+		ClientConfig: paho.ClientConfig{
+			ClientID:          cfg.ClientID,
+			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.onPublish},
+			OnClientError:     func(err error) { c.log.Debug("mqtt client error", "error", err) },
+		},
+	}
+	if cfg.Username != "" || cfg.Password != "" {
+		ac.ConnectUsername, ac.ConnectPassword = cfg.Username, []byte(cfg.Password)
+	}
+	connErr := make(chan error, 1)
+	ac.OnConnectError = func(err error) {
+		select {
+		case connErr <- err:
+		default:
+		}
+	}
+	// The connection manager lives until Close, not until ctx ends.
+	cm, err := autopaho.NewConnection(context.Background(), ac)
+	if err != nil {
+		return nil, err
+	}
+	c.cm = cm
+	select {
+	case <-c.readyChan():
+		return c, nil
+	case err := <-connErr:
+		cm.Disconnect(context.Background())
+		return nil, fmt.Errorf("connect %s: %w", u, err)
+	case <-ctx.Done():
+		cm.Disconnect(context.Background())
+		return nil, fmt.Errorf("connect %s: %w", u, ctx.Err())
+	}
+}
+
+func serverURL(s string) (*url.URL, error) {
+	if s == "" {
+		s = "127.0.0.1:1883"
+	}
+	if !strings.Contains(s, "://") {
+		s = "mqtt://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("server URL %q: %w", s, err)
+	}
+	switch u.Scheme {
+	case "mqtt", "tcp", "tls", "ssl", "mqtts", "ws", "wss":
+	default:
+		return nil, fmt.Errorf("server URL %q: scheme must be mqtt, tls, ws or wss", s)
+	}
+	return u, nil
+}
+
+// ID returns the MQTT client id.
+func (c *Client) ID() string { return c.cfg.ClientID }
+
+func (c *Client) readyChan() chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ready
+}
+
+// onConnectionUp subscribes to the response topic and registers every
+// watched key again: registrations end with a connection. It must not
+// block, so the work runs in a goroutine that opens the gate for requests
+// when the subscription is in place.
+func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+		defer cancel()
+		_, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
+			{Topic: c.respTopic, QoS: 1, NoLocal: true},
+		}})
+		if err != nil {
+			c.log.Warn("subscribe to the response topic failed", "error", err)
+			return
+		}
+		c.mu.Lock()
+		select {
+		case <-c.ready:
+		default:
+			close(c.ready)
+		}
+		keys := make([]string, 0, len(c.watches))
+		for k := range c.watches {
+			keys = append(keys, k)
+		}
+		c.mu.Unlock()
+		for _, k := range keys {
+			c.resync(k)
+		}
+	}()
+}
+
+func (c *Client) onConnectionDown() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.ready:
+		c.ready = make(chan struct{})
+	default:
+	}
+	return !c.closed
+}
+
+func (c *Client) onPublish(pr paho.PublishReceived) (bool, error) {
+	p := pr.Packet
+	if p.Topic == c.respTopic {
+		if p.Properties == nil {
+			return true, nil
+		}
+		c.mu.Lock()
+		ch := c.pending[string(p.Properties.CorrelationData)]
+		delete(c.pending, string(p.Properties.CorrelationData))
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- p
+		}
+		return true, nil
+	}
+	if strings.HasPrefix(p.Topic, notifyPrefix) {
+		c.onNotification(p)
+	}
+	return true, nil
+}
+
+// Close disconnects.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	for _, w := range c.watches {
+		w.closeAll()
+	}
+	c.watches = map[string]*keyWatch{}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return c.cm.Disconnect(ctx)
+}
+
+// ErrClosed is returned for requests on a closed client.
+var ErrClosed = errors.New("client: closed")
+
+// reply is a parsed response with its version.
+type reply struct {
+	resp.Value
+	version Version
+}
+
+// request sends one command and waits for its reply. props are extra user
+// properties (__ft).
+func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserProperty) (reply, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	select {
+	case <-c.readyChan():
+	case <-ctx.Done():
+		return reply{}, fmt.Errorf("client: not connected: %w", ctx.Err())
+	}
+	corr := make([]byte, 16)
+	rand.Read(corr)
+	ch := make(chan *paho.Publish, 1)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return reply{}, ErrClosed
+	}
+	c.pending[string(corr)] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, string(corr))
+		c.mu.Unlock()
+	}()
+	expiry := uint32(10)
+	if d, ok := ctx.Deadline(); ok {
+		expiry = uint32(max(1, int(time.Until(d).Seconds()+0.999)))
+	}
+	user := paho.UserProperties{{Key: "__ts", Value: c.clock.Now().String()}}
+	user = append(user, props...)
+	_, err := c.cm.Publish(ctx, &paho.Publish{
+		Topic:   requestTopic,
+		QoS:     1,
+		Payload: resp.AppendBulks(nil, args...),
+		Properties: &paho.PublishProperties{
+			CorrelationData: corr,
+			ResponseTopic:   c.respTopic,
+			ContentType:     "application/octet-stream",
+			MessageExpiry:   &expiry,
+			User:            user,
+		},
+	})
+	if err != nil {
+		return reply{}, fmt.Errorf("client: publish: %w", err)
+	}
+	select {
+	case p := <-ch:
+		return c.parse(p)
+	case <-ctx.Done():
+		return reply{}, fmt.Errorf("client: no reply: %w", ctx.Err())
+	}
+}
+
+func (c *Client) parse(p *paho.Publish) (reply, error) {
+	var r reply
+	if ts := userProperty(p, "__ts"); ts != "" {
+		v, err := hlc.Parse(ts)
+		if err != nil {
+			return r, fmt.Errorf("client: reply with malformed __ts %q", ts)
+		}
+		c.clock.Observe(v)
+		r.version = v
+	}
+	if st := userProperty(p, "__stat"); st != "" && st != "200" {
+		return r, fmt.Errorf("client: request failed with status %s: %s", st, userProperty(p, "__stMsg"))
+	}
+	v, err := resp.ParseReply(p.Payload)
+	if err != nil {
+		return r, fmt.Errorf("client: %w: %q", err, p.Payload)
+	}
+	r.Value = v
+	return r, v.Err()
+}
+
+func userProperty(p *paho.Publish, key string) string {
+	if p.Properties == nil {
+		return ""
+	}
+	for _, u := range p.Properties.User {
+		if u.Key == key {
+			return u.Value
+		}
+	}
+	return ""
+}
+
+func unexpected(cmd string, v resp.Value) error {
+	return fmt.Errorf("client: unexpected %s reply %c%q", cmd, v.Kind, v.Str)
+}

@@ -1,0 +1,224 @@
+package client_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/client"
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+func start(t *testing.T, dir, addr string) *server.Server {
+	t.Helper()
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	s, err := server.Start(server.Config{Listen: addr, DataDir: dir, InMemory: dir == "", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func dial(t *testing.T, addr string) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestCRUD(t *testing.T) {
+	s := start(t, t.TempDir(), "")
+	c := dial(t, s.Addr())
+	ctx := ctx(t)
+	k := []byte("k")
+	set, err := c.Set(ctx, k, []byte("v1"))
+	if err != nil || !set.Applied || set.Version.IsZero() {
+		t.Fatalf("Set: %+v %v", set, err)
+	}
+	got, err := c.Get(ctx, k)
+	if err != nil || !got.Found || string(got.Value) != "v1" || got.Version != set.Version {
+		t.Fatalf("Get: %+v %v", got, err)
+	}
+	if res, _ := c.Set(ctx, k, []byte("v2"), client.If(client.NotExists)); res.Applied || res.Version != set.Version {
+		t.Fatalf("NX on existing key: %+v", res)
+	}
+	if res, _ := c.Set(ctx, k, []byte("v1"), client.If(client.NotExistsOrSame)); !res.Applied || res.Version.Compare(set.Version) <= 0 {
+		t.Fatalf("NEX renewal: %+v", res)
+	}
+	if res, _ := c.VDel(ctx, k, []byte("other")); res.Deleted != -1 {
+		t.Fatalf("VDel mismatch: %+v", res)
+	}
+	if res, _ := c.Del(ctx, k); res.Deleted != 1 {
+		t.Fatalf("Del: %+v", res)
+	}
+	if got, _ := c.Get(ctx, k); got.Found {
+		t.Fatal("found after Del")
+	}
+	if _, err := c.Set(ctx, nil, []byte("v")); err != client.ErrKeyLengthZero {
+		t.Fatalf("empty key: %v", err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTTLAndFencing(t *testing.T) {
+	s := start(t, "", "")
+	c := dial(t, s.Addr())
+	ctx := ctx(t)
+	w, err := c.Watch(ctx, []byte("ttl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Set(ctx, []byte("ttl"), []byte("v"), client.WithTTL(200*time.Millisecond))
+	if e := <-w.Events(); e.Deleted || string(e.Value) != "v" {
+		t.Fatalf("first event %+v", e)
+	}
+	if e := <-w.Events(); !e.Deleted {
+		t.Fatalf("expiry event %+v", e)
+	}
+	lease := c.Lease("guard", "")
+	if ok, err := lease.TryAcquire(ctx, time.Minute); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	tok := lease.Token()
+	if _, err := c.Set(ctx, []byte("guarded"), []byte("v"), client.WithFencingToken(tok)); err != nil {
+		t.Fatal(err)
+	}
+	low, _ := client.ParseVersion("000000000000001:00000:x")
+	if _, err := c.Set(ctx, []byte("guarded"), []byte("w"), client.WithFencingToken(low)); err != client.ErrFencingTokenLowerVersion {
+		t.Fatalf("lower token: %v", err)
+	}
+	if _, err := c.Del(ctx, []byte("guarded")); err != client.ErrMissingFencingToken {
+		t.Fatalf("no token: %v", err)
+	}
+}
+
+func TestWatchSurvivesServerRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := start(t, dir, "")
+	addr := s.Addr()
+	watcher := dial(t, addr)
+	ctx := ctx(t)
+	w, err := watcher.Watch(ctx, []byte("config"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = start(t, dir, addr)
+	writer := dial(t, addr)
+	// The watcher reconnects and registers again by itself; keep writing
+	// until a notification arrives.
+	deadline := time.After(15 * time.Second)
+	for i := 0; ; i++ {
+		writer.Set(ctx, []byte("config"), []byte("after-restart"))
+		select {
+		case e := <-w.Events():
+			if string(e.Value) != "after-restart" {
+				t.Fatalf("event %+v", e)
+			}
+			return
+		case <-time.After(200 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no notification after the server restarted")
+		}
+	}
+}
+
+func TestResyncAfterReconnect(t *testing.T) {
+	dir := t.TempDir()
+	s := start(t, dir, "")
+	addr := s.Addr()
+	watcher := dial(t, addr)
+	ctx := ctx(t)
+	w, err := watcher.Watch(ctx, []byte("state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	// Change the key while the watcher cannot hear: through a second
+	// server run on the same data, before the watcher reconnects.
+	s = start(t, dir, addr)
+	writer := dial(t, addr)
+	writer.Set(ctx, []byte("state"), []byte("changed-while-away"))
+	select {
+	case e := <-w.Events():
+		if string(e.Value) != "changed-while-away" {
+			t.Fatalf("event %+v", e)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the change made during the outage was never reported")
+	}
+}
+
+func TestLeaseLockAndLeader(t *testing.T) {
+	s := start(t, "", "")
+	a, b := dial(t, s.Addr()), dial(t, s.Addr())
+	ctx := ctx(t)
+	la, lb := a.Lease("lock", ""), b.Lease("lock", "")
+	if ok, _ := la.TryAcquire(ctx, 500*time.Millisecond); !ok {
+		t.Fatal("a could not take the free lease")
+	}
+	if ok, _ := lb.TryAcquire(ctx, time.Second); ok {
+		t.Fatal("b took a held lease")
+	}
+	if h, held, _ := lb.Holder(ctx); !held || h != a.ID() {
+		t.Fatalf("holder %q %v", h, held)
+	}
+	// b waits for a's lease to expire.
+	if err := lb.Acquire(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if lb.Token().Compare(la.Token()) <= 0 {
+		t.Fatal("b's token not above a's")
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Leader election: b leads, a waits, takes over when b resigns.
+	lead, err := b.Campaign(ctx, "leader", "b", 600*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(900 * time.Millisecond) // past one term: renewals keep it
+	if h, _, _ := a.Lease("leader", "").Holder(ctx); h != "b" {
+		t.Fatalf("leader %q", h)
+	}
+	got := make(chan *client.Leadership)
+	go func() {
+		ld, err := a.Campaign(ctx, "leader", "a", time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ld
+	}()
+	if err := lead.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lead.Lost():
+	default:
+		t.Fatal("Lost not closed after Resign")
+	}
+	ld := <-got
+	if ld == nil || ld.Token().Compare(lead.Token()) <= 0 {
+		t.Fatal("a did not take over with a greater token")
+	}
+	ld.Resign(ctx)
+}

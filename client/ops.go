@@ -1,0 +1,165 @@
+package client
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/resp"
+)
+
+// ServerError is an error the state store answered with ("-ERR <text>").
+// Compare with the constants below.
+type ServerError = resp.Error
+
+// The state store's errors, as every AIO SDK knows them.
+const (
+	ErrTimestampSkew            = resp.ErrTimestampSkew
+	ErrMissingFencingToken      = resp.ErrMissingFencingToken
+	ErrFencingTokenSkew         = resp.ErrFencingTokenSkew
+	ErrFencingTokenLowerVersion = resp.ErrFencingTokenLowerVersion
+	ErrQuotaExceeded            = resp.ErrQuotaExceeded
+	ErrSyntax                   = resp.ErrSyntax
+	ErrNotAuthorized            = resp.ErrNotAuthorized
+	ErrUnknownCommand           = resp.ErrUnknownCommand
+	ErrWrongNumberOfArguments   = resp.ErrWrongNumberOfArguments
+	ErrTimestampMissing         = resp.ErrTimestampMissing
+	ErrTimestampMalformed       = resp.ErrTimestampMalformed
+	ErrKeyLengthZero            = resp.ErrKeyLengthZero
+)
+
+// Condition restricts when a SET applies.
+type Condition string
+
+const (
+	Always          Condition = ""
+	NotExists       Condition = "NX"  // only if the key does not exist
+	NotExistsOrSame Condition = "NEX" // only if absent or holding the same value (lease renewal)
+)
+
+// Option modifies a write.
+type Option func(*options)
+
+type options struct {
+	cond  Condition
+	ttl   time.Duration
+	fence Version
+}
+
+// If sets the condition of a SET.
+func If(c Condition) Option { return func(o *options) { o.cond = c } }
+
+// WithTTL makes the key expire after d (rounded up to a millisecond).
+func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+
+// WithFencingToken sends a fencing token: the write applies only if it is
+// not lower than the token protecting the key, and then protects it.
+func WithFencingToken(t Version) Option { return func(o *options) { o.fence = t } }
+
+func apply(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+func (o options) props() []paho.UserProperty {
+	if o.fence.IsZero() {
+		return nil
+	}
+	return []paho.UserProperty{{Key: "__ft", Value: o.fence.String()}}
+}
+
+// SetResult says whether a SET applied, and the key's version: the new one,
+// or the current one when the condition failed.
+type SetResult struct {
+	Applied bool
+	Version Version
+}
+
+// Set stores value under key.
+func (c *Client) Set(ctx context.Context, key, value []byte, opts ...Option) (SetResult, error) {
+	o := apply(opts)
+	args := [][]byte{[]byte("SET"), key, value}
+	if o.cond != Always {
+		args = append(args, []byte(o.cond))
+	}
+	if o.ttl > 0 {
+		ms := (o.ttl + time.Millisecond - 1) / time.Millisecond
+		args = append(args, []byte("PX"), []byte(strconv.FormatInt(int64(ms), 10)))
+	}
+	r, err := c.request(ctx, args, o.props()...)
+	if err != nil {
+		return SetResult{}, err
+	}
+	switch {
+	case r.Kind == resp.SimpleString && string(r.Str) == "OK":
+		return SetResult{Applied: true, Version: r.version}, nil
+	case r.Kind == resp.Integer && r.Int == -1:
+		return SetResult{Version: r.version}, nil
+	}
+	return SetResult{}, unexpected("SET", r.Value)
+}
+
+// Value is a GET result. Found is false for a missing key.
+type Value struct {
+	Found   bool
+	Value   []byte
+	Version Version
+}
+
+// Get reads key.
+func (c *Client) Get(ctx context.Context, key []byte) (Value, error) {
+	r, err := c.request(ctx, [][]byte{[]byte("GET"), key})
+	if err != nil {
+		return Value{}, err
+	}
+	if r.Kind != resp.BulkString {
+		return Value{}, unexpected("GET", r.Value)
+	}
+	if r.Null {
+		return Value{}, nil
+	}
+	return Value{Found: true, Value: r.Str, Version: r.version}, nil
+}
+
+// DelResult is a DEL or VDEL result: Deleted is 1 when the key was deleted,
+// 0 when it did not exist, -1 when VDEL found a different value. Version is
+// the deleted entry's.
+type DelResult struct {
+	Deleted int
+	Version Version
+}
+
+// Del deletes key. Only WithFencingToken applies.
+func (c *Client) Del(ctx context.Context, key []byte, opts ...Option) (DelResult, error) {
+	return c.del(ctx, [][]byte{[]byte("DEL"), key}, opts)
+}
+
+// VDel deletes key if it holds value. Only WithFencingToken applies.
+func (c *Client) VDel(ctx context.Context, key, value []byte, opts ...Option) (DelResult, error) {
+	return c.del(ctx, [][]byte{[]byte("VDEL"), key, value}, opts)
+}
+
+func (c *Client) del(ctx context.Context, args [][]byte, opts []Option) (DelResult, error) {
+	r, err := c.request(ctx, args, apply(opts).props()...)
+	if err != nil {
+		return DelResult{}, err
+	}
+	if r.Kind != resp.Integer {
+		return DelResult{}, unexpected(string(args[0]), r.Value)
+	}
+	return DelResult{Deleted: int(r.Int), Version: r.version}, nil
+}
+
+// Ping asks the server to answer (an mqkv extension).
+func (c *Client) Ping(ctx context.Context) error {
+	r, err := c.request(ctx, [][]byte{[]byte("PING")})
+	if err == nil && (r.Kind != resp.SimpleString || string(r.Str) != "PONG") {
+		err = unexpected("PING", r.Value)
+	}
+	return err
+}

@@ -1,0 +1,232 @@
+package client
+
+import (
+	"context"
+	"encoding/hex"
+	"strings"
+	"sync"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/resp"
+)
+
+// Event is a change to a watched key.
+type Event struct {
+	Key     []byte
+	Deleted bool   // a DELETE (explicit or by expiry); otherwise a SET
+	Value   []byte // the new value of a SET
+	Version Version
+	// Resync marks an event made up by the client after a reconnect: the
+	// key changed (to this state) while notifications could not arrive.
+	Resync bool
+}
+
+// Watch is a registration for changes to one key.
+type Watch struct {
+	c      *Client
+	key    string
+	events chan Event
+
+	mu     sync.Mutex
+	queue  []Event
+	signal chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+// Events returns the channel of changes. It is closed by Stop or Close.
+func (w *Watch) Events() <-chan Event { return w.events }
+
+// keyWatch is the client's state for one watched key.
+type keyWatch struct {
+	watchers []*Watch
+	last     Version // the last version seen, for resync
+	deleted  bool
+}
+
+func (kw *keyWatch) closeAll() {
+	for _, w := range kw.watchers {
+		w.close()
+	}
+}
+
+// Watch registers for changes to key (KEYNOTIFY). Events are queued for the
+// caller without limit, so a slow reader loses nothing; Stop ends it.
+func (c *Client) Watch(ctx context.Context, key []byte) (*Watch, error) {
+	w := &Watch{c: c, key: string(key), events: make(chan Event), signal: make(chan struct{}, 1), done: make(chan struct{})}
+	go w.pump()
+	c.mu.Lock()
+	kw := c.watches[w.key]
+	first := kw == nil
+	if first {
+		kw = &keyWatch{}
+		c.watches[w.key] = kw
+	}
+	kw.watchers = append(kw.watchers, w)
+	c.mu.Unlock()
+	if first {
+		if err := c.keyNotify(ctx, key, false); err != nil {
+			w.Stop(context.Background())
+			return nil, err
+		}
+		// Remember the state now, so a reconnect can tell whether the key
+		// changed while notifications could not arrive.
+		if v, err := c.Get(ctx, key); err == nil {
+			c.mu.Lock()
+			if kw.last.IsZero() && !kw.deleted {
+				kw.last, kw.deleted = v.Version, !v.Found
+			}
+			c.mu.Unlock()
+		}
+	}
+	return w, nil
+}
+
+// Stop ends the watch; the last watch of a key sends KEYNOTIFY STOP.
+func (w *Watch) Stop(ctx context.Context) error {
+	c := w.c
+	c.mu.Lock()
+	kw := c.watches[w.key]
+	last := false
+	if kw != nil {
+		for i, x := range kw.watchers {
+			if x == w {
+				kw.watchers = append(kw.watchers[:i], kw.watchers[i+1:]...)
+				break
+			}
+		}
+		if len(kw.watchers) == 0 {
+			delete(c.watches, w.key)
+			last = true
+		}
+	}
+	c.mu.Unlock()
+	w.close()
+	if last {
+		return c.keyNotify(ctx, []byte(w.key), true)
+	}
+	return nil
+}
+
+func (w *Watch) close() { w.once.Do(func() { close(w.done) }) }
+
+func (w *Watch) push(e Event) {
+	w.mu.Lock()
+	w.queue = append(w.queue, e)
+	w.mu.Unlock()
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+}
+
+// pump moves queued events to the channel, so the MQTT receive path never
+// waits for a slow reader.
+func (w *Watch) pump() {
+	defer close(w.events)
+	for {
+		w.mu.Lock()
+		var next *Event
+		if len(w.queue) > 0 {
+			next = &w.queue[0]
+		}
+		w.mu.Unlock()
+		if next == nil {
+			select {
+			case <-w.signal:
+				continue
+			case <-w.done:
+				return
+			}
+		}
+		select {
+		case w.events <- *next:
+			w.mu.Lock()
+			w.queue = w.queue[1:]
+			w.mu.Unlock()
+		case <-w.done:
+			return
+		}
+	}
+}
+
+func (c *Client) keyNotify(ctx context.Context, key []byte, stop bool) error {
+	args := [][]byte{[]byte("KEYNOTIFY"), key}
+	if stop {
+		args = append(args, []byte("STOP"))
+	}
+	r, err := c.request(ctx, args)
+	if err != nil {
+		return err
+	}
+	if (r.Kind == resp.SimpleString && string(r.Str) == "OK") || (stop && r.Kind == resp.Integer && r.Int == 0) {
+		return nil
+	}
+	return unexpected("KEYNOTIFY", r.Value)
+}
+
+// onNotification dispatches a pushed notification to the key's watchers.
+func (c *Client) onNotification(p *paho.Publish) {
+	i := strings.LastIndexByte(p.Topic, '/')
+	key, err := hex.DecodeString(p.Topic[i+1:])
+	if err != nil {
+		return
+	}
+	v, err := resp.ParseReply(p.Payload)
+	if err != nil || v.Kind != resp.Array || len(v.Elems) < 2 || string(v.Elems[0].Str) != "NOTIFY" {
+		return
+	}
+	e := Event{Key: key}
+	if ts := userProperty(p, "__ts"); ts != "" {
+		e.Version, _ = hlc.Parse(ts)
+	}
+	switch {
+	case string(v.Elems[1].Str) == "DELETE" && len(v.Elems) == 2:
+		e.Deleted = true
+	case string(v.Elems[1].Str) == "SET" && len(v.Elems) == 4:
+		e.Value = v.Elems[3].Str
+	default:
+		return
+	}
+	c.deliver(string(key), e)
+}
+
+func (c *Client) deliver(key string, e Event) {
+	c.mu.Lock()
+	kw := c.watches[key]
+	var ws []*Watch
+	if kw != nil {
+		kw.last, kw.deleted = e.Version, e.Deleted
+		ws = append(ws, kw.watchers...)
+	}
+	c.mu.Unlock()
+	for _, w := range ws {
+		w.push(e)
+	}
+}
+
+// resync registers a watched key again after a reconnect and reports, as a
+// Resync event, a change that happened while the connection was down.
+func (c *Client) resync(key string) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+	defer cancel()
+	if err := c.keyNotify(ctx, []byte(key), false); err != nil {
+		c.log.Warn("watch: registering again after reconnect failed", "error", err)
+		return
+	}
+	v, err := c.Get(ctx, []byte(key))
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	kw := c.watches[key]
+	changed := kw != nil && ((v.Found && v.Version != kw.last) || (!v.Found && !kw.deleted))
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	e := Event{Key: []byte(key), Resync: true, Deleted: !v.Found, Value: v.Value, Version: v.Version}
+	c.deliver(key, e)
+}
