@@ -155,6 +155,26 @@ func (c *Client) del(ctx context.Context, args [][]byte, opts []Option) (DelResu
 	return DelResult{Deleted: int(r.Int), Version: r.version}, nil
 }
 
+// TTL returns how long key has left to live: found is false for a missing
+// key, and a zero ttl with found means it does not expire (the mqkv
+// extension PTTL).
+func (c *Client) TTL(ctx context.Context, key []byte) (ttl time.Duration, found bool, err error) {
+	r, err := c.request(ctx, [][]byte{[]byte("PTTL"), key})
+	if err != nil {
+		return 0, false, err
+	}
+	if r.Kind != resp.Integer {
+		return 0, false, unexpected("PTTL", r.Value)
+	}
+	switch {
+	case r.Int == -2:
+		return 0, false, nil
+	case r.Int < 0:
+		return 0, true, nil
+	}
+	return time.Duration(r.Int) * time.Millisecond, true, nil
+}
+
 // Ping asks the server to answer (an mqkv extension).
 func (c *Client) Ping(ctx context.Context) error {
 	r, err := c.request(ctx, [][]byte{[]byte("PING")})

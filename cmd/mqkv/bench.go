@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -10,12 +9,19 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/mqkv/mqkv/internal/bench"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
-func runBench(args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+func benchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure a server's throughput and latency",
+		Args:  cobra.NoArgs,
+	}
+	fs := cmd.Flags()
 	addr := fs.String("server", "", "MQTT `address` of the server to measure; empty starts a fresh one as a child process")
 	inMemory := fs.Bool("in-memory", false, "start the child server in memory instead of on a temporary data directory")
 	clients := fs.Int("clients", 64, "number of MQTT clients, each with one request in flight")
@@ -28,10 +34,7 @@ func runBench(args []string) error {
 	policyFile := fs.String("policy", "", "start the child server with this authorization policy `file`")
 	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
 	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: mqkv bench [flags]
-
-Closed-loop load: each client sends a request exactly as the AIO SDKs frame
+	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
 it, waits for the reply, and sends the next. Prints throughput and latency
 percentiles.
 
@@ -40,150 +43,140 @@ Baselines, measured in the same run:
         subscription, --responders connections) that answers through
         the same broker without a store: the MQTT request/response floor
   ping  the server answers PING without touching the store: the floor of
-        the state store's own request path (stricter)
-
-Examples:
-  mqkv bench --op set --baseline echo            # durable SET against the MQTT floor
+        the state store's own request path (stricter)`
+	cmd.Example = `  mqkv bench --op set --baseline echo            # durable SET against the MQTT floor
   mqkv bench --op get --clients 64 --value-size 256 --baseline echo
   mqkv bench --op set --clients 1 --baseline echo  # single-client latency
-  mqkv bench --server 127.0.0.1:1883 --op mixed  # an already running server
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return nil
+  mqkv bench --server 127.0.0.1:1883 --op mixed  # an already running server`
+	cmd.RunE = func(*cobra.Command, []string) error {
+		switch bench.Op(*op) {
+		case bench.OpEcho, bench.OpPing, bench.OpSet, bench.OpGet, bench.OpMixed, bench.OpLease:
+		default:
+			return fmt.Errorf("bench: unknown op %q", *op)
 		}
-		return err
-	}
-	switch bench.Op(*op) {
-	case bench.OpEcho, bench.OpPing, bench.OpSet, bench.OpGet, bench.OpMixed, bench.OpLease:
-	default:
-		return fmt.Errorf("bench: unknown op %q", *op)
-	}
-	switch *baseline {
-	case "", "echo", "ping":
-	case "nopolicy":
-		if *policyFile == "" || *addr != "" {
-			return fmt.Errorf("bench: --baseline nopolicy compares two child servers: give --policy and no --server")
-		}
-	default:
-		return fmt.Errorf("bench: unknown baseline %q (want echo, ping or nopolicy)", *baseline)
-	}
-	if *clients < 1 || *rounds < 1 || *duration <= 0 {
-		return fmt.Errorf("bench: clients, rounds and duration must be positive")
-	}
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer cancel()
-
-	mode := "existing server"
-	baseAddr := *addr
-	if *addr == "" {
-		var extra []string
-		mode = "child server, in memory"
-		if *inMemory {
-			extra = []string{"--in-memory"}
-		} else {
-			dir, err := os.MkdirTemp("", "mqkv-bench-")
-			if err != nil {
-				return err
+		switch *baseline {
+		case "", "echo", "ping":
+		case "nopolicy":
+			if *policyFile == "" || *addr != "" {
+				return fmt.Errorf("bench: --baseline nopolicy compares two child servers: give --policy and no --server")
 			}
-			defer os.RemoveAll(dir)
-			extra = []string{"--data-dir", dir}
-			mode = "child server, durable (fsync), data dir " + dir
+		default:
+			return fmt.Errorf("bench: unknown baseline %q (want echo, ping or nopolicy)", *baseline)
 		}
-		if *baseline == "nopolicy" {
-			// The baseline server: the same, without the policy.
-			dir, err := os.MkdirTemp("", "mqkv-bench-base-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(dir)
-			args := []string{"--data-dir", dir}
+		if *clients < 1 || *rounds < 1 || *duration <= 0 {
+			return fmt.Errorf("bench: clients, rounds and duration must be positive")
+		}
+		ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer cancel()
+
+		mode := "existing server"
+		baseAddr := *addr
+		if *addr == "" {
+			var extra []string
+			mode = "child server, in memory"
 			if *inMemory {
-				args = []string{"--in-memory"}
+				extra = []string{"--in-memory"}
+			} else {
+				dir, err := os.MkdirTemp("", "mqkv-bench-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				extra = []string{"--data-dir", dir}
+				mode = "child server, durable (fsync), data dir " + dir
 			}
-			p, err := spawnSelf(args...)
+			if *baseline == "nopolicy" {
+				// The baseline server: the same, without the policy.
+				dir, err := os.MkdirTemp("", "mqkv-bench-base-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				args := []string{"--data-dir", dir}
+				if *inMemory {
+					args = []string{"--in-memory"}
+				}
+				p, err := spawnSelf(args...)
+				if err != nil {
+					return err
+				}
+				defer p.Stop()
+				baseAddr = p.Addr()
+			}
+			if *policyFile != "" {
+				extra = append(extra, "--policy", *policyFile)
+				mode += ", policy " + *policyFile
+			}
+			p, err := spawnSelf(extra...)
 			if err != nil {
 				return err
 			}
 			defer p.Stop()
-			baseAddr = p.Addr()
-		}
-		if *policyFile != "" {
-			extra = append(extra, "--policy", *policyFile)
-			mode += ", policy " + *policyFile
-		}
-		p, err := spawnSelf(extra...)
-		if err != nil {
-			return err
-		}
-		defer p.Stop()
-		*addr = p.Addr()
-		if baseAddr == "" {
-			baseAddr = *addr
-		}
-	}
-	cfg := bench.Config{
-		Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
-		Keys: *keys, Duration: *duration, Warmup: *warmup,
-	}
-	fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
-		mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
-	if cfg.Op == bench.OpGet || cfg.Op == bench.OpMixed {
-		for _, a := range uniq(*addr, baseAddr) {
-			c := cfg
-			c.Addr = a
-			if err := bench.Prepare(ctx, c); err != nil {
-				return fmt.Errorf("bench: preparing keys: %w", err)
+			*addr = p.Addr()
+			if baseAddr == "" {
+				baseAddr = *addr
 			}
 		}
-	}
-	var base, main []bench.Result
-	for r := 0; r < *rounds; r++ {
-		if *baseline != "" {
-			c := cfg
-			if *baseline == "nopolicy" {
-				c.Addr = baseAddr
-			} else {
-				c.Op = bench.Op(*baseline)
+		cfg := bench.Config{
+			Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
+			Keys: *keys, Duration: *duration, Warmup: *warmup,
+		}
+		fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
+			mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
+		if cfg.Op == bench.OpGet || cfg.Op == bench.OpMixed {
+			for _, a := range uniq(*addr, baseAddr) {
+				c := cfg
+				c.Addr = a
+				if err := bench.Prepare(ctx, c); err != nil {
+					return fmt.Errorf("bench: preparing keys: %w", err)
+				}
 			}
-			res, err := bench.Run(ctx, c)
+		}
+		var base, main []bench.Result
+		for r := 0; r < *rounds; r++ {
+			if *baseline != "" {
+				c := cfg
+				if *baseline == "nopolicy" {
+					c.Addr = baseAddr
+				} else {
+					c.Op = bench.Op(*baseline)
+				}
+				res, err := bench.Run(ctx, c)
+				if err != nil {
+					return fmt.Errorf("bench: %s: %w", c.Op, err)
+				}
+				base = append(base, res)
+			}
+			res, err := bench.Run(ctx, cfg)
 			if err != nil {
-				return fmt.Errorf("bench: %s: %w", c.Op, err)
+				return fmt.Errorf("bench: %s: %w", cfg.Op, err)
 			}
-			base = append(base, res)
+			main = append(main, res)
 		}
-		res, err := bench.Run(ctx, cfg)
-		if err != nil {
-			return fmt.Errorf("bench: %s: %w", cfg.Op, err)
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "op\tops\terrors\tops/s\tp50\tp99\tp99.9\t")
+		rows := []bench.Result{bench.Merge(main)}
+		names := []string{string(cfg.Op)}
+		if len(base) > 0 {
+			rows = append([]bench.Result{bench.Merge(base)}, rows...)
+			names = append([]string{*baseline}, names...)
+			if *baseline == "nopolicy" {
+				names = []string{string(cfg.Op) + " (no policy)", string(cfg.Op) + " (policy)"}
+			}
 		}
-		main = append(main, res)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\tops\terrors\tops/s\tp50\tp99\tp99.9\t")
-	rows := []bench.Result{bench.Merge(main)}
-	names := []string{string(cfg.Op)}
-	if len(base) > 0 {
-		rows = append([]bench.Result{bench.Merge(base)}, rows...)
-		names = append([]string{*baseline}, names...)
-		if *baseline == "nopolicy" {
-			names = []string{string(cfg.Op) + " (no policy)", string(cfg.Op) + " (policy)"}
+		for i, r := range rows {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t\n", names[i], r.Ops, r.Errors, r.Throughput(),
+				ms(r.Percentile(0.50)), ms(r.Percentile(0.99)), ms(r.Percentile(0.999)))
 		}
+		tw.Flush()
+		if len(base) > 0 {
+			b, m := rows[0], rows[1]
+			fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", names[1], names[0], m.Throughput()/b.Throughput(),
+				strings.TrimSpace(ms(m.Percentile(0.5)-b.Percentile(0.5))))
+		}
+		return nil
 	}
-	for i, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t\n", names[i], r.Ops, r.Errors, r.Throughput(),
-			ms(r.Percentile(0.50)), ms(r.Percentile(0.99)), ms(r.Percentile(0.999)))
-	}
-	tw.Flush()
-	if len(base) > 0 {
-		b, m := rows[0], rows[1]
-		fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", names[1], names[0], m.Throughput()/b.Throughput(),
-			strings.TrimSpace(ms(m.Percentile(0.5)-b.Percentile(0.5))))
-	}
-	return nil
+	return cmd
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }

@@ -1,46 +1,47 @@
 // Command mqkv is the mqkv binary: an MQTT v5 broker with a built-in,
 // durable state store (`mqkv serve`, the default), and the tools that talk
-// to one (`mqkv bench`).
+// to one: get, set, del, vdel, watch, lock, status, top, backup, restore,
+// bench and passwd.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+
+	"github.com/spf13/cobra"
 )
 
-const usage = `mqkv: an MQTT v5 broker with a durable, AIO-compatible state store.
+// exitCode ends the process with a code other than 0 without printing
+// anything more: the command has said what there is to say.
+type exitCode int
 
-Usage:
-  mqkv [serve] [flags]    run the server (the default)
-  mqkv bench [flags]      measure a server's throughput and latency
-  mqkv passwd FILE USER   add or change a user in a password file
-
-Run "mqkv <command> -h" for the flags of a command.
-`
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
 func main() {
-	args := os.Args[1:]
-	cmd := "serve"
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		cmd, args = args[0], args[1:]
+	root := &cobra.Command{
+		Use:   "mqkv",
+		Short: "An MQTT v5 broker with a durable, AIO-compatible state store",
+		Long: `mqkv is an MQTT v5 broker with a built-in, durable key-value state store
+that speaks the Azure IoT Operations state store protocol.
+
+Without a command it runs the server (mqkv serve).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
 	}
-	var err error
-	switch cmd {
-	case "serve":
-		err = serve(args)
-	case "bench":
-		err = runBench(args)
-	case "passwd":
-		err = passwd(args)
-	case "help", "-h", "--help":
-		fmt.Print(usage)
-		return
+	serve := serveCmd()
+	root.RunE = serve.RunE
+	root.Flags().AddFlagSet(serve.Flags())
+	root.AddCommand(serve, benchCmd(), passwdCmd())
+	root.AddCommand(kvCmds()...)
+	err := root.Execute()
+	var code exitCode
+	switch {
+	case err == nil:
+	case errors.As(err, &code):
+		os.Exit(int(code))
 	default:
-		fmt.Fprintf(os.Stderr, "mqkv: unknown command %q\n\n%s", cmd, usage)
-		os.Exit(2)
-	}
-	if err != nil {
 		fmt.Fprintln(os.Stderr, "mqkv:", err)
-		os.Exit(1)
+		os.Exit(2)
 	}
 }

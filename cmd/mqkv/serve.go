@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,12 +10,65 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
+
 	"github.com/mqkv/mqkv/internal/server"
 )
 
-func serve(args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+func serveCmd() *cobra.Command {
 	var cfg server.Config
+	var maxPacket uint
+	var maxOutbound int
+	var logLevel, logFormat, cpuProfile string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the MQTT broker and state store (the default command)",
+		Long: `Runs the MQTT broker and state store. SIGHUP reloads the policy and
+password files; SIGINT or SIGTERM stop the server.`,
+		Example: `  mqkv serve                                   # 127.0.0.1:1883, data in ./mqkv-data
+  mqkv serve --listen 0.0.0.0:1883 --data-dir /var/lib/mqkv
+  mqkv serve --in-memory --admin-listen 127.0.0.1:8080`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if maxPacket > 1<<28 || maxOutbound <= 0 || maxOutbound > 1<<20 {
+				return fmt.Errorf("serve: --max-packet-size at most %d, --max-outbound between 1 and %d", 1<<28, 1<<20)
+			}
+			cfg.Limits.MaxPacketSize, cfg.Limits.MaxOutbound = uint32(maxPacket), int32(maxOutbound)
+			logger, err := newLogger(os.Stderr, logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			}
+			srv, err := server.Start(cfg)
+			if err != nil {
+				return err
+			}
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+			for s := range sig {
+				if s == syscall.SIGHUP {
+					if err := srv.Reload(); err != nil {
+						logger.Error("reload failed; the previous configuration stays in force", "error", err)
+					}
+					continue
+				}
+				logger.Info("shutting down", "signal", s.String())
+				break
+			}
+			return srv.Close()
+		},
+	}
+	fs := cmd.Flags()
 	d := server.DefaultLimits
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:1883", "plain MQTT listener `address` (host:port; port 0 picks a free one; empty for none)")
 	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "MQTT over TLS listener `address` (needs --tls-cert and --tls-key)")
@@ -28,75 +80,21 @@ func serve(args []string) error {
 	fs.BoolVar(&cfg.WSTLS, "ws-tls", false, "serve the WebSocket listener over TLS (wss), with --tls-cert and --tls-key")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./mqkv-data", "`directory` for the log, snapshots and MQTT sessions")
 	fs.BoolVar(&cfg.InMemory, "in-memory", false, "keep everything in memory: nothing survives the process")
-	fs.StringVar(&cfg.PasswordFile, "password-file", "", "`file` of username:bcrypt-hash lines (write it with `mqkv passwd`)")
+	fs.StringVar(&cfg.PasswordFile, "password-file", "", "`file` of username:bcrypt-hash lines (write it with mqkv passwd)")
 	fs.StringVar(&cfg.CertAttributesFile, "cert-attributes", "", "YAML `file` mapping certificate subjects to principal attributes")
 	fs.BoolVar(&cfg.AllowAnonymous, "allow-anonymous", false, "admit clients without credentials even when passwords or client certificates are configured")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "authorization policy `file` (YAML, AIO BrokerAuthorization rules); reloaded on SIGHUP")
-	maxPacket := fs.Uint("max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")
+	fs.UintVar(&maxPacket, "max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")
 	fs.IntVar(&cfg.Limits.MaxKeyLength, "max-key-length", d.MaxKeyLength, "longest state store key in `bytes`")
 	fs.IntVar(&cfg.Limits.MaxKeys, "max-keys", d.MaxKeys, "most keys the store holds")
 	fs.Int64Var(&cfg.Limits.MaxBytes, "max-bytes", d.MaxBytes, "most key and value `bytes` the store holds")
 	fs.IntVar(&cfg.Limits.MaxRegistrations, "max-keynotify", d.MaxRegistrations, "most KEYNOTIFY registrations per connection")
 	fs.Int64Var(&cfg.Limits.MaxConnections, "max-connections", d.MaxConnections, "most connected clients")
-	maxOutbound := fs.Int("max-outbound", int(d.MaxOutbound), "most messages waiting to be written to one client; a client that lets them pile up is disconnected (0x97)")
-	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
-	logFormat := fs.String("log-format", "text", "log `format`: text or json")
-	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to `file` (for performance work)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: mqkv serve [flags]
-
-Runs the MQTT broker and state store. SIGHUP reloads the policy and password
-files; SIGINT or SIGTERM stop the server.
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return nil
-		}
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
-	}
-	if *maxPacket > 1<<28 || *maxOutbound <= 0 || *maxOutbound > 1<<20 {
-		return fmt.Errorf("serve: --max-packet-size at most %d, --max-outbound between 1 and %d", 1<<28, 1<<20)
-	}
-	cfg.Limits.MaxPacketSize, cfg.Limits.MaxOutbound = uint32(*maxPacket), int32(*maxOutbound)
-	logger, err := newLogger(os.Stderr, *logLevel, *logFormat)
-	if err != nil {
-		return err
-	}
-	cfg.Logger = logger
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
-	}
-	srv, err := server.Start(cfg)
-	if err != nil {
-		return err
-	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	for s := range sig {
-		if s == syscall.SIGHUP {
-			if err := srv.Reload(); err != nil {
-				logger.Error("reload failed; the previous configuration stays in force", "error", err)
-			}
-			continue
-		}
-		logger.Info("shutting down", "signal", s.String())
-		break
-	}
-	return srv.Close()
+	fs.IntVar(&maxOutbound, "max-outbound", int(d.MaxOutbound), "most messages waiting to be written to one client; a client that lets them pile up is disconnected (0x97)")
+	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
+	fs.StringVar(&logFormat, "log-format", "text", "log `format`: text or json")
+	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole run to `file` (for performance work)")
+	return cmd
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

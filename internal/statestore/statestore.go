@@ -165,6 +165,8 @@ func (s *Service) Handle(r *Request) {
 		s.keyNotify(r, args)
 	case equalFold(verb, "PING"):
 		s.ping(r, args)
+	case equalFold(verb, "PTTL"):
+		s.pttl(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
 	}
@@ -420,6 +422,29 @@ func (s *Service) ping(r *Request, args [][]byte) {
 		return
 	}
 	s.reply(r, resp.Pong, hlc.Timestamp{})
+}
+
+// pttl answers PTTL key (an mqkv extension, as in Redis): the key's
+// remaining time to live in milliseconds, -1 if it does not expire, -2 if
+// it does not exist.
+func (s *Service) pttl(r *Request, args [][]byte) {
+	if len(args) != 2 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	if _, e := s.checkKey(r, args[1], policy.Read); e != "" {
+		s.fail(r, e)
+		return
+	}
+	e, ok := s.group.Get(args[1])
+	switch {
+	case !ok:
+		s.reply(r, resp.AppendInt(nil, -2), hlc.Timestamp{})
+	case e.ExpiresAt == 0:
+		s.reply(r, resp.AppendInt(nil, -1), e.Version)
+	default:
+		s.reply(r, resp.AppendInt(nil, max(0, e.ExpiresAt-s.group.Clock().WallMillis())), e.Version)
+	}
 }
 
 // Events turns applied changes into notifications. It runs on the replica's

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/mqkv/mqkv/client"
+)
+
+// conn holds the connection flags every client command shares; each has
+// an MQKV_* environment variable as its default.
+type conn struct {
+	server, clientID, username, password string
+	tlsCA, tlsCert, tlsKey               string
+	timeout                              time.Duration
+	json                                 bool
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func (c *conn) flags(fs *pflag.FlagSet) {
+	fs.StringVarP(&c.server, "server", "s", env("MQKV_SERVER", "mqtt://127.0.0.1:1883"), "server `URL`: mqtt://, tls://, ws:// or wss:// (env MQKV_SERVER)")
+	fs.StringVar(&c.clientID, "client-id", env("MQKV_CLIENT_ID", ""), "MQTT client `id`; random if empty (env MQKV_CLIENT_ID)")
+	fs.StringVarP(&c.username, "username", "u", env("MQKV_USERNAME", ""), "username (env MQKV_USERNAME)")
+	fs.StringVarP(&c.password, "password", "p", env("MQKV_PASSWORD", ""), "password (env MQKV_PASSWORD)")
+	fs.StringVar(&c.tlsCA, "tls-ca", env("MQKV_TLS_CA", ""), "CA `file` to verify the server with (env MQKV_TLS_CA)")
+	fs.StringVar(&c.tlsCert, "tls-cert", env("MQKV_TLS_CERT", ""), "client certificate `file` (env MQKV_TLS_CERT)")
+	fs.StringVar(&c.tlsKey, "tls-key", env("MQKV_TLS_KEY", ""), "client key `file` (env MQKV_TLS_KEY)")
+	timeout := 10 * time.Second
+	if d, err := time.ParseDuration(env("MQKV_TIMEOUT", "")); err == nil {
+		timeout = d
+	}
+	fs.DurationVar(&c.timeout, "timeout", timeout, "time allowed for connecting and for each request (env MQKV_TIMEOUT)")
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of raw values")
+}
+
+func (c *conn) dial(ctx context.Context) (*client.Client, error) {
+	cfg := client.Config{URL: c.server, ClientID: c.clientID, Username: c.username, Password: c.password, Timeout: c.timeout}
+	if c.tlsCA != "" || c.tlsCert != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.tlsCA != "" {
+			pem, err := os.ReadFile(c.tlsCA)
+			if err != nil {
+				return nil, err
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("%s holds no PEM certificate", c.tlsCA)
+			}
+		}
+		if c.tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+			if err != nil {
+				return nil, err
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		cfg.TLS = tc
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return client.Dial(dctx, cfg)
+}
+
+// run connects, calls fn, and turns its outcome into the exit code:
+// 0 found/applied, 1 not found/not applied, 2 error.
+func (c *conn) run(fn func(ctx context.Context, cl *client.Client) (bool, error)) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cl, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ok, err := fn(ctx, cl)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return exitCode(1)
+	}
+	return nil
+}
+
+// jsonValue renders a value for --json: text if it is UTF-8, else base64.
+func jsonValue(m map[string]any, v []byte) {
+	if utf8.Valid(v) {
+		m["value"] = string(v)
+	} else {
+		m["value_base64"] = v
+	}
+}
+
+func printJSON(v any) {
+	enc := json.NewEncoder(os.Stdout)
+	enc.Encode(v)
+}
+
+func kvCmds() []*cobra.Command {
+	return []*cobra.Command{getCmd(), setCmd(), delCmd(), vdelCmd(), watchCmd(), lockCmd()}
+}
+
+func getCmd() *cobra.Command {
+	var c conn
+	cmd := &cobra.Command{
+		Use:   "get KEY",
+		Short: "Print a key's value",
+		Long:  "Prints the value of KEY as it is stored (no newline added), or with --json its value, version and TTL. Exit status: 0 found, 1 not found, 2 error.",
+		Example: `  mqkv get config/site
+  mqkv get --json config/site
+  MQKV_SERVER=tls://broker:8883 MQKV_TLS_CA=ca.pem mqkv get config/site`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+				v, err := cl.Get(ctx, []byte(args[0]))
+				if err != nil {
+					return false, err
+				}
+				if !c.json {
+					os.Stdout.Write(v.Value)
+					return v.Found, nil
+				}
+				out := map[string]any{"key": args[0], "found": v.Found}
+				if v.Found {
+					jsonValue(out, v.Value)
+					out["version"] = v.Version.String()
+					if ttl, found, err := cl.TTL(ctx, []byte(args[0])); err == nil && found && ttl > 0 {
+						out["ttl_ms"] = ttl.Milliseconds()
+					} else if err == nil && found {
+						out["ttl_ms"] = nil
+					}
+				}
+				printJSON(out)
+				return v.Found, nil
+			})
+		},
+	}
+	c.flags(cmd.Flags())
+	return cmd
+}
+
+func setCmd() *cobra.Command {
+	var c conn
+	var nx, nex bool
+	var px int64
+	var fence, file string
+	cmd := &cobra.Command{
+		Use:   "set KEY [VALUE]",
+		Short: "Store a value",
+		Long: `Stores VALUE under KEY. The value comes from the argument, from --file, or
+from standard input when neither is given (or VALUE is "-"). Exit status: 0
+applied, 1 not applied (--nx or --nex condition), 2 error.`,
+		Example: `  mqkv set greeting hello
+  mqkv set --px 30000 session/42 active        # expires in 30 s
+  mqkv set --nx config/site "$(hostname)"       # only if absent
+  mqkv set --file firmware.bin firmware/latest
+  echo -n 21.5 | mqkv set sensors/temp
+  mqkv set --fencing-token "$MQKV_FENCING_TOKEN" guarded/key value`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			var value []byte
+			var err error
+			switch {
+			case file != "":
+				if len(args) == 2 {
+					return errors.New("set: give VALUE or --file, not both")
+				}
+				value, err = os.ReadFile(file)
+			case len(args) == 2 && args[1] != "-":
+				value = []byte(args[1])
+			default:
+				value, err = io.ReadAll(os.Stdin)
+			}
+			if err != nil {
+				return err
+			}
+			if nx && nex {
+				return errors.New("set: --nx and --nex exclude each other")
+			}
+			var opts []client.Option
+			switch {
+			case nx:
+				opts = append(opts, client.If(client.NotExists))
+			case nex:
+				opts = append(opts, client.If(client.NotExistsOrSame))
+			}
+			if px > 0 {
+				opts = append(opts, client.WithTTL(time.Duration(px)*time.Millisecond))
+			}
+			if fence != "" {
+				ft, err := client.ParseVersion(fence)
+				if err != nil {
+					return fmt.Errorf("set: --fencing-token %q: %w", fence, err)
+				}
+				opts = append(opts, client.WithFencingToken(ft))
+			}
+			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+				res, err := cl.Set(ctx, []byte(args[0]), value, opts...)
+				if err != nil {
+					return false, err
+				}
+				if c.json {
+					printJSON(map[string]any{"key": args[0], "applied": res.Applied, "version": res.Version.String()})
+				}
+				return res.Applied, nil
+			})
+		},
+	}
+	c.flags(cmd.Flags())
+	cmd.Flags().BoolVar(&nx, "nx", false, "only if the key does not exist")
+	cmd.Flags().BoolVar(&nex, "nex", false, "only if the key does not exist or holds the same value")
+	cmd.Flags().Int64Var(&px, "px", 0, "expire after this many milliseconds")
+	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the write")
+	cmd.Flags().StringVarP(&file, "file", "f", "", "read the value from this file")
+	return cmd
+}
+
+func delCmd() *cobra.Command {
+	var c conn
+	var fence string
+	cmd := &cobra.Command{
+		Use:     "del KEY",
+		Short:   "Delete a key",
+		Long:    "Deletes KEY. Exit status: 0 deleted, 1 not found, 2 error.",
+		Example: "  mqkv del session/42\n  mqkv del --fencing-token \"$MQKV_FENCING_TOKEN\" guarded/key",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			opts, err := fenceOpt(fence)
+			if err != nil {
+				return err
+			}
+			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+				res, err := cl.Del(ctx, []byte(args[0]), opts...)
+				return printDel(c, args[0], res, err)
+			})
+		},
+	}
+	c.flags(cmd.Flags())
+	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the delete")
+	return cmd
+}
+
+func vdelCmd() *cobra.Command {
+	var c conn
+	var fence string
+	cmd := &cobra.Command{
+		Use:     "vdel KEY VALUE",
+		Short:   "Delete a key if it holds a value",
+		Long:    "Deletes KEY only if it holds VALUE. Exit status: 0 deleted, 1 not found or another value, 2 error.",
+		Example: "  mqkv vdel lock/printer my-hostname",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			opts, err := fenceOpt(fence)
+			if err != nil {
+				return err
+			}
+			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+				res, err := cl.VDel(ctx, []byte(args[0]), []byte(args[1]), opts...)
+				return printDel(c, args[0], res, err)
+			})
+		},
+	}
+	c.flags(cmd.Flags())
+	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the delete")
+	return cmd
+}
+
+func fenceOpt(s string) ([]client.Option, error) {
+	if s == "" {
+		return nil, nil
+	}
+	ft, err := client.ParseVersion(s)
+	if err != nil {
+		return nil, fmt.Errorf("--fencing-token %q: %w", s, err)
+	}
+	return []client.Option{client.WithFencingToken(ft)}, nil
+}
+
+func printDel(c conn, key string, res client.DelResult, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	if c.json {
+		out := map[string]any{"key": key, "deleted": res.Deleted}
+		if !res.Version.IsZero() {
+			out["version"] = res.Version.String()
+		}
+		printJSON(out)
+	}
+	return res.Deleted == 1, nil
+}
+
+func watchCmd() *cobra.Command {
+	var c conn
+	cmd := &cobra.Command{
+		Use:   "watch KEY...",
+		Short: "Print every change to keys until interrupted",
+		Long: `Registers for changes to each KEY and prints one line per change, with its
+version, until interrupted: "SET key version value" or "DELETE key version"
+(or JSON lines with --json). It survives server restarts: after reconnecting
+it registers again and reports what changed meanwhile (marked resync).`,
+		Example: "  mqkv watch config/site lock/printer\n  mqkv watch --json sensors/temp | jq .",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+				events := make(chan client.Event)
+				for _, k := range args {
+					w, err := cl.Watch(ctx, []byte(k))
+					if err != nil {
+						return false, err
+					}
+					go func() {
+						for e := range w.Events() {
+							events <- e
+						}
+					}()
+				}
+				for {
+					select {
+					case <-ctx.Done():
+						return true, nil
+					case e := <-events:
+						printEvent(c.json, e)
+					}
+				}
+			})
+		},
+	}
+	c.flags(cmd.Flags())
+	return cmd
+}
+
+func printEvent(asJSON bool, e client.Event) {
+	op := "SET"
+	if e.Deleted {
+		op = "DELETE"
+	}
+	if asJSON {
+		out := map[string]any{"op": op, "key": string(e.Key), "version": e.Version.String()}
+		if !e.Deleted {
+			jsonValue(out, e.Value)
+		}
+		if e.Resync {
+			out["resync"] = true
+		}
+		printJSON(out)
+		return
+	}
+	line := fmt.Sprintf("%s %s %s", op, strconv.Quote(string(e.Key)), e.Version)
+	if !e.Deleted {
+		line += " " + strconv.Quote(string(e.Value))
+	}
+	if e.Resync {
+		line += " (resync)"
+	}
+	fmt.Println(line)
+}
+
+func lockCmd() *cobra.Command {
+	var c conn
+	var ttl time.Duration
+	var holder string
+	cmd := &cobra.Command{
+		Use:   "lock NAME -- COMMAND [ARG...]",
+		Short: "Run a command while holding a lease",
+		Long: `Waits until the lease NAME is free, takes it, and runs COMMAND while renewing
+it (every third of --ttl). The command finds the lease's fencing token in
+MQKV_FENCING_TOKEN, to pass with its writes (mqkv set --fencing-token ...).
+The lease is released when the command ends; if it is lost, the command is
+interrupted. Exit status: the command's.`,
+		Example: `  mqkv lock nightly-job -- ./backup.sh
+  mqkv lock --ttl 30s config-writer -- sh -c 'mqkv set --fencing-token "$MQKV_FENCING_TOKEN" config/site v2'`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 1 {
+				return errors.New("lock: want NAME -- COMMAND")
+			}
+			name, command := args[0], args[1:]
+			var exit error
+			err := c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+				lease := cl.Lease(name, holder)
+				if err := lease.Acquire(ctx, ttl); err != nil {
+					return false, err
+				}
+				defer lease.Release(context.Background())
+				kctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				lost := lease.KeepAlive(kctx, ttl, ttl/3)
+				run := exec.CommandContext(kctx, command[0], command[1:]...)
+				run.Stdin, run.Stdout, run.Stderr = os.Stdin, os.Stdout, os.Stderr
+				run.Env = append(os.Environ(), "MQKV_FENCING_TOKEN="+lease.Token().String(), "MQKV_LOCK_NAME="+name)
+				if err := run.Start(); err != nil {
+					return false, err
+				}
+				done := make(chan error, 1)
+				go func() { done <- run.Wait() }()
+				select {
+				case exit = <-done:
+				case err := <-lost:
+					cancel()
+					<-done
+					return false, fmt.Errorf("lock: lease %q lost: %w", name, err)
+				}
+				return true, nil
+			})
+			if err != nil {
+				return err
+			}
+			var ee *exec.ExitError
+			if errors.As(exit, &ee) {
+				return exitCode(ee.ExitCode())
+			}
+			return exit
+		},
+	}
+	c.flags(cmd.Flags())
+	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "lease term; renewed every third of it")
+	cmd.Flags().StringVar(&holder, "holder", "", "holder name written in the lease (default: the client id)")
+	return cmd
+}

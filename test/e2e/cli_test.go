@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cli runs the mqkv binary against s and returns stdout and the exit code.
+func cli(t *testing.T, s *testServer, stdin string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(mqkvBinary(t), args...)
+	cmd.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("mqkv %v: %v", args, err)
+	}
+	if code == 2 {
+		t.Logf("mqkv %v stderr: %s", args, errOut.String())
+	}
+	return out.String(), code
+}
+
+func TestCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	s := startServer(t, inMemory())
+	expect := func(wantOut string, wantCode int, stdin string, args ...string) string {
+		t.Helper()
+		out, code := cli(t, s, stdin, args...)
+		if code != wantCode || (wantOut != "*" && out != wantOut) {
+			t.Fatalf("mqkv %v: exit %d, output %q; want exit %d, output %q", args, code, out, wantCode, wantOut)
+		}
+		return out
+	}
+	expect("", 1, "", "get", "greeting")
+	expect("", 0, "", "set", "greeting", "hello")
+	expect("hello", 0, "", "get", "greeting")
+	expect("", 1, "", "set", "--nx", "greeting", "other")
+	expect("", 0, "", "set", "--nex", "greeting", "hello")
+	expect("", 0, "from stdin\n", "set", "piped")
+	expect("from stdin\n", 0, "", "get", "piped")
+	expect("", 0, "dash stdin", "set", "dashed", "-")
+	file := filepath.Join(t.TempDir(), "blob")
+	os.WriteFile(file, []byte{0, 1, 2, 0xff}, 0o600)
+	expect("", 0, "", "set", "--file", file, "blob")
+	expect("\x00\x01\x02\xff", 0, "", "get", "blob")
+
+	out := expect("*", 0, "", "get", "--json", "greeting")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); err != nil || got["value"] != "hello" || got["found"] != true || got["version"] == "" || got["ttl_ms"] != nil {
+		t.Fatalf("get --json: %q %v", out, err)
+	}
+	expect("", 0, "", "set", "--px", "60000", "session", "active")
+	json.Unmarshal([]byte(expect("*", 0, "", "get", "--json", "session")), &got)
+	if ttl, ok := got["ttl_ms"].(float64); !ok || ttl <= 0 || ttl > 60000 {
+		t.Fatalf("ttl_ms %v", got["ttl_ms"])
+	}
+	json.Unmarshal([]byte(expect("*", 0, "", "get", "--json", "blob")), &got)
+	if got["value_base64"] != "AAEC/w==" {
+		t.Fatalf("binary value in JSON: %v", got)
+	}
+	expect("", 1, "", "vdel", "greeting", "wrong")
+	expect("", 0, "", "vdel", "greeting", "hello")
+	expect("", 1, "", "del", "greeting")
+	expect("", 0, "", "del", "piped")
+	expect("", 2, "", "set", "--fencing-token", "not-a-version", "k", "v")
+	expect("", 2, "", "get", "--server", "mqtt://127.0.0.1:1", "--timeout", "500ms", "k")
+
+	// watch prints changes until interrupted.
+	w := exec.Command(mqkvBinary(t), "watch", "watched")
+	w.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
+	stdout, _ := w.StdoutPipe()
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	// The watch is registered once a change shows up; keep changing
+	// until it does.
+	seen := make(chan string, 10)
+	go func() {
+		for lines.Scan() {
+			seen <- lines.Text()
+		}
+	}()
+	var first string
+	for i := 0; first == ""; i++ {
+		if i > 50 {
+			t.Fatal("watch printed nothing")
+		}
+		expect("", 0, "", "set", "watched", "v1")
+		select {
+		case first = <-seen:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if !strings.HasPrefix(first, `SET "watched" `) || !strings.HasSuffix(first, `"v1"`) {
+		t.Fatalf("watch line %q", first)
+	}
+	expect("", 0, "", "del", "watched")
+	for line := range seen {
+		if strings.HasPrefix(line, `DELETE "watched" `) {
+			break
+		}
+	}
+	w.Process.Signal(os.Interrupt)
+	if err := w.Wait(); err != nil {
+		t.Fatalf("watch after SIGINT: %v", err)
+	}
+
+	// lock passes a working fencing token to the command, and its exit code.
+	script := `mqkv set --fencing-token "$MQKV_FENCING_TOKEN" fenced "written under $MQKV_LOCK_NAME" && exit 7`
+	cmd := exec.Command(mqkvBinary(t), "lock", "--ttl", "5s", "job", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr(), "PATH="+filepath.Dir(mqkvBinary(t))+":"+os.Getenv("PATH"))
+	if err := cmd.Run(); err == nil {
+		t.Fatal("lock: want the command's exit status 7")
+	} else if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 {
+		t.Fatalf("lock: %v", err)
+	}
+	expect("written under job", 0, "", "get", "fenced")
+	// The key is fenced now: a write without the token is refused.
+	expect("", 2, "", "set", "fenced", "intruder")
+	expect("", 1, "", "get", "job") // released
+}
