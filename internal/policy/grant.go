@@ -1,6 +1,10 @@
 package policy
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/mqkv/mqkv/internal/glob"
+)
 
 // Grant is what one principal may do under a policy, with every variable
 // already substituted. A nil *Grant allows everything: it is what a
@@ -20,7 +24,7 @@ type keyMatcher struct {
 
 func (m keyMatcher) matches(key []byte) bool {
 	if m.glob {
-		return globMatch(m.key, key)
+		return glob.Match(m.key, key)
 	}
 	return bytes.Equal(m.key, key)
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/mqkv/mqkv/internal/glob"
 	"os"
 	"strings"
 
@@ -326,7 +327,7 @@ func substitute(s string, p *Principal, escape func(string) (string, bool)) (str
 // with '+' or '#' cannot be part of any valid topic name anyway.
 func topicValue(v string) (string, bool) { return v, !strings.ContainsAny(v, "+#") }
 
-func globValue(v string) (string, bool) { return escapeGlob(v), true }
+func globValue(v string) (string, bool) { return glob.Escape(v), true }
 
 // applies reports whether a rule's principals include p: client ids,
 // usernames and attribute sets are alternatives (OR); within an attribute
@@ -365,5 +366,5 @@ func nameMatches(pattern, name string) bool {
 	if !strings.ContainsAny(pattern, "*?[\\") {
 		return pattern == name
 	}
-	return globMatch([]byte(pattern), []byte(name))
+	return glob.Match([]byte(pattern), []byte(name))
 }

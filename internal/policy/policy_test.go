@@ -1,61 +1,9 @@
 package policy
 
 import (
-	"strings"
+	"github.com/mqkv/mqkv/internal/glob"
 	"testing"
 )
-
-func TestGlob(t *testing.T) {
-	cases := []struct {
-		pattern, key string
-		want         bool
-	}{
-		{"*", "", true},
-		{"*", "anything/at/all", true},
-		{"a*", "a", true},
-		{"a*", "abc/def", true},
-		{"a*", "ba", false},
-		{"*c", "abc", true},
-		{"a*c", "ac", true},
-		{"a*c", "abcbc", true},
-		{"a*c", "abcb", false},
-		{"?", "x", true},
-		{"?", "", false},
-		{"a?c", "abc", true},
-		{"a?c", "ac", false},
-		{"[abc]", "b", true},
-		{"[abc]", "d", false},
-		{"[a-c]x", "bx", true},
-		{"[!a-c]x", "bx", false},
-		{"[^a-c]x", "dx", true},
-		{"[]]", "]", true},
-		{"[", "[", true},
-		{"a[", "a[", true},
-		{`\*`, "*", true},
-		{`\*`, "x", false},
-		{`a\?`, "a?", true},
-		{"clients/dev1/*", "clients/dev1/temp", true},
-		{"clients/dev1/*", "clients/dev10/temp", false},
-		{"*a*a*a*a*a*a*a*b", strings.Repeat("a", 200), false},
-	}
-	for _, c := range cases {
-		if got := globMatch([]byte(c.pattern), []byte(c.key)); got != c.want {
-			t.Errorf("globMatch(%q, %q) = %v, want %v", c.pattern, c.key, got, c.want)
-		}
-	}
-}
-
-func TestEscapedValuesMatchOnlyThemselves(t *testing.T) {
-	for _, v := range []string{"*", "?", "[a-z]", `\`, "a*b", "x]"} {
-		e := escapeGlob(v)
-		if !globMatch([]byte(e), []byte(v)) {
-			t.Errorf("escaped %q does not match itself", v)
-		}
-		if v != "x" && globMatch([]byte(e), []byte("x")) {
-			t.Errorf("escaped %q matches %q", v, "x")
-		}
-	}
-}
 
 func TestTopicMatches(t *testing.T) {
 	cases := []struct {
@@ -295,8 +243,8 @@ func FuzzGlob(f *testing.F) {
 		if !ok {
 			return
 		}
-		globMatch([]byte(s), []byte(key))
-		if !globMatch([]byte(escapeGlob(clientID)), []byte(clientID)) {
+		glob.Match([]byte(s), []byte(key))
+		if !glob.Match([]byte(glob.Escape(clientID)), []byte(clientID)) {
 			t.Fatalf("escaped %q does not match itself", clientID)
 		}
 	})

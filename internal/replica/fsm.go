@@ -3,6 +3,8 @@ package replica
 import (
 	"io"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -20,6 +22,11 @@ type fsm struct {
 	onEvents   func([]store.Event)
 	wakeExpiry func()
 	events     []store.Event // reused between batches; only the apply goroutine touches it
+	timings    Timings
+
+	expired       atomic.Int64
+	lastSnapshot  atomic.Int64 // unix ns
+	snapshotBytes atomic.Int64
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -50,6 +57,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		for j := range cmds {
 			c := &cmds[j]
 			results[j], events = f.st.Apply(c, events)
+			if c.Op == store.OpExpire && results[j].Outcome == store.Applied {
+				f.expired.Add(1)
+			}
 			if c.Version.Compare(maxVersion) > 0 {
 				maxVersion = c.Version
 			}
@@ -76,7 +86,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return &snapshot{st: f.st.Clone()}, nil
+	return &snapshot{st: f.st.Clone(), fsm: f}, nil
 }
 
 func (f *fsm) Restore(rc io.ReadCloser) error {
@@ -95,14 +105,38 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 }
 
 // snapshot is a copy-on-write clone, written out while writes go on.
-type snapshot struct{ st *store.Store }
+type snapshot struct {
+	st  *store.Store
+	fsm *fsm
+}
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
-	if err := s.st.WriteSnapshot(sink); err != nil {
+	start := time.Now()
+	cw := &countingWriter{w: sink}
+	if err := s.st.WriteSnapshot(cw); err != nil {
 		sink.Cancel()
 		return err
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	s.fsm.lastSnapshot.Store(time.Now().UnixNano())
+	s.fsm.snapshotBytes.Store(cw.n)
+	if s.fsm.timings.Snapshot != nil {
+		s.fsm.timings.Snapshot(cw.n, time.Since(start))
+	}
+	return nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func (s *snapshot) Release() {}

@@ -43,6 +43,15 @@ type Config struct {
 	OnEvents func([]store.Event)
 	// Now is the wall clock; nil means time.Now.
 	Now func() time.Time
+	// Timings, if set, receives durations for metrics.
+	Timings Timings
+}
+
+// Timings are callbacks for metrics; any may be nil. They must be cheap.
+type Timings struct {
+	Commit   func(time.Duration)                // a log entry, from proposal to applied
+	Sync     func(time.Duration)                // appending entries to the log, fsync included
+	Snapshot func(bytes int64, d time.Duration) // writing a snapshot
 }
 
 // Proposal is a write waiting for the log. The proposer sets Cmd.Version
@@ -96,6 +105,7 @@ type Group struct {
 type pending struct {
 	future raft.ApplyFuture
 	dones  []func(store.Result, error)
+	start  time.Time
 }
 
 // Open starts the group, creating its state on first use, and returns once
@@ -118,7 +128,7 @@ func Open(cfg Config) (*Group, error) {
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 	}
-	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry}
+	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry, timings: cfg.Timings}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -167,6 +177,9 @@ func Open(cfg Config) (*Group, error) {
 		snaps = fss
 	}
 
+	if cfg.Timings.Sync != nil {
+		logs = timedLogs{logs, cfg.Timings.Sync}
+	}
 	addr, trans := raft.NewInmemTransport(raft.ServerAddress(cfg.NodeID))
 	exists, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
@@ -254,10 +267,14 @@ func (g *Group) View(fn func(s *store.Store, now int64)) {
 
 // Stats reports the size of the group's state and log position.
 type Stats struct {
-	Keys         int
-	Bytes        int64
-	AppliedIndex uint64
-	LastIndex    uint64
+	Keys          int
+	Bytes         int64
+	AppliedIndex  uint64
+	LastIndex     uint64
+	Expired       int64     // keys removed by expiry since start
+	LastSnapshot  time.Time // zero if none since start
+	SnapshotBytes int64     // size of the last snapshot
+	Leader        bool
 }
 
 // Stats returns current figures.
@@ -267,7 +284,39 @@ func (g *Group) Stats() Stats {
 	g.fsm.mu.RUnlock()
 	s.AppliedIndex = g.raft.AppliedIndex()
 	s.LastIndex = g.raft.LastIndex()
+	s.Expired = g.fsm.expired.Load()
+	if t := g.fsm.lastSnapshot.Load(); t != 0 {
+		s.LastSnapshot = time.Unix(0, t)
+	}
+	s.SnapshotBytes = g.fsm.snapshotBytes.Load()
+	s.Leader = g.raft.State() == raft.Leader
 	return s
+}
+
+// Backup writes a consistent snapshot of the store (the store's snapshot
+// format: versioned and checksummed) without stopping writes, and returns
+// the greatest version it contains: every write with a version up to it is
+// in the backup, none after it.
+func (g *Group) Backup(w io.Writer) (hlc.Timestamp, error) {
+	g.fsm.mu.RLock()
+	snap := g.fsm.st.Clone()
+	g.fsm.mu.RUnlock()
+	return snap.MaxVersion(), snap.WriteSnapshot(w)
+}
+
+// timedLogs times log appends (the fsync is in them).
+type timedLogs struct {
+	raft.LogStore
+	observe func(time.Duration)
+}
+
+func (t timedLogs) StoreLog(l *raft.Log) error { return t.StoreLogs([]*raft.Log{l}) }
+
+func (t timedLogs) StoreLogs(logs []*raft.Log) error {
+	start := time.Now()
+	err := t.LogStore.StoreLogs(logs)
+	t.observe(time.Since(start))
+	return err
 }
 
 // Snapshot takes a snapshot now and compacts the log behind it.
@@ -341,8 +390,9 @@ func (g *Group) propose() {
 		}
 		buf = store.AppendBatch(buf[:0], cmds)
 		// raft keeps the slice until applied: hand it a copy.
+		start := time.Now()
 		f := g.raft.Apply(append([]byte(nil), buf...), 0)
-		g.inflight <- pending{future: f, dones: dones}
+		g.inflight <- pending{future: f, dones: dones, start: start}
 	}
 }
 
@@ -363,6 +413,9 @@ func (g *Group) complete() {
 	defer g.wg.Done()
 	for p := range g.inflight {
 		err := p.future.Error()
+		if g.cfg.Timings.Commit != nil {
+			g.cfg.Timings.Commit(time.Since(p.start))
+		}
 		var results []store.Result
 		if err == nil {
 			switch r := p.future.Response().(type) {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
@@ -65,6 +66,9 @@ type Request struct {
 	// the Has flags tell an absent property from an empty one.
 	Timestamp, FencingToken       string
 	HasTimestamp, HasFencingToken bool
+
+	start   time.Time // when Handle took it, for latency metrics
+	command string    // the verb, for metrics
 }
 
 // Transport is what the service needs from the broker.
@@ -108,6 +112,10 @@ type Service struct {
 	observers *registry
 	limits    Limits
 	Counters  Counters
+
+	// OnReply, if set, is told of every reply: the command, its result
+	// (ok, miss, not_applied or error) and how long the request took.
+	OnReply func(command, result string, d time.Duration)
 }
 
 // New returns a service. Call Attach, and SetTransport if t is nil, before
@@ -132,6 +140,9 @@ func (s *Service) Attach(g *replica.Group) { s.group = g }
 // are answered when their log entry has been applied.
 func (s *Service) Handle(r *Request) {
 	s.Counters.Requests.Add(1)
+	if s.OnReply != nil {
+		r.start = time.Now()
+	}
 	if r.ResponseTopic == "" {
 		s.Counters.NoResponseTopic.Add(1)
 		s.log.Debug("state store request without response topic dropped", "client", r.ClientID)
@@ -152,6 +163,7 @@ func (s *Service) Handle(r *Request) {
 		s.fail(r, resp.ErrSyntax)
 		return
 	}
+	r.command = commandName(args[0])
 	switch verb := args[0]; {
 	case equalFold(verb, "GET"):
 		s.get(r, args)
@@ -191,6 +203,39 @@ func (s *Service) Revoke(clientID string, conn uint64, canRead func(key []byte) 
 
 func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 	s.transport.Reply(r, payload, version)
+	if s.OnReply != nil {
+		cmd := r.command
+		if cmd == "" {
+			cmd = "INVALID"
+		}
+		s.OnReply(cmd, resultOf(payload), time.Since(r.start))
+	}
+}
+
+var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL"}
+
+// commandName names a verb for metrics, from a fixed set so that labels
+// stay bounded.
+func commandName(verb []byte) string {
+	for _, n := range commandNames {
+		if equalFold(verb, n) {
+			return n
+		}
+	}
+	return "UNKNOWN"
+}
+
+// resultOf classifies a reply for metrics.
+func resultOf(payload []byte) string {
+	switch {
+	case payload[0] == '-':
+		return "error"
+	case string(payload) == "$-1\r\n" || string(payload) == ":0\r\n" || string(payload) == ":-2\r\n":
+		return "miss"
+	case string(payload) == ":-1\r\n":
+		return "not_applied"
+	}
+	return "ok"
 }
 
 func (s *Service) fail(r *Request, e resp.Error) {

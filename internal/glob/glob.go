@@ -1,15 +1,15 @@
-package policy
-
-// Glob matching for state store keys (AIO's keyType Pattern): '*' matches
+// Package glob matches state store keys against glob patterns, the syntax
+// of AIO's keyType Pattern and of SCAN and pattern KEYNOTIFY: '*' matches
 // any run of bytes (including '/' and none), '?' exactly one byte, and
 // "[...]" one byte from a set, with ranges ("a-z") and negation ("[!...]" or
 // "[^...]"). A backslash makes the next byte literal. Keys are bytes, not
 // runes: a pattern is matched byte by byte.
+package glob
 
-// globMatch reports whether key matches pattern. It runs in
+// Match reports whether key matches pattern. It runs in
 // O(len(pattern)·len(key)) time at worst, without recursion, so hostile
 // patterns cannot blow the stack or take exponential time.
-func globMatch(pattern, key []byte) bool {
+func Match(pattern, key []byte) bool {
 	p, k := 0, 0
 	starP, starK := -1, 0
 	for k < len(key) {
@@ -62,6 +62,18 @@ func globMatch(pattern, key []byte) bool {
 	return p == len(pattern)
 }
 
+// Literal returns the part of pattern before its first special byte: every
+// key the pattern matches starts with it.
+func Literal(pattern []byte) []byte {
+	for i, c := range pattern {
+		switch c {
+		case '*', '?', '[', '\\':
+			return pattern[:i]
+		}
+	}
+	return pattern
+}
+
 // matchClass matches one byte against the class at the start of pattern
 // ("[...]"). It returns the class's length (0 if it is not terminated) and
 // whether c is in it.
@@ -101,10 +113,9 @@ func matchClass(pattern []byte, c byte) (int, bool) {
 	return 0, false
 }
 
-// escapeGlob makes s match only itself inside a glob: substituted principal
-// values must never widen a pattern (a client id of "*" must not match every
-// key).
-func escapeGlob(s string) string {
+// Escape makes s match only itself inside a pattern: substituted values
+// must never widen one (a client id of "*" must not match every key).
+func Escape(s string) string {
 	var b []byte
 	for i := 0; i < len(s); i++ {
 		switch s[i] {
