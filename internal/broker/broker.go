@@ -70,6 +70,29 @@ type Counters struct {
 	AuthFailures         atomic.Int64 // CONNECTs refused
 	SlowConsumers        atomic.Int64 // clients disconnected for not reading
 	SubscriptionsRevoked atomic.Int64 // subscriptions removed by a policy change
+	NotificationsDropped atomic.Int64 // notifications a full client queue refused
+}
+
+// Traffic is the broker's message counts since start.
+type Traffic struct {
+	Clients                               int64 // connected now
+	MessagesIn, MessagesOut, Dropped      int64 // PUBLISH packets
+	BytesIn, BytesOut, Retained, Inflight int64
+}
+
+// Traffic returns current figures.
+func (b *Broker) Traffic() Traffic {
+	i := b.srv.Info
+	return Traffic{
+		Clients:     atomic.LoadInt64(&i.ClientsConnected),
+		MessagesIn:  atomic.LoadInt64(&i.MessagesReceived),
+		MessagesOut: atomic.LoadInt64(&i.MessagesSent),
+		Dropped:     atomic.LoadInt64(&i.MessagesDropped),
+		BytesIn:     atomic.LoadInt64(&i.BytesReceived),
+		BytesOut:    atomic.LoadInt64(&i.BytesSent),
+		Retained:    atomic.LoadInt64(&i.Retained),
+		Inflight:    atomic.LoadInt64(&i.Inflight),
+	}
 }
 
 // Broker is a running MQTT broker.

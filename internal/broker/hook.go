@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"strings"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -104,7 +105,12 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	return pk, packets.CodeSuccessIgnore
 }
 
-func (h *hook) OnPublishDropped(cl *mqtt.Client, _ packets.Packet) { h.b.slowConsumer(cl) }
+func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
+	if strings.HasPrefix(pk.TopicName, statestore.NotifyPrefix) {
+		h.b.Counters.NotificationsDropped.Add(1)
+	}
+	h.b.slowConsumer(cl)
+}
 
 func (h *hook) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 	if v, ok := h.b.conns.LoadAndDelete(cl); ok {

@@ -293,15 +293,14 @@ func (g *Group) Stats() Stats {
 	return s
 }
 
-// Backup writes a consistent snapshot of the store (the store's snapshot
-// format: versioned and checksummed) without stopping writes, and returns
-// the greatest version it contains: every write with a version up to it is
-// in the backup, none after it.
-func (g *Group) Backup(w io.Writer) (hlc.Timestamp, error) {
+// Copy returns a copy-on-write copy of the store as it is now: cheap, and
+// unaffected by later writes, so a backup can be written from it while
+// writes go on. Every write with a version up to its MaxVersion is in it,
+// none after (versions follow log order).
+func (g *Group) Copy() *store.Store {
 	g.fsm.mu.RLock()
-	snap := g.fsm.st.Clone()
-	g.fsm.mu.RUnlock()
-	return snap.MaxVersion(), snap.WriteSnapshot(w)
+	defer g.fsm.mu.RUnlock()
+	return g.fsm.st.Clone()
 }
 
 // timedLogs times log appends (the fsync is in them).
@@ -500,4 +499,40 @@ func (g *Group) expireLoop() {
 			return
 		}
 	}
+}
+
+// Restore makes dir (which must not hold a group yet) the state of a new
+// single-voter group whose store is the snapshot read from r (a backup), and
+// returns the greatest version and the number of keys in it. The snapshot
+// is verified (format and checksum) before anything is written.
+func Restore(dir, nodeID string, r io.Reader) (hlc.Timestamp, int, error) {
+	st := store.New(store.Limits{})
+	if err := st.ReadSnapshot(r); err != nil {
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: not a valid backup: %w", err)
+	}
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %s is not empty", dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Error, Output: os.Stderr})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, logger)
+	if err != nil {
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
+	}
+	addr, trans := raft.NewInmemTransport(raft.ServerAddress(nodeID))
+	conf := raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(nodeID), Address: addr}}}
+	sink, err := snaps.Create(raft.SnapshotVersionMax, 1, 1, conf, 1, trans)
+	if err != nil {
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
+	}
+	if err := st.WriteSnapshot(sink); err != nil {
+		sink.Cancel()
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
+	}
+	if err := sink.Close(); err != nil {
+		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
+	}
+	return st.MaxVersion(), st.Len(), nil
 }

@@ -8,13 +8,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
+	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
@@ -47,9 +50,16 @@ type Config struct {
 	AllowAnonymous bool
 	PolicyFile     string // authorization rules (YAML); empty: allow all
 
+	// AdminListen is the address of the HTTP admin endpoint (health,
+	// metrics, console, backups); empty turns it off.
+	AdminListen string
+
 	Limits Limits
 	Logger *slog.Logger
 }
+
+// Version is mqkv's version, reported by status and the console.
+var Version = "0.1.0-dev"
 
 // Limits are the node's resource limits; zero fields take the defaults.
 type Limits struct {
@@ -106,6 +116,7 @@ type Server struct {
 	group   *replica.Group
 	service *statestore.Service
 	broker  *broker.Broker
+	admin   *admin.Server
 	lock    *os.File
 	NodeID  string
 
@@ -157,12 +168,26 @@ func Start(cfg Config) (*Server, error) {
 		MaxKeyLength:            cfg.Limits.MaxKeyLength,
 		MaxRegistrationsPerConn: cfg.Limits.MaxRegistrations,
 	}, cfg.Logger)
+	onEvents := s.service.Events
+	var timings replica.Timings
+	if cfg.AdminListen != "" {
+		metrics := admin.NewMetrics()
+		s.admin = admin.New(metrics, cfg.Logger)
+		timings = metrics.Timings()
+		s.service.OnReply = metrics.ObserveReply
+		onEvents = func(ev []store.Event) {
+			s.service.Events(ev)
+			s.admin.Events(ev)
+		}
+	}
+	started := time.Now()
 	g, err := replica.Open(replica.Config{
 		NodeID:   s.NodeID,
 		Dir:      raftDir,
 		Limits:   store.Limits{MaxKeys: cfg.Limits.MaxKeys, MaxBytes: cfg.Limits.MaxBytes},
 		Logger:   cfg.Logger,
-		OnEvents: s.service.Events,
+		OnEvents: onEvents,
+		Timings:  timings,
 	})
 	if err != nil {
 		s.unlock()
@@ -193,6 +218,18 @@ func Start(cfg Config) (*Server, error) {
 		s.unlock()
 		return nil, err
 	}
+	if s.admin != nil {
+		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
+			NodeID: s.NodeID, Version: Version, Started: started,
+			Group: g, Service: s.service, Broker: b,
+		})
+		if err != nil {
+			b.Close()
+			g.Close()
+			s.unlock()
+			return nil, err
+		}
+	}
 	mode := "durable"
 	if cfg.InMemory {
 		mode = "in-memory"
@@ -200,6 +237,9 @@ func Start(cfg Config) (*Server, error) {
 	attrs := []any{"node", s.NodeID, "mode", mode, "data_dir", cfg.DataDir}
 	for name, addr := range b.Addrs() {
 		attrs = append(attrs, name, addr)
+	}
+	if s.admin != nil {
+		attrs = append(attrs, "admin", s.admin.Addr())
 	}
 	cfg.Logger.Info("mqkv serving", attrs...)
 	return s, nil
@@ -210,6 +250,14 @@ func (s *Server) Addr() string { return s.broker.Addr() }
 
 // Addrs returns the address of each listener by name (tcp, tls, ws).
 func (s *Server) Addrs() map[string]string { return s.broker.Addrs() }
+
+// AdminAddr returns the admin endpoint's address, or "" if it is off.
+func (s *Server) AdminAddr() string {
+	if s.admin == nil {
+		return ""
+	}
+	return s.admin.Addr()
+}
 
 // Broker returns the MQTT broker (for its counters).
 func (s *Server) Broker() *broker.Broker { return s.broker }
@@ -224,6 +272,9 @@ func (s *Server) Group() *replica.Group { return s.group }
 // directory.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		if s.admin != nil {
+			s.admin.Close()
+		}
 		s.closeErr = s.broker.Close()
 		if err := s.group.Close(); s.closeErr == nil {
 			s.closeErr = err
@@ -301,4 +352,26 @@ func newNodeID() string {
 		panic(err)
 	}
 	return "mqkv-" + hex.EncodeToString(b[:])
+}
+
+// Restore builds the data directory dataDir from a backup read from r: a
+// new node id, and a log whose only state is the backup. dataDir must not
+// exist or be empty.
+func Restore(dataDir string, r io.Reader) (maxVersion string, keys int, err error) {
+	if entries, err := os.ReadDir(dataDir); err == nil && len(entries) > 0 {
+		return "", 0, fmt.Errorf("restore: %s is not empty", dataDir)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return "", 0, err
+	}
+	id, err := loadNodeID(dataDir)
+	if err != nil {
+		return "", 0, err
+	}
+	v, n, err := replica.Restore(filepath.Join(dataDir, "raft"), id, r)
+	if err != nil {
+		os.RemoveAll(dataDir)
+		return "", 0, err
+	}
+	return v.String(), n, nil
 }

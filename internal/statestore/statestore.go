@@ -208,7 +208,11 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 		if cmd == "" {
 			cmd = "INVALID"
 		}
-		s.OnReply(cmd, resultOf(payload), time.Since(r.start))
+		res := resultOf(payload)
+		if cmd == "PTTL" && res == "not_applied" {
+			res = "ok" // -1: a key without expiry
+		}
+		s.OnReply(cmd, res, time.Since(r.start))
 	}
 }
 

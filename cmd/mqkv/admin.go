@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/mqkv/mqkv/internal/admin"
+	"github.com/mqkv/mqkv/internal/server"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// adminURL is the --admin flag of the commands that use a server's admin
+// endpoint.
+func adminURL(fs *pflag.FlagSet) *string {
+	return fs.String("admin", env("MQKV_ADMIN", "http://127.0.0.1:8080"), "`URL` of the server's admin endpoint (mqkv serve --admin-listen; env MQKV_ADMIN)")
+}
+
+func baseURL(u string) string {
+	if !strings.Contains(u, "://") {
+		u = "http://" + u
+	}
+	return strings.TrimRight(u, "/")
+}
+
+func fetchStatus(ctx context.Context, base string) (admin.Status, error) {
+	var st admin.Status
+	req, _ := http.NewRequestWithContext(ctx, "GET", baseURL(base)+"/v1/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+func printStatus(w io.Writer, st admin.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	snap := "none since start"
+	if st.LastSnapshot != nil {
+		snap = fmt.Sprintf("%s ago, %s", time.Since(*st.LastSnapshot).Round(time.Second), size(st.SnapshotBytes))
+	}
+	role := "leader"
+	if !st.Leader {
+		role = "not leader"
+	}
+	rows := [][2]string{
+		{"version", st.Version},
+		{"node", st.NodeID},
+		{"uptime", (time.Duration(st.UptimeSeconds) * time.Second).String()},
+		{"keys", fmt.Sprintf("%d (%s)", st.Keys, size(st.Bytes))},
+		{"clients", fmt.Sprint(st.Clients)},
+		{"requests/s", fmt.Sprintf("%.0f (p99 %.2f ms)", st.RPS, st.P99Ms)},
+		{"requests", fmt.Sprint(st.Requests)},
+		{"keynotify", fmt.Sprint(st.Registrations)},
+		{"raft", fmt.Sprintf("index %d applied %d, %s", st.LastIndex, st.AppliedIndex, role)},
+		{"snapshot", snap},
+		{"expired", fmt.Sprint(st.Expired)},
+		{"mqtt in/out", fmt.Sprintf("%d / %d messages", st.MessagesIn, st.MessagesOut)},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+	}
+	tw.Flush()
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func statusCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "status",
+		Short:   "Show a one-screen summary of a running server",
+		Long:    "Shows version, uptime, node id, keys, bytes, clients, requests/s, p99 latency, Raft index and the last snapshot, from the server's admin endpoint.",
+		Example: "  mqkv status\n  mqkv status --admin http://10.0.0.5:8080\n  mqkv status --json",
+		Args:    cobra.NoArgs,
+	}
+	url := adminURL(cmd.Flags())
+	asJSON := cmd.Flags().Bool("json", false, "print the status as JSON")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := fetchStatus(ctx, *url)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			printJSON(st)
+			return nil
+		}
+		printStatus(os.Stdout, st)
+		return nil
+	}
+	return cmd
+}
+
+func topCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "top",
+		Short:   "Show the status of a running server, refreshed every second",
+		Example: "  mqkv top --admin http://127.0.0.1:8080",
+		Args:    cobra.NoArgs,
+	}
+	url := adminURL(cmd.Flags())
+	cmd.RunE = func(*cobra.Command, []string) error {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			st, err := fetchStatus(rctx, *url)
+			cancel()
+			fmt.Print("\x1b[H\x1b[2J") // home, clear screen
+			fmt.Printf("mqkv top — %s — %s\n\n", baseURL(*url), time.Now().Format(time.TimeOnly))
+			if err != nil {
+				fmt.Println("error:", err)
+			} else {
+				printStatus(os.Stdout, st)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+	}
+	return cmd
+}
+
+func backupCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "backup --out FILE",
+		Short: "Save a consistent snapshot of a running server",
+		Long: `Saves a consistent snapshot of a running server's store to FILE, without
+stopping writes: every write acknowledged before the snapshot point is in it,
+none after. The file is versioned and checksummed; it is verified before it
+is kept. Restore it with mqkv restore.`,
+		Example: "  mqkv backup --out mqkv-$(date +%F).snap\n  mqkv backup --admin http://10.0.0.5:8080 --out site.snap",
+		Args:    cobra.NoArgs,
+	}
+	url := adminURL(cmd.Flags())
+	out := cmd.Flags().String("out", "", "`file` to write (required)")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		if *out == "" {
+			return errors.New("backup: --out is required")
+		}
+		resp, err := http.Get(baseURL(*url) + "/v1/backup")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("backup: %s", resp.Status)
+		}
+		tmp, err := os.CreateTemp(filepath.Dir(*out), ".mqkv-backup-*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		n, err := io.Copy(tmp, resp.Body)
+		if err == nil {
+			err = tmp.Sync()
+		}
+		if err != nil {
+			tmp.Close()
+			return fmt.Errorf("backup: %w", err)
+		}
+		// Verify before keeping it.
+		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if err := store.New(store.Limits{}).ReadSnapshot(tmp); err != nil {
+			tmp.Close()
+			return fmt.Errorf("backup: the server sent an invalid snapshot: %w", err)
+		}
+		tmp.Close()
+		if err := os.Rename(tmp.Name(), *out); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "backup: %s, %s keys, %s, up to version %s\n", *out, resp.Header.Get("X-Mqkv-Keys"), size(n), resp.Header.Get(admin.MaxVersionHeader))
+		return nil
+	}
+	return cmd
+}
+
+func restoreCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "restore --in FILE --data-dir DIR",
+		Short: "Build a data directory from a backup",
+		Long: `Builds the data directory DIR (which must not exist or be empty) from a
+backup made with mqkv backup; then mqkv serve --data-dir DIR serves it. A
+corrupt or truncated backup is refused and nothing is written.`,
+		Example: "  mqkv restore --in site.snap --data-dir ./restored\n  mqkv serve --data-dir ./restored",
+		Args:    cobra.NoArgs,
+	}
+	in := cmd.Flags().String("in", "", "backup `file` (required)")
+	dir := cmd.Flags().String("data-dir", "", "data `directory` to create (required)")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		if *in == "" || *dir == "" {
+			return errors.New("restore: --in and --data-dir are required")
+		}
+		f, err := os.Open(*in)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		v, n, err := server.Restore(*dir, f)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "restore: %s holds %d keys, up to version %s\n", *dir, n, v)
+		return nil
+	}
+	return cmd
+}

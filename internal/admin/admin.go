@@ -1,0 +1,392 @@
+// Package admin is the node's HTTP admin endpoint: health and readiness,
+// Prometheus metrics, pprof, a status summary, backups, and the web console
+// with the JSON API behind it. It is off unless configured, and meant for
+// 127.0.0.1 or a trusted network: it has no authentication of its own.
+package admin
+
+import (
+	"context"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/statestore"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Node is what the admin endpoint reports on.
+type Node struct {
+	NodeID  string
+	Version string
+	Started time.Time
+	Group   *replica.Group
+	Service *statestore.Service
+	Broker  *broker.Broker
+}
+
+// Server serves the admin endpoint.
+type Server struct {
+	node    *Node
+	metrics *Metrics
+	feed    *feed
+	log     *slog.Logger
+	http    *http.Server
+	ln      net.Listener
+
+	mu      sync.Mutex
+	history []Sample // one per second, the last historyLen
+	lastReq int64
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+const historyLen = 300 // five minutes
+
+// New prepares the endpoint. Its metrics are wired to the replica group and
+// the service, and Events to the group's OnEvents, before Serve.
+func New(m *Metrics, log *slog.Logger) *Server {
+	return &Server{metrics: m, feed: newFeed(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Events feeds applied changes to the console's live view; it is a replica
+// OnEvents consumer.
+func (s *Server) Events(events []store.Event) { s.feed.Events(events) }
+
+// Serve listens on addr and serves n in the background.
+func (s *Server) Serve(addr string, n *Node) error {
+	s.node = n
+	s.metrics.bind(n)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	s.ln = ln
+	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go s.http.Serve(ln)
+	go s.sample()
+	return nil
+}
+
+// Addr returns the address the endpoint listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the endpoint.
+func (s *Server) Close() error {
+	if s.http == nil {
+		return nil
+	}
+	close(s.stop)
+	<-s.done
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return s.http.Shutdown(ctx)
+}
+
+//go:embed console/index.html
+var consolePage []byte
+
+// Handler returns the endpoint's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Status()) })
+	mux.HandleFunc("GET /v1/keys", s.keys)
+	mux.HandleFunc("POST /v1/keys/delete", s.deleteKey)
+	mux.HandleFunc("GET /v1/events", s.events)
+	mux.HandleFunc("GET /v1/backup", s.backup)
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'")
+		w.Write(consolePage)
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+func httpError(w http.ResponseWriter, code int, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf(format, args...)})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	st := s.node.Group.Stats()
+	if !st.Leader || st.AppliedIndex < st.LastIndex && st.LastIndex-st.AppliedIndex > 1<<20 {
+		httpError(w, http.StatusServiceUnavailable, "not ready: leader=%v applied=%d last=%d", st.Leader, st.AppliedIndex, st.LastIndex)
+		return
+	}
+	w.Write([]byte("ready\n"))
+}
+
+// Sample is one second of the overview chart.
+type Sample struct {
+	Time    int64   `json:"t"` // unix seconds
+	Keys    int     `json:"keys"`
+	Clients int64   `json:"clients"`
+	RPS     float64 `json:"rps"`
+	P99Ms   float64 `json:"p99_ms"`
+}
+
+// Status is the one-screen summary of `mqkv status` and the console.
+type Status struct {
+	Version       string     `json:"version"`
+	NodeID        string     `json:"node_id"`
+	Started       time.Time  `json:"started"`
+	UptimeSeconds float64    `json:"uptime_seconds"`
+	Keys          int        `json:"keys"`
+	Bytes         int64      `json:"bytes"`
+	Clients       int64      `json:"clients"`
+	Registrations int64      `json:"keynotify_registrations"`
+	Requests      int64      `json:"requests_total"`
+	RPS           float64    `json:"requests_per_second"`
+	P99Ms         float64    `json:"p99_ms"`
+	AppliedIndex  uint64     `json:"raft_applied_index"`
+	LastIndex     uint64     `json:"raft_last_index"`
+	Leader        bool       `json:"raft_leader"`
+	LastSnapshot  *time.Time `json:"last_snapshot,omitempty"`
+	SnapshotBytes int64      `json:"snapshot_bytes"`
+	Expired       int64      `json:"expired_total"`
+	MessagesIn    int64      `json:"mqtt_messages_in"`
+	MessagesOut   int64      `json:"mqtt_messages_out"`
+	History       []Sample   `json:"history"`
+}
+
+// Status returns the current summary.
+func (s *Server) Status() Status {
+	n := s.node
+	gs := n.Group.Stats()
+	tr := n.Broker.Traffic()
+	st := Status{
+		Version: n.Version, NodeID: n.NodeID, Started: n.Started, UptimeSeconds: time.Since(n.Started).Seconds(),
+		Keys: gs.Keys, Bytes: gs.Bytes, Clients: tr.Clients,
+		Registrations: n.Service.Counters.RegistrationsActive.Load(),
+		Requests:      n.Service.Counters.Requests.Load(),
+		AppliedIndex:  gs.AppliedIndex, LastIndex: gs.LastIndex, Leader: gs.Leader,
+		SnapshotBytes: gs.SnapshotBytes, Expired: gs.Expired,
+		MessagesIn: tr.MessagesIn, MessagesOut: tr.MessagesOut,
+	}
+	if !gs.LastSnapshot.IsZero() {
+		st.LastSnapshot = &gs.LastSnapshot
+	}
+	s.mu.Lock()
+	st.History = append([]Sample(nil), s.history...)
+	s.mu.Unlock()
+	if len(st.History) > 0 {
+		last := st.History[len(st.History)-1]
+		st.RPS, st.P99Ms = last.RPS, last.P99Ms
+	}
+	return st
+}
+
+// sample records one Sample a second.
+func (s *Server) sample() {
+	defer close(s.done)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			req := s.node.Service.Counters.Requests.Load()
+			smp := Sample{
+				Time:    now.Unix(),
+				Keys:    s.node.Group.Stats().Keys,
+				Clients: s.node.Broker.Traffic().Clients,
+				P99Ms:   float64(s.metrics.p99()) / float64(time.Millisecond),
+			}
+			s.mu.Lock()
+			smp.RPS = float64(req-s.lastReq) / now.Sub(last).Seconds()
+			s.lastReq, last = req, now
+			s.history = append(s.history, smp)
+			if len(s.history) > historyLen {
+				s.history = s.history[len(s.history)-historyLen:]
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// KeyInfo is one key in the key browser.
+type KeyInfo struct {
+	Key      string `json:"key"`
+	KeyHex   string `json:"key_hex"`
+	Value    string `json:"value"`
+	ValueHex string `json:"value_hex"`
+	Binary   bool   `json:"binary,omitempty"`
+	Size     int    `json:"size"`
+	Version  string `json:"version"`
+	TTLMs    *int64 `json:"ttl_ms"`
+	Fence    string `json:"fencing_token,omitempty"`
+}
+
+const maxScanned = 100_000 // keys examined per page, so a rare match cannot hold the read lock long
+
+// keys lists keys matching ?match (a glob; default *), after ?after (hex),
+// at most ?limit (default 100). next is the cursor of the following page.
+func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	pattern := []byte(q.Get("match"))
+	if len(pattern) == 0 {
+		pattern = []byte("*")
+	}
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	if limit <= 0 || limit > 1000 {
+		limit = 100
+	}
+	after, err := hex.DecodeString(q.Get("after"))
+	if err != nil {
+		httpError(w, http.StatusBadRequest, "after: not hex")
+		return
+	}
+	from := glob.Literal(pattern)
+	if len(after) > 0 {
+		from = append(after, 0) // the first key after it
+	}
+	var out struct {
+		Keys []KeyInfo `json:"keys"`
+		Next string    `json:"next,omitempty"`
+	}
+	out.Keys = []KeyInfo{}
+	s.node.Group.View(func(st *store.Store, now int64) {
+		scanned := 0
+		prefix := glob.Literal(pattern)
+		var prev []byte
+		st.Ascend(from, now, func(e *store.Entry) bool {
+			if len(e.Key) < len(prefix) || string(e.Key[:len(prefix)]) != string(prefix) {
+				return false // past every key the pattern can match
+			}
+			scanned++
+			if len(out.Keys) == limit || scanned > maxScanned {
+				// Resume after the last key examined before this one.
+				out.Next = hex.EncodeToString(prev)
+				return false
+			}
+			prev = e.Key
+			if !glob.Match(pattern, e.Key) {
+				return true
+			}
+			k := KeyInfo{Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Size: len(e.Value), Version: e.Version.String()}
+			k.Value, k.ValueHex, k.Binary = valueForms(e.Value)
+			if e.ExpiresAt != 0 {
+				ttl := max(0, e.ExpiresAt-now)
+				k.TTLMs = &ttl
+			}
+			if !e.Fence.IsZero() {
+				k.Fence = e.Fence.String()
+			}
+			out.Keys = append(out.Keys, k)
+			return true
+		})
+	})
+	writeJSON(w, out)
+}
+
+// deleteKey deletes ?key (hex) through the log, as an operator: with the
+// key's own fencing token, so a fenced key can be removed too.
+func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) {
+	key, err := hex.DecodeString(r.URL.Query().Get("key"))
+	if err != nil || len(key) == 0 {
+		httpError(w, http.StatusBadRequest, "key: want the key in hex")
+		return
+	}
+	e, ok := s.node.Group.Get(key)
+	if !ok {
+		httpError(w, http.StatusNotFound, "no such key")
+		return
+	}
+	done := make(chan error, 1)
+	var res store.Result
+	s.node.Group.Submit(replica.Proposal{
+		Cmd: store.Command{Op: store.OpDel, Key: key, Fence: e.Fence},
+		Done: func(r store.Result, err error) {
+			res = r
+			done <- err
+		},
+	})
+	if err := <-done; err != nil {
+		httpError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	writeJSON(w, map[string]any{"deleted": res.Outcome == store.Applied})
+}
+
+// events streams changes as server-sent events.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		httpError(w, http.StatusInternalServerError, "streaming unsupported")
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	ch, recent := s.feed.subscribe()
+	defer s.feed.unsubscribe(ch)
+	send := func(c Change) bool {
+		b, _ := json.Marshal(c)
+		_, err := fmt.Fprintf(w, "data: %s\n\n", b)
+		return err == nil
+	}
+	for _, c := range recent {
+		send(c)
+	}
+	flusher.Flush()
+	keepalive := time.NewTicker(15 * time.Second)
+	defer keepalive.Stop()
+	for {
+		select {
+		case c := <-ch:
+			if !send(c) {
+				return
+			}
+			flusher.Flush()
+		case <-keepalive.C:
+			fmt.Fprint(w, ": keep-alive\n\n")
+			flusher.Flush()
+		case <-r.Context().Done():
+			return
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+// MaxVersionHeader carries the greatest version in a backup.
+const MaxVersionHeader = "X-Mqkv-Max-Version"
+
+// backup streams a consistent snapshot of the store while writes go on.
+func (s *Server) backup(w http.ResponseWriter, _ *http.Request) {
+	snap := s.node.Group.Copy()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="mqkv-backup.snap"`)
+	w.Header().Set(MaxVersionHeader, snap.MaxVersion().String())
+	w.Header().Set("X-Mqkv-Keys", strconv.Itoa(snap.Len()))
+	if err := snap.WriteSnapshot(w); err != nil {
+		s.log.Warn("backup interrupted", "error", err)
+	}
+}

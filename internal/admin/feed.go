@@ -1,0 +1,95 @@
+package admin
+
+import (
+	"encoding/hex"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Change is a key change as the console shows it.
+type Change struct {
+	Op       string `json:"op"` // SET or DELETE
+	Key      string `json:"key"`
+	KeyHex   string `json:"key_hex"`
+	Value    string `json:"value,omitempty"`
+	ValueHex string `json:"value_hex,omitempty"`
+	Binary   bool   `json:"binary,omitempty"` // the value is not UTF-8
+	Version  string `json:"version"`
+}
+
+// feed fans applied changes out to live viewers. It never blocks the apply
+// path: a viewer that falls behind misses changes (and is told so).
+type feed struct {
+	mu     sync.Mutex
+	subs   map[chan Change]struct{}
+	recent []Change // the last changes, for a viewer that just arrived
+}
+
+const feedRecent = 50
+
+func newFeed() *feed { return &feed{subs: map[chan Change]struct{}{}} }
+
+// Events is a replica OnEvents consumer.
+func (f *feed) Events(events []store.Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range events {
+		e := &events[i]
+		c := Change{Op: "SET", Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Version: e.Version.String()}
+		if e.Kind == store.EventDelete {
+			c.Op = "DELETE"
+		} else {
+			c.Value, c.ValueHex, c.Binary = valueForms(e.Value)
+		}
+		f.recent = append(f.recent, c)
+		if len(f.recent) > feedRecent {
+			f.recent = f.recent[len(f.recent)-feedRecent:]
+		}
+		for ch := range f.subs {
+			select {
+			case ch <- c:
+			default: // slow viewer: drop
+			}
+		}
+	}
+}
+
+func (f *feed) subscribe() (chan Change, []Change) {
+	ch := make(chan Change, 256)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subs[ch] = struct{}{}
+	return ch, append([]Change(nil), f.recent...)
+}
+
+func (f *feed) unsubscribe(ch chan Change) {
+	f.mu.Lock()
+	delete(f.subs, ch)
+	f.mu.Unlock()
+}
+
+const valuePreview = 4096 // bytes of a value the console shows
+
+// valueForms returns a value as text (if UTF-8) and hex, cut to a preview.
+func valueForms(v []byte) (text, hexForm string, binary bool) {
+	if len(v) > valuePreview {
+		v = v[:valuePreview]
+	}
+	return printable(v), hex.EncodeToString(v), !utf8.Valid(v)
+}
+
+// printable returns b as a string with invalid UTF-8 replaced, for display.
+func printable(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	out := make([]rune, 0, len(b))
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		out = append(out, r)
+		b = b[n:]
+	}
+	return string(out)
+}

@@ -1,0 +1,142 @@
+package admin
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/mqkv/mqkv/internal/replica"
+)
+
+// Metrics are the node's Prometheus metrics. Create them before the replica
+// group (they receive its timings), then Bind them to the node.
+type Metrics struct {
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	commit    prometheus.Histogram
+	sync      prometheus.Histogram
+	snapBytes prometheus.Gauge
+	snapTime  prometheus.Histogram
+
+	// recent holds the latencies of the last requests, for the p99 that
+	// status and the console show.
+	mu     sync.Mutex
+	recent []time.Duration
+	next   int
+}
+
+var latencyBuckets = prometheus.ExponentialBuckets(50e-6, 2, 16) // 50 µs … 1.6 s
+
+// NewMetrics creates the registry and the metrics fed by callbacks.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mqkv_requests_total", Help: "State store requests by command and result (ok, miss, not_applied, error).",
+		}, []string{"command", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "mqkv_request_duration_seconds", Help: "Time from receiving a state store request to publishing its reply.", Buckets: latencyBuckets,
+		}, []string{"command"}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mqkv_raft_commit_seconds", Help: "Time from proposing a log entry to having it applied.", Buckets: latencyBuckets,
+		}),
+		sync: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mqkv_log_append_seconds", Help: "Time to append entries to the log, fsync included.", Buckets: latencyBuckets,
+		}),
+		snapBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mqkv_snapshot_bytes", Help: "Size of the last snapshot."}),
+		snapTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mqkv_snapshot_duration_seconds", Help: "Time to write a snapshot.", Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10),
+		}),
+		recent: make([]time.Duration, 0, 4096),
+	}
+	m.reg.MustRegister(m.requests, m.latency, m.commit, m.sync, m.snapBytes, m.snapTime,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Timings returns the callbacks the replica group reports to.
+func (m *Metrics) Timings() replica.Timings {
+	return replica.Timings{
+		Commit: func(d time.Duration) { m.commit.Observe(d.Seconds()) },
+		Sync:   func(d time.Duration) { m.sync.Observe(d.Seconds()) },
+		Snapshot: func(n int64, d time.Duration) {
+			m.snapBytes.Set(float64(n))
+			m.snapTime.Observe(d.Seconds())
+		},
+	}
+}
+
+// ObserveReply is the state store service's OnReply.
+func (m *Metrics) ObserveReply(command, result string, d time.Duration) {
+	m.requests.WithLabelValues(command, result).Inc()
+	m.latency.WithLabelValues(command).Observe(d.Seconds())
+	m.mu.Lock()
+	if len(m.recent) < cap(m.recent) {
+		m.recent = append(m.recent, d)
+	} else {
+		m.recent[m.next] = d
+		m.next = (m.next + 1) % len(m.recent)
+	}
+	m.mu.Unlock()
+}
+
+// p99 returns the 99th percentile of the recent request latencies and
+// forgets them, so each call covers what happened since the last one.
+func (m *Metrics) p99() time.Duration {
+	m.mu.Lock()
+	lat := slices.Clone(m.recent)
+	m.recent, m.next = m.recent[:0], 0
+	m.mu.Unlock()
+	if len(lat) == 0 {
+		return 0
+	}
+	slices.Sort(lat)
+	return lat[(len(lat)*99)/100]
+}
+
+// bind registers the metrics read from the node's parts.
+func (m *Metrics) bind(n *Node) {
+	gauge := func(name, help string, f func() float64) {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+	}
+	counter := func(name, help string, f func() float64) {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
+	}
+	gauge("mqkv_keys", "Keys in the store.", func() float64 { return float64(n.Group.Stats().Keys) })
+	gauge("mqkv_bytes", "Key and value bytes in the store.", func() float64 { return float64(n.Group.Stats().Bytes) })
+	counter("mqkv_expired_total", "Keys removed because their TTL ran out.", func() float64 { return float64(n.Group.Stats().Expired) })
+	gauge("mqkv_raft_applied_index", "Last log index applied to the store.", func() float64 { return float64(n.Group.Stats().AppliedIndex) })
+	counter("mqkv_notifications_sent_total", "KEYNOTIFY notifications published.", func() float64 {
+		return float64(n.Service.Counters.NotificationsSent.Load())
+	})
+	counter("mqkv_notifications_dropped_total", "Notifications a full client queue refused.", func() float64 {
+		return float64(n.Broker.Counters.NotificationsDropped.Load())
+	})
+	gauge("mqkv_keynotify_registrations", "Active KEYNOTIFY registrations.", func() float64 {
+		return float64(n.Service.Counters.RegistrationsActive.Load())
+	})
+	counter("mqkv_requests_without_response_topic_total", "Requests dropped for want of a response topic.", func() float64 {
+		return float64(n.Service.Counters.NoResponseTopic.Load())
+	})
+	counter("mqkv_requests_denied_total", "Requests refused by the authorization policy.", func() float64 {
+		return float64(n.Service.Counters.Denied.Load())
+	})
+	gauge("mqkv_mqtt_clients_connected", "Connected MQTT clients.", func() float64 { return float64(n.Broker.Traffic().Clients) })
+	counter("mqkv_mqtt_messages_received_total", "PUBLISH packets received.", func() float64 { return float64(n.Broker.Traffic().MessagesIn) })
+	counter("mqkv_mqtt_messages_sent_total", "PUBLISH packets sent.", func() float64 { return float64(n.Broker.Traffic().MessagesOut) })
+	counter("mqkv_mqtt_messages_dropped_total", "Messages dropped because a client's queue was full.", func() float64 {
+		return float64(n.Broker.Traffic().Dropped)
+	})
+	counter("mqkv_mqtt_bytes_received_total", "Bytes received from MQTT clients.", func() float64 { return float64(n.Broker.Traffic().BytesIn) })
+	counter("mqkv_mqtt_bytes_sent_total", "Bytes sent to MQTT clients.", func() float64 { return float64(n.Broker.Traffic().BytesOut) })
+	counter("mqkv_mqtt_auth_failures_total", "CONNECTs refused by authentication or policy.", func() float64 {
+		return float64(n.Broker.Counters.AuthFailures.Load())
+	})
+	counter("mqkv_mqtt_slow_consumers_total", "Clients disconnected for not reading their messages.", func() float64 {
+		return float64(n.Broker.Counters.SlowConsumers.Load())
+	})
+}

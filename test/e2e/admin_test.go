@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/mqkv/mqkv/internal/admin"
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+func withAdmin() serverOption { return func(c *server.Config) { c.AdminListen = "127.0.0.1:0" } }
+
+func httpGet(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// metric reads one sample of a metric family (with the given labels).
+func metric(t *testing.T, base, name string, labels map[string]string) float64 {
+	t.Helper()
+	code, body := httpGet(t, base+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	f := fams[name]
+	if f == nil {
+		return 0 // a vector without samples yet is not exported
+	}
+next:
+	for _, m := range f.Metric {
+		for _, l := range m.Label {
+			if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return 0
+}
+
+func TestAdminEndpoint(t *testing.T) {
+	s := startServer(t, withAdmin())
+	base := "http://" + s.AdminAddr()
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/debug/pprof/": 200, "/": 200, "/nope": 404} {
+		if code, _ := httpGet(t, base+path); code != want {
+			t.Errorf("%s: %d, want %d", path, code, want)
+		}
+	}
+	before := metric(t, base, "mqkv_requests_total", map[string]string{"command": "SET", "result": "ok"})
+	c := dialRaw(t, s, "admin-traffic", rawOpts{cleanStart: true})
+	for i := 0; i < 5; i++ {
+		c.call("SET", fmt.Sprintf("m/%d", i), "v")
+	}
+	c.call("GET", "m/0")
+	c.call("GET", "missing")
+	c.call("SET", "", "v")
+	expectPayload(t, c.call("KEYNOTIFY", "m/1"), "+OK\r\n")
+	checks := []struct {
+		name   string
+		labels map[string]string
+		min    float64
+	}{
+		{"mqkv_requests_total", map[string]string{"command": "SET", "result": "ok"}, before + 5},
+		{"mqkv_requests_total", map[string]string{"command": "GET", "result": "miss"}, 1},
+		{"mqkv_requests_total", map[string]string{"command": "SET", "result": "error"}, 1},
+		{"mqkv_request_duration_seconds", map[string]string{"command": "SET"}, 5},
+		{"mqkv_keys", nil, 5},
+		{"mqkv_bytes", nil, 5 * 4},
+		{"mqkv_keynotify_registrations", nil, 1},
+		{"mqkv_mqtt_clients_connected", nil, 1},
+		{"mqkv_mqtt_messages_received_total", nil, 9},
+		{"mqkv_mqtt_messages_sent_total", nil, 9},
+		{"mqkv_raft_commit_seconds", nil, 1},
+		{"mqkv_log_append_seconds", nil, 1},
+	}
+	for _, ch := range checks {
+		if got := metric(t, base, ch.name, ch.labels); got < ch.min {
+			t.Errorf("%s%v = %v, want ≥ %v", ch.name, ch.labels, got, ch.min)
+		}
+	}
+	c.call("SET", "m/1", "changed")
+	if got := metric(t, base, "mqkv_notifications_sent_total", nil); got < 1 {
+		t.Errorf("notifications sent %v", got)
+	}
+	c.call("SET", "short", "v", "PX", "50")
+	deadline := time.Now().Add(5 * time.Second)
+	for metric(t, base, "mqkv_expired_total", nil) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("mqkv_expired_total did not move")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Status, as `mqkv status` reads it.
+	var st admin.Status
+	_, body := httpGet(t, base+"/v1/status")
+	if err := json.Unmarshal(body, &st); err != nil || st.NodeID != s.NodeID || st.Keys < 5 || !st.Leader || st.Requests < 9 {
+		t.Fatalf("status %+v %v", st, err)
+	}
+
+	// Key browser: list by glob, then delete through the log.
+	_, body = httpGet(t, base+"/v1/keys?match=m/*&limit=3")
+	var page struct {
+		Keys []admin.KeyInfo `json:"keys"`
+		Next string          `json:"next"`
+	}
+	if err := json.Unmarshal(body, &page); err != nil || len(page.Keys) != 3 || page.Keys[0].Key != "m/0" || page.Next == "" {
+		t.Fatalf("keys page 1: %s", body)
+	}
+	_, body = httpGet(t, base+"/v1/keys?match=m/*&limit=3&after="+page.Next)
+	page.Keys, page.Next = nil, ""
+	json.Unmarshal(body, &page)
+	if len(page.Keys) != 2 || page.Keys[1].Key != "m/4" || page.Next != "" {
+		t.Fatalf("keys page 2: %s", body)
+	}
+	resp, err := http.Post(base+"/v1/keys/delete?key="+hex.EncodeToString([]byte("m/0")), "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("delete: %v %v", resp, err)
+	}
+	expectPayload(t, c.call("GET", "m/0"), "$-1\r\n")
+}
+
+// TestBackupRestore takes a backup while writers run, restores it, and
+// checks the restored server holds exactly the writes up to the backup
+// point: a write is in it if and only if its version is at most the
+// backup's greatest version.
+func TestBackupRestore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	s := startServer(t, withAdmin())
+	base := "http://" + s.AdminAddr()
+	type write struct {
+		key, version string
+	}
+	var mu sync.Mutex
+	var acked []write
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		c := dialRaw(t, s, fmt.Sprintf("backup-writer-%d", w), rawOpts{cleanStart: true})
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("w%d/%d", w, i)
+				p := c.call("SET", key, "v")
+				ts, _ := userProp(p, "__ts")
+				mu.Lock()
+				acked = append(acked, write{key, ts})
+				mu.Unlock()
+			}
+		}(w)
+	}
+	time.Sleep(300 * time.Millisecond)
+	file := filepath.Join(t.TempDir(), "backup.snap")
+	out, err := exec.Command(mqkvBinary(t), "backup", "--admin", base, "--out", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mqkv backup: %v\n%s", err, out)
+	}
+	time.Sleep(200 * time.Millisecond) // writes after the backup
+	close(stop)
+	wg.Wait()
+	m := regexpFind(string(out), `up to version (\S+)`)
+	point, err := hlc.Parse(m)
+	if err != nil {
+		t.Fatalf("backup output %q", out)
+	}
+
+	dir := filepath.Join(t.TempDir(), "restored")
+	if out, err := exec.Command(mqkvBinary(t), "restore", "--in", file, "--data-dir", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mqkv restore: %v\n%s", err, out)
+	}
+	r := startServerIn(t, dir)
+	c := dialRaw(t, r, "checker", rawOpts{cleanStart: true})
+	in, outAfter := 0, 0
+	for _, w := range acked {
+		v, _ := hlc.Parse(w.version)
+		got := string(c.call("GET", w.key).Payload)
+		if v.Compare(point) <= 0 {
+			in++
+			if got != "$1\r\nv\r\n" {
+				t.Fatalf("%s (version %s, before the backup point %s) missing after restore", w.key, w.version, point)
+			}
+		} else {
+			outAfter++
+			if got != "$-1\r\n" {
+				t.Fatalf("%s (version %s, after the backup point %s) present after restore", w.key, w.version, point)
+			}
+		}
+	}
+	if in == 0 || outAfter == 0 {
+		t.Fatalf("the backup did not fall inside the write load: %d writes before, %d after", in, outAfter)
+	}
+	// The restored node goes on: new versions above the backup's.
+	p := c.call("SET", "new", "v")
+	ts, _ := userProp(p, "__ts")
+	if v, _ := hlc.Parse(ts); v.Compare(point) <= 0 {
+		t.Fatalf("new version %s not above %s", ts, point)
+	}
+	t.Logf("%d writes in the backup, %d after it", in, outAfter)
+
+	// A corrupt backup is refused with a clear message, and nothing is
+	// created.
+	data, _ := os.ReadFile(file)
+	data[len(data)/2] ^= 0xff
+	bad := filepath.Join(t.TempDir(), "bad.snap")
+	os.WriteFile(bad, data, 0o600)
+	badDir := filepath.Join(t.TempDir(), "bad")
+	out, err = exec.Command(mqkvBinary(t), "restore", "--in", bad, "--data-dir", badDir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not a valid backup") {
+		t.Fatalf("corrupt backup: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(badDir); err == nil {
+		t.Fatal("a refused restore left a data directory behind")
+	}
+	// Restoring over existing data is refused too.
+	if out, err := exec.Command(mqkvBinary(t), "restore", "--in", file, "--data-dir", dir).CombinedOutput(); err == nil {
+		t.Fatalf("restore over existing data: %s", out)
+	}
+}
+
+// regexpFind returns what follows "up to version " in the output.
+func regexpFind(s, _ string) string {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if i := strings.Index(sc.Text(), "up to version "); i >= 0 {
+			return strings.TrimSpace(sc.Text()[i+len("up to version "):])
+		}
+	}
+	return ""
+}
