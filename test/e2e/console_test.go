@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// browser returns the path of a Chromium, or skips the test when there is
+// none and MQKV_REQUIRE_BROWSER is not set (.ci/run installs Chromium and
+// sets it).
+func browser(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("MQKV_REQUIRE_BROWSER") != "" {
+		t.Fatal("no Chromium found, and MQKV_REQUIRE_BROWSER is set")
+	}
+	t.Skip("no Chromium (install Debian's chromium, as .ci/run does)")
+	return ""
+}
+
+// TestConsole drives the web console in a real headless Chromium: it loads
+// without console errors, its key browser lists a key written over MQTT,
+// and its live feed shows a change made after the page opened.
+func TestConsole(t *testing.T) {
+	exe := browser(t)
+	s := startServer(t, withAdmin())
+	c := dialRaw(t, s, "console-writer", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "sensors/site-1/temp", "21.5"), "+OK\r\n")
+	expectPayload(t, c.call("SET", "config/site", `{"mode":"auto"}`, "PX", "3600000"), "+OK\r\n")
+	expectPayload(t, c.call("SET", "firmware/blob", "\x00\x01\xfe\xff"), "+OK\r\n")
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1366, 900),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	var problems []string
+	err := chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeAssert {
+				problems = append(problems, fmt.Sprintf("console.%s: %v", ev.Type, ev.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, fmt.Sprintf("exception: %s %+v", ev.ExceptionDetails.Text, ev.ExceptionDetails.Exception))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	base := "http://" + s.AdminAddr() + "/"
+	if err := chromedp.Do(ctx, chromedp.Navigate(base), chromedp.WaitVisible(`#keys tr[data-key]`)); err != nil {
+		t.Fatal(err)
+	}
+	keysText, err := chromedp.Run(ctx, chromedp.Text(`#keys`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"sensors/site-1/temp", "config/site", "firmware/blob"} {
+		if !strings.Contains(keysText, k) {
+			t.Fatalf("key browser does not list %q:\n%s", k, keysText)
+		}
+	}
+
+	// A change after the page opened shows up in the live feed, without a
+	// reload. The feed's connection may still be opening: change until it
+	// shows.
+	var feedText string
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; !strings.Contains(feedText, "sensors/site-1/temp") || !strings.Contains(feedText, "22."); i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("live feed never showed the change:\n%s", feedText)
+		}
+		expectPayload(t, c.call("SET", "sensors/site-1/temp", fmt.Sprintf("22.%d", i)), "+OK\r\n")
+		time.Sleep(200 * time.Millisecond)
+		feedText, _ = chromedp.Run(ctx, chromedp.Text(`#feed`))
+	}
+
+	// Filter by glob.
+	err = chromedp.Do(ctx,
+		chromedp.SetValue(`#filter`, "config/*"),
+		chromedp.Click(`#filter-form button`),
+		chromedp.Sleep(300*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filtered, err := chromedp.Run(ctx, chromedp.Text(`#keys`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(filtered, "config/site") || strings.Contains(filtered, "sensors/") {
+		t.Fatalf("glob filter config/*:\n%s", filtered)
+	}
+	// Show everything again for the screenshot, once the overview chart
+	// has a few seconds of history with some traffic in it.
+	load := make(chan struct{})
+	go func() {
+		defer close(load)
+		for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+			c.call("SET", fmt.Sprintf("sensors/site-%d/humidity", time.Now().UnixNano()%7), "48")
+		}
+	}()
+	err = chromedp.Do(ctx,
+		chromedp.SetValue(`#filter`, "*"),
+		chromedp.Click(`#filter-form button`),
+		chromedp.Sleep(4500*time.Millisecond),
+	)
+	<-load
+	if err != nil {
+		t.Fatal(err)
+	}
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "console.png")
+	if os.Getenv("MQKV_UPDATE_SCREENSHOT") != "" {
+		out = "../../docs/console.png"
+	}
+	if err := os.WriteFile(out, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the page reported errors:\n%s", strings.Join(problems, "\n"))
+	}
+}
