@@ -20,6 +20,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
 
@@ -27,9 +28,9 @@ import (
 type Handler interface {
 	Handle(*statestore.Request)
 	Disconnected(clientID string, conn uint64)
-	// Revoke ends the KEYNOTIFY registrations of a connection for keys
-	// canRead refuses (after a policy change).
-	Revoke(clientID string, conn uint64, canRead func(key []byte) bool)
+	// Revoke applies a connection's new grant to its KEYNOTIFY
+	// registrations (after a policy change).
+	Revoke(clientID string, conn uint64, g *policy.Grant)
 }
 
 // Listener is one network endpoint clients connect to.

@@ -173,6 +173,7 @@ func (b *Broker) SetPolicy(p *policy.Policy) {
 		cl, c := k.(*mqtt.Client), v.(*conn)
 		if p == nil {
 			c.grant.Store(nil)
+			b.handler.Revoke(cl.ID, c.id, nil)
 			return true
 		}
 		g := p.Grant(c.principal)
@@ -183,7 +184,7 @@ func (b *Broker) SetPolicy(p *policy.Policy) {
 			return true
 		}
 		b.pruneSubscriptions(cl, c)
-		b.handler.Revoke(cl.ID, c.id, func(key []byte) bool { return g.CanAccess(key, policy.Read) })
+		b.handler.Revoke(cl.ID, c.id, g)
 		return true
 	})
 }

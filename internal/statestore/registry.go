@@ -1,37 +1,64 @@
 package statestore
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/policy"
 )
 
-// observer is one client's set of KEYNOTIFY registrations, tied to the
-// connection that made them: they end when it disconnects, and a new
-// connection of the same client starts from none.
+// observer is one connection's KEYNOTIFY registrations: exact keys and
+// glob patterns. They belong to the connection that made them: they end
+// when it disconnects, and a new connection of the same client starts from
+// none.
 type observer struct {
 	clientID    string
 	conn        uint64
-	topicPrefix string // NotifyClientPrefix(clientID), computed once
+	topicPrefix string        // NotifyClientPrefix(clientID), computed once
+	grant       *policy.Grant // what the connection may read; nil: everything
 	keys        map[string]struct{}
+	patterns    map[string]struct{}
 }
 
-// registry maps keys to the clients observing them.
+func (o *observer) count() int { return len(o.keys) + len(o.patterns) }
+
+// patternReg is one pattern registration, indexed by the pattern's literal
+// prefix.
+type patternReg struct {
+	pattern []byte
+	o       *observer
+}
+
+// registry maps keys and patterns to the connections observing them. Looking
+// up the observers of a changed key costs one map lookup for the exact key
+// and one per distinct literal-prefix length of the registered patterns:
+// it does not grow with the number of stored keys, nor with the number of
+// patterns whose prefixes do not match.
 type registry struct {
-	mu       sync.RWMutex
-	byKey    map[string][]*observer
-	byClient map[string]*observer
-	active   *atomic.Int64
+	mu         sync.RWMutex
+	byKey      map[string][]*observer
+	byClient   map[string]*observer
+	byPrefix   map[string][]patternReg // literal prefix → patterns
+	prefixLens map[int]int             // prefix length → patterns with it
+	lens       []int                   // the keys of prefixLens, sorted
+	active     *atomic.Int64
 }
 
 func newRegistry(active *atomic.Int64) *registry {
-	return &registry{byKey: map[string][]*observer{}, byClient: map[string]*observer{}, active: active}
+	return &registry{
+		byKey:      map[string][]*observer{},
+		byClient:   map[string]*observer{},
+		byPrefix:   map[string][]patternReg{},
+		prefixLens: map[int]int{},
+		active:     active,
+	}
 }
 
-// add registers clientID (on conn) for key; repeating it is harmless. It
-// refuses a new registration beyond max per connection (0: no limit).
-func (r *registry) add(clientID string, conn uint64, key []byte, max int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// observerFor returns the observer of clientID on conn, creating it (and
+// dropping an older connection's).
+func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant) *observer {
 	o := r.byClient[clientID]
 	if o != nil && o.conn != conn {
 		// Registrations of an earlier connection that has not yet been
@@ -40,47 +67,46 @@ func (r *registry) add(clientID string, conn uint64, key []byte, max int) bool {
 		o = nil
 	}
 	if o == nil {
-		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]struct{}{}}
+		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]struct{}{}, patterns: map[string]struct{}{}}
 		r.byClient[clientID] = o
 	}
+	o.grant = grant
+	return o
+}
+
+// add registers for key (or, with pattern, every key matching it);
+// repeating it is harmless. It refuses a new registration beyond max per
+// connection (0: no limit).
+func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []byte, pattern bool, max int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.observerFor(clientID, conn, grant)
 	k := string(key)
-	if _, ok := o.keys[k]; ok {
+	set := o.keys
+	if pattern {
+		set = o.patterns
+	}
+	if _, ok := set[k]; ok {
 		return true
 	}
-	if max > 0 && len(o.keys) >= max {
-		if len(o.keys) == 0 {
+	if max > 0 && o.count() >= max {
+		if o.count() == 0 {
 			delete(r.byClient, clientID)
 		}
 		return false
 	}
-	o.keys[k] = struct{}{}
-	r.byKey[k] = append(r.byKey[k], o)
+	set[k] = struct{}{}
+	if pattern {
+		r.linkPattern(o, []byte(k))
+	} else {
+		r.byKey[k] = append(r.byKey[k], o)
+	}
 	r.active.Add(1)
 	return true
 }
 
-// revoke ends the registrations of conn for keys keep refuses.
-func (r *registry) revoke(clientID string, conn uint64, keep func(key []byte) bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	o := r.byClient[clientID]
-	if o == nil || o.conn != conn {
-		return
-	}
-	for k := range o.keys {
-		if !keep([]byte(k)) {
-			delete(o.keys, k)
-			r.unlinkLocked(k, o)
-			r.active.Add(-1)
-		}
-	}
-	if len(o.keys) == 0 {
-		delete(r.byClient, clientID)
-	}
-}
-
 // remove ends one registration and reports whether there was one.
-func (r *registry) remove(clientID string, conn uint64, key []byte) bool {
+func (r *registry) remove(clientID string, conn uint64, key []byte, pattern bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	o := r.byClient[clientID]
@@ -88,13 +114,21 @@ func (r *registry) remove(clientID string, conn uint64, key []byte) bool {
 		return false
 	}
 	k := string(key)
-	if _, ok := o.keys[k]; !ok {
+	set := o.keys
+	if pattern {
+		set = o.patterns
+	}
+	if _, ok := set[k]; !ok {
 		return false
 	}
-	delete(o.keys, k)
-	r.unlinkLocked(k, o)
+	delete(set, k)
+	if pattern {
+		r.unlinkPattern(o, []byte(k))
+	} else {
+		r.unlinkKey(k, o)
+	}
 	r.active.Add(-1)
-	if len(o.keys) == 0 {
+	if o.count() == 0 {
 		delete(r.byClient, clientID)
 	}
 	return true
@@ -109,17 +143,43 @@ func (r *registry) dropConn(clientID string, conn uint64) {
 	}
 }
 
+// revoke applies a new grant to conn's registrations: exact keys it may no
+// longer read end; patterns stay, and only deliver what the grant allows.
+func (r *registry) revoke(clientID string, conn uint64, grant *policy.Grant) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.byClient[clientID]
+	if o == nil || o.conn != conn {
+		return
+	}
+	o.grant = grant
+	for k := range o.keys {
+		if !grant.CanAccess([]byte(k), policy.Read) {
+			delete(o.keys, k)
+			r.unlinkKey(k, o)
+			r.active.Add(-1)
+		}
+	}
+	if o.count() == 0 {
+		delete(r.byClient, clientID)
+	}
+}
+
 func (r *registry) dropLocked(o *observer) {
 	for k := range o.keys {
-		r.unlinkLocked(k, o)
+		r.unlinkKey(k, o)
 	}
-	r.active.Add(-int64(len(o.keys)))
+	for p := range o.patterns {
+		r.unlinkPattern(o, []byte(p))
+	}
+	r.active.Add(-int64(o.count()))
 	delete(r.byClient, o.clientID)
 }
 
-func (r *registry) unlinkLocked(k string, o *observer) {
+// unlinkKey removes o from the observers of k, copying on write: a slice
+// handed out by lookup is never modified.
+func (r *registry) unlinkKey(k string, o *observer) {
 	old := r.byKey[k]
-	// Copy on write: a slice handed out by lookup is never modified.
 	list := make([]*observer, 0, len(old))
 	for _, x := range old {
 		if x != o {
@@ -133,9 +193,58 @@ func (r *registry) unlinkLocked(k string, o *observer) {
 	}
 }
 
-// lookup returns the observers of key. The slice must not be modified.
-func (r *registry) lookup(key []byte) []*observer {
+func (r *registry) linkPattern(o *observer, pattern []byte) {
+	prefix := glob.Literal(pattern)
+	p := string(prefix)
+	r.byPrefix[p] = append(slices.Clip(r.byPrefix[p]), patternReg{pattern: pattern, o: o})
+	if r.prefixLens[len(prefix)] == 0 {
+		r.lens = append(r.lens, len(prefix))
+		slices.Sort(r.lens)
+	}
+	r.prefixLens[len(prefix)]++
+}
+
+func (r *registry) unlinkPattern(o *observer, pattern []byte) {
+	prefix := glob.Literal(pattern)
+	p := string(prefix)
+	old := r.byPrefix[p]
+	list := make([]patternReg, 0, len(old))
+	for _, x := range old {
+		if x.o != o || string(x.pattern) != string(pattern) {
+			list = append(list, x)
+		}
+	}
+	if len(list) == 0 {
+		delete(r.byPrefix, p)
+	} else {
+		r.byPrefix[p] = list
+	}
+	if r.prefixLens[len(prefix)]--; r.prefixLens[len(prefix)] == 0 {
+		delete(r.prefixLens, len(prefix))
+		r.lens = slices.DeleteFunc(slices.Clone(r.lens), func(n int) bool { return n == len(prefix) })
+	}
+}
+
+// lookup appends to out the observers of key, each once, whose grant lets
+// them read it.
+func (r *registry) lookup(key []byte, out []*observer) []*observer {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	return r.byKey[string(key)]
+	for _, o := range r.byKey[string(key)] {
+		if o.grant.CanAccess(key, policy.Read) {
+			out = append(out, o)
+		}
+	}
+	for _, n := range r.lens {
+		if n > len(key) {
+			break
+		}
+		for _, pr := range r.byPrefix[string(key[:n])] {
+			if !glob.Match(pr.pattern, key) || slices.Contains(out, pr.o) || !pr.o.grant.CanAccess(key, policy.Read) {
+				continue
+			}
+			out = append(out, pr.o)
+		}
+	}
+	return out
 }

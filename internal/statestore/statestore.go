@@ -11,6 +11,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +33,7 @@ const (
 // NotifyTopic returns the topic of a notification about key for clientID:
 // upper-case hex of both, as the Rust client requires.
 func NotifyTopic(clientID string, key []byte) string {
-	return NotifyClientPrefix(clientID) + strings.ToUpper(hex.EncodeToString(key))
+	return NotifyClientPrefix(clientID) + hexUpper(key)
 }
 
 // NotifyClientPrefix returns the notification topic of clientID up to (and
@@ -102,6 +103,7 @@ type Counters struct {
 type Limits struct {
 	MaxKeyLength            int // bytes
 	MaxRegistrationsPerConn int // KEYNOTIFY registrations of one connection
+	History                 HistoryLimits
 }
 
 // Service serves the protocol for one replica group.
@@ -111,7 +113,15 @@ type Service struct {
 	log       *slog.Logger
 	observers *registry
 	limits    Limits
+	history   *history
 	Counters  Counters
+
+	// dispatch orders notifications: Events holds it while it records and
+	// delivers a batch, KEYNOTIFY ... SINCE while it registers and
+	// replays, so replayed and live notifications never interleave, miss
+	// or repeat a change.
+	dispatch  sync.Mutex
+	observing []*observer // reused by Events under dispatch
 
 	// OnReply, if set, is told of every reply: the command, its result
 	// (ok, miss, not_applied or error) and how long the request took.
@@ -134,7 +144,15 @@ func (s *Service) SetTransport(t Transport) { s.transport = t }
 
 // Attach connects the service to its replica group. The group's OnEvents
 // must call s.Events.
-func (s *Service) Attach(g *replica.Group) { s.group = g }
+func (s *Service) Attach(g *replica.Group) {
+	s.group = g
+	limits := s.limits.History
+	if limits == (HistoryLimits{}) {
+		limits = DefaultHistory
+	}
+	// Nothing before this moment is in the history.
+	s.history = newHistory(limits, g.Clock().Now())
+}
 
 // Handle serves one request. Reads are answered before it returns; writes
 // are answered when their log entry has been applied.
@@ -179,6 +197,8 @@ func (s *Service) Handle(r *Request) {
 		s.ping(r, args)
 	case equalFold(verb, "PTTL"):
 		s.pttl(r, args)
+	case equalFold(verb, "SCAN"):
+		s.scan(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
 	}
@@ -195,10 +215,10 @@ func (s *Service) Disconnected(clientID string, conn uint64) {
 	s.observers.dropConn(clientID, conn)
 }
 
-// Revoke ends the registrations of a connection for keys it may no longer
-// read.
-func (s *Service) Revoke(clientID string, conn uint64, canRead func(key []byte) bool) {
-	s.observers.revoke(clientID, conn, canRead)
+// Revoke applies a connection's new grant to its registrations: exact keys
+// it may no longer read end, and patterns deliver only what it may read.
+func (s *Service) Revoke(clientID string, conn uint64, g *policy.Grant) {
+	s.observers.revoke(clientID, conn, g)
 }
 
 func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
@@ -216,7 +236,7 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 	}
 }
 
-var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL"}
+var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN"}
 
 // commandName names a verb for metrics, from a fixed set so that labels
 // stay bounded.
@@ -343,7 +363,7 @@ func (s *Service) set(r *Request, args [][]byte) {
 		return
 	}
 	cmd := store.Command{Op: store.OpSet, Key: args[1], Value: args[2]}
-	havePX := false
+	havePX, get := false, false
 	for i := 3; i < len(args); i++ {
 		opt := args[i]
 		switch {
@@ -351,6 +371,14 @@ func (s *Service) set(r *Request, args [][]byte) {
 			cmd.Cond = store.NX
 		case equalFold(opt, "NEX") && cmd.Cond == store.Always:
 			cmd.Cond = store.NEX
+		case equalFold(opt, "VER") && cmd.Cond == store.Always && i+1 < len(args):
+			v, e := s.parseVer(args[i+1])
+			if e != "" {
+				s.fail(r, e)
+				return
+			}
+			cmd.Cond, cmd.Expected = store.IfVersion, v
+			i++
 		case equalFold(opt, "PX") && !havePX && i+1 < len(args):
 			ttl, ok := parsePX(args[i+1])
 			if !ok {
@@ -359,18 +387,46 @@ func (s *Service) set(r *Request, args [][]byte) {
 			}
 			cmd.TTL, havePX = ttl, true
 			i++
+		case equalFold(opt, "GET") && !get:
+			get = true
 		default:
 			s.fail(r, resp.ErrSyntax)
 			return
 		}
 	}
-	s.write(r, cmd)
+	s.write(r, cmd, get)
+}
+
+// parseVer reads the argument of VER: a version, or 0 for "absent".
+func (s *Service) parseVer(b []byte) (hlc.Timestamp, resp.Error) {
+	if string(b) == "0" {
+		return hlc.Timestamp{}, ""
+	}
+	v, err := hlc.Parse(string(b))
+	if err != nil {
+		return v, resp.ErrTimestampMalformed
+	}
+	return v, ""
 }
 
 func (s *Service) del(r *Request, args [][]byte, op store.Op) {
 	want := 2
 	if op == store.OpVDel {
 		want = 3
+	}
+	// DEL k VER v: only if the key still holds version v.
+	if op == store.OpDel && len(args) == 4 {
+		if !equalFold(args[2], "VER") {
+			s.fail(r, resp.ErrSyntax)
+			return
+		}
+		v, e := s.parseVer(args[3])
+		if e != "" {
+			s.fail(r, e)
+			return
+		}
+		s.write(r, store.Command{Op: op, Key: args[1], Cond: store.IfVersion, Expected: v}, false)
+		return
 	}
 	if len(args) != want {
 		s.fail(r, resp.ErrWrongNumberOfArguments)
@@ -380,12 +436,13 @@ func (s *Service) del(r *Request, args [][]byte, op store.Op) {
 	if op == store.OpVDel {
 		cmd.Value = args[2]
 	}
-	s.write(r, cmd)
+	s.write(r, cmd, false)
 }
 
 // write validates what needs the clock and sends the command to the log;
-// fencing, conditions and quota are decided when it is applied.
-func (s *Service) write(r *Request, cmd store.Command) {
+// fencing, conditions and quota are decided when it is applied. With get, an
+// applied SET answers with the value it replaced (SET ... GET).
+func (s *Service) write(r *Request, cmd store.Command, get bool) {
 	ts, e := s.checkKey(r, cmd.Key, policy.Write)
 	if e != "" {
 		s.fail(r, e)
@@ -402,11 +459,11 @@ func (s *Service) write(r *Request, cmd store.Command) {
 			s.fail(r, errUnavailable)
 			return
 		}
-		s.answerWrite(r, op, res)
+		s.answerWrite(r, op, res, get)
 	}})
 }
 
-func (s *Service) answerWrite(r *Request, op store.Op, res store.Result) {
+func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get bool) {
 	switch res.Outcome {
 	case store.FenceRequired:
 		s.fail(r, resp.ErrMissingFencingToken)
@@ -415,51 +472,124 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result) {
 	case store.QuotaExceeded:
 		s.fail(r, resp.ErrQuotaExceeded)
 	case store.Applied:
-		if op == store.OpSet {
+		switch {
+		case op == store.OpSet && get && res.HadPrevious:
+			s.reply(r, resp.AppendBulk(nil, res.Previous), res.Version)
+		case op == store.OpSet && get:
+			s.reply(r, resp.Nil, res.Version)
+		case op == store.OpSet:
 			s.reply(r, resp.OK, res.Version)
-		} else {
+		default:
 			s.reply(r, resp.One, res.Version)
 		}
 	case store.NotApplied:
-		if op == store.OpSet {
-			// The key's current version: .NET throws without a __ts.
-			s.reply(r, resp.MinusOne, res.Version)
-		} else {
-			s.reply(r, resp.MinusOne, hlc.Timestamp{})
+		// SET: the key's current version (.NET throws without a __ts);
+		// DEL VER: the version the key holds instead; VDEL: none.
+		if op == store.OpVDel {
+			res.Version = hlc.Timestamp{}
 		}
+		s.reply(r, resp.MinusOne, res.Version)
 	case store.Missing:
 		s.reply(r, resp.Zero, hlc.Timestamp{})
 	}
 }
 
+// keyNotify serves KEYNOTIFY key [PATTERN] [STOP | SINCE version]:
+// register for (or stop) notifications about a key, or with PATTERN about
+// every key matching a glob; with SINCE, first replay the changes after
+// version that the history still holds.
 func (s *Service) keyNotify(r *Request, args [][]byte) {
-	if len(args) != 2 && len(args) != 3 {
+	if len(args) < 2 || len(args) > 5 {
 		s.fail(r, resp.ErrWrongNumberOfArguments)
 		return
 	}
-	stop := len(args) == 3
-	if stop && !equalFold(args[2], "STOP") {
-		s.fail(r, resp.ErrSyntax)
+	var pattern, stop, since bool
+	var from hlc.Timestamp
+	for i := 2; i < len(args); i++ {
+		switch a := args[i]; {
+		case equalFold(a, "PATTERN") && !pattern:
+			pattern = true
+		case equalFold(a, "STOP") && !stop && !since:
+			stop = true
+		case equalFold(a, "SINCE") && !stop && !since && i+1 < len(args):
+			v, err := hlc.Parse(string(args[i+1]))
+			if err != nil {
+				s.fail(r, resp.ErrTimestampMalformed)
+				return
+			}
+			since, from = true, v
+			i++
+		default:
+			s.fail(r, resp.ErrSyntax)
+			return
+		}
+	}
+	key := args[1]
+	// A pattern is authorized by key as notifications are delivered:
+	// only the keys the client may read reach it.
+	check := key
+	if pattern {
+		check = nil
+	}
+	if len(key) == 0 {
+		s.fail(r, resp.ErrKeyLengthZero)
 		return
 	}
-	if _, e := s.checkKey(r, args[1], policy.Read); e != "" {
+	if check != nil {
+		if _, e := s.checkKey(r, check, policy.Read); e != "" {
+			s.fail(r, e)
+			return
+		}
+	} else if _, e := s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew); e != "" {
 		s.fail(r, e)
 		return
 	}
-	if !stop {
-		if !s.observers.add(r.ClientID, r.Conn, args[1], s.limits.MaxRegistrationsPerConn) {
+	if stop {
+		if s.observers.remove(r.ClientID, r.Conn, key, pattern) {
+			s.reply(r, resp.OK, hlc.Timestamp{})
+		} else {
+			s.reply(r, resp.Zero, hlc.Timestamp{})
+		}
+		return
+	}
+	if !since {
+		if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, pattern, s.limits.MaxRegistrationsPerConn) {
 			s.fail(r, resp.ErrQuotaExceeded)
 			return
 		}
 		s.reply(r, resp.OK, hlc.Timestamp{})
 		return
 	}
-	if s.observers.remove(r.ClientID, r.Conn, args[1]) {
-		s.reply(r, resp.OK, hlc.Timestamp{})
-	} else {
-		s.reply(r, resp.Zero, hlc.Timestamp{})
+	// Register and replay while no batch of changes is being delivered:
+	// the replay ends exactly where live notifications begin.
+	s.dispatch.Lock()
+	changes, ok := s.history.since(key, pattern, from)
+	if !ok {
+		s.dispatch.Unlock()
+		s.fail(r, ErrHistoryTruncated)
+		return
 	}
+	if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, pattern, s.limits.MaxRegistrationsPerConn) {
+		s.dispatch.Unlock()
+		s.fail(r, resp.ErrQuotaExceeded)
+		return
+	}
+	prefix := NotifyClientPrefix(r.ClientID)
+	for i := range changes {
+		c := &changes[i]
+		if pattern && !r.Grant.CanAccess(c.key, policy.Read) {
+			continue
+		}
+		s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.key), notifyPayload(c.kind, c.value), c.version)
+		s.Counters.NotificationsSent.Add(1)
+	}
+	s.dispatch.Unlock()
+	s.reply(r, resp.OK, hlc.Timestamp{})
 }
+
+// ErrHistoryTruncated answers KEYNOTIFY ... SINCE when the change history no
+// longer reaches back to the version asked for: the client rereads instead.
+const ErrHistoryTruncated resp.Error = "history truncated"
 
 // ping answers PING (an mqkv extension, as in Redis) without touching the
 // store: a health check, and the floor `mqkv bench --baseline echo`
@@ -496,28 +626,39 @@ func (s *Service) pttl(r *Request, args [][]byte) {
 	}
 }
 
-// Events turns applied changes into notifications. It runs on the replica's
-// apply goroutine, in log order.
+// Events turns applied changes into notifications and remembers them for
+// KEYNOTIFY ... SINCE. It runs on the replica's apply goroutine, in log
+// order.
 func (s *Service) Events(events []store.Event) {
+	s.dispatch.Lock()
+	defer s.dispatch.Unlock()
+	if s.history != nil {
+		s.history.add(events, time.Now())
+	}
 	for i := range events {
 		ev := &events[i]
-		clients := s.observers.lookup(ev.Key)
-		if len(clients) == 0 {
+		s.observing = s.observers.lookup(ev.Key, s.observing[:0])
+		if len(s.observing) == 0 {
 			continue
 		}
-		var payload []byte
-		if ev.Kind == store.EventSet {
-			payload = resp.AppendNotifySet(nil, ev.Value)
-		} else {
-			payload = resp.AppendNotifyDelete(nil)
-		}
-		keyHex := strings.ToUpper(hex.EncodeToString(ev.Key))
-		for _, o := range clients {
+		payload := notifyPayload(ev.Kind, ev.Value)
+		keyHex := hexUpper(ev.Key)
+		for _, o := range s.observing {
 			s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version)
 			s.Counters.NotificationsSent.Add(1)
 		}
 	}
+	clear(s.observing)
 }
+
+func notifyPayload(kind store.EventKind, value []byte) []byte {
+	if kind == store.EventSet {
+		return resp.AppendNotifySet(nil, value)
+	}
+	return resp.AppendNotifyDelete(nil)
+}
+
+func hexUpper(b []byte) string { return strings.ToUpper(hex.EncodeToString(b)) }
 
 // equalFold compares an argument with an upper-case ASCII word, ignoring
 // case as Redis does, without allocating.

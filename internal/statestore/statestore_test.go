@@ -76,47 +76,71 @@ func TestEqualFold(t *testing.T) {
 func TestRegistry(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
-	r.add("a", 1, []byte("k1"), 0)
-	r.add("a", 1, []byte("k1"), 0) // idempotent
-	r.add("a", 1, []byte("k2"), 0)
-	r.add("b", 7, []byte("k1"), 0)
-	if n := len(r.lookup([]byte("k1"))); n != 2 {
+	add := func(id string, conn uint64, key string, max int) bool { return r.add(id, conn, nil, []byte(key), false, max) }
+	count := func(key string) int { return len(r.lookup([]byte(key), nil)) }
+	add("a", 1, "k1", 0)
+	add("a", 1, "k1", 0) // idempotent
+	add("a", 1, "k2", 0)
+	add("b", 7, "k1", 0)
+	if n := count("k1"); n != 2 {
 		t.Fatalf("k1 observers = %d", n)
 	}
 	if active.Load() != 3 {
 		t.Fatalf("active = %d", active.Load())
 	}
-	held := r.lookup([]byte("k1"))
-	if !r.remove("a", 1, []byte("k1")) || r.remove("a", 1, []byte("k1")) {
+	if !r.remove("a", 1, []byte("k1"), false) || r.remove("a", 1, []byte("k1"), false) {
 		t.Fatal("remove must report whether a registration existed")
 	}
-	if len(held) != 2 || held[0] == nil || held[1] == nil {
-		t.Fatal("a slice returned by lookup changed after remove")
-	}
-	if r.remove("b", 8, []byte("k1")) {
+	if r.remove("b", 8, []byte("k1"), false) {
 		t.Fatal("another connection of b removed b's registration")
 	}
 	// A new connection of a replaces the old one's registrations.
-	r.add("a", 2, []byte("k3"), 0)
-	if len(r.lookup([]byte("k2"))) != 0 {
+	add("a", 2, "k3", 0)
+	if count("k2") != 0 {
 		t.Fatal("registration of a's old connection survived its new connection")
 	}
 	// Disconnect of the old connection does not touch the new one.
 	r.dropConn("a", 1)
-	if len(r.lookup([]byte("k3"))) != 1 {
+	if count("k3") != 1 {
 		t.Fatal("old connection's disconnect dropped the new connection's registration")
 	}
 	// The limit counts registrations per connection.
-	if !r.add("a", 2, []byte("k4"), 2) || r.add("a", 2, []byte("k5"), 2) || !r.add("a", 2, []byte("k4"), 2) {
+	if !add("a", 2, "k4", 2) || add("a", 2, "k5", 2) || !add("a", 2, "k4", 2) {
 		t.Fatal("registration limit")
-	}
-	r.revoke("a", 2, func(k []byte) bool { return string(k) != "k4" })
-	if len(r.lookup([]byte("k4"))) != 0 || len(r.lookup([]byte("k3"))) != 1 {
-		t.Fatal("revoke")
 	}
 	r.dropConn("a", 2)
 	r.dropConn("b", 7)
 	if active.Load() != 0 || len(r.byKey) != 0 || len(r.byClient) != 0 {
 		t.Fatalf("left behind: active %d, keys %d, clients %d", active.Load(), len(r.byKey), len(r.byClient))
+	}
+}
+
+func TestRegistryPatterns(t *testing.T) {
+	var active atomic.Int64
+	r := newRegistry(&active)
+	r.add("a", 1, nil, []byte("sensors/*"), true, 0)
+	r.add("a", 1, nil, []byte("sensors/site-1/*"), true, 0) // overlaps
+	r.add("a", 1, nil, []byte("sensors/site-1/temp"), false, 0)
+	r.add("b", 2, nil, []byte("*temp"), true, 0)
+	r.add("c", 3, nil, []byte("other/*"), true, 0)
+	got := r.lookup([]byte("sensors/site-1/temp"), nil)
+	ids := map[string]int{}
+	for _, o := range got {
+		ids[o.clientID]++
+	}
+	if len(got) != 2 || ids["a"] != 1 || ids["b"] != 1 {
+		t.Fatalf("observers of sensors/site-1/temp: %v (each client once)", ids)
+	}
+	if n := len(r.lookup([]byte("nothing"), nil)); n != 0 {
+		t.Fatalf("%d observers of an unwatched key", n)
+	}
+	if !r.remove("a", 1, []byte("sensors/*"), true) || r.remove("a", 1, []byte("sensors/*"), false) {
+		t.Fatal("pattern and key registrations are distinct")
+	}
+	r.dropConn("a", 1)
+	r.dropConn("b", 2)
+	r.dropConn("c", 3)
+	if active.Load() != 0 || len(r.byPrefix) != 0 || len(r.lens) != 0 || len(r.byClient) != 0 {
+		t.Fatalf("left behind: %d active, %d prefixes, %v lengths", active.Load(), len(r.byPrefix), r.lens)
 	}
 }

@@ -63,7 +63,7 @@ func DecodeBatch(data []byte) ([]Command, error) {
 		c.TTL = d.varint()
 		c.Fence = d.timestamp()
 		c.Expected = d.timestamp()
-		if c.Op < OpSet || c.Op > OpExpire || c.Cond > NEX {
+		if c.Op < OpSet || c.Op > OpExpire || c.Cond > IfVersion {
 			d.err = ErrCorrupt
 		}
 	}

@@ -58,6 +58,10 @@ const (
 	Always Cond = iota // set unconditionally
 	NX                 // only if the key does not exist
 	NEX                // only if the key does not exist or holds the same value
+	// IfVersion applies a SET or DEL only if the key's version is
+	// Expected; a zero Expected means "only if the key does not exist"
+	// (the mqkv extension VER, optimistic concurrency).
+	IfVersion
 )
 
 // Command is one state change. The proposer fills in Version (a fresh HLC)
@@ -92,6 +96,10 @@ type Result struct {
 	// Version is the key's version after a SET (applied or not), and the
 	// deleted entry's version after a delete. Zero when there is no key.
 	Version hlc.Timestamp
+	// Previous is the value an applied SET replaced; HadPrevious is false
+	// when the key did not exist (for SET ... GET).
+	Previous    []byte
+	HadPrevious bool
 }
 
 // EventKind is the kind of a change event.
@@ -246,12 +254,16 @@ func (s *Store) Apply(c *Command, events []Event) (Result, []Event) {
 		return s.set(c, stored, cur, events)
 	case OpDel, OpVDel:
 		if cur == nil {
+			if c.Cond == IfVersion && !c.Expected.IsZero() {
+				return Result{Outcome: NotApplied}, events
+			}
 			return Result{Outcome: Missing}, events
 		}
 		if o, ok := checkFence(cur, c.Fence); !ok {
 			return Result{Outcome: o}, events
 		}
-		if c.Op == OpVDel && !bytes.Equal(cur.Value, c.Value) {
+		if c.Op == OpVDel && !bytes.Equal(cur.Value, c.Value) ||
+			c.Cond == IfVersion && cur.Version != c.Expected {
 			return Result{Outcome: NotApplied, Version: cur.Version}, events
 		}
 		s.remove(cur)
@@ -288,7 +300,13 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 			if !bytes.Equal(cur.Value, c.Value) {
 				return Result{Outcome: NotApplied, Version: cur.Version}, events
 			}
+		case IfVersion:
+			if cur.Version != c.Expected {
+				return Result{Outcome: NotApplied, Version: cur.Version}, events
+			}
 		}
+	} else if c.Cond == IfVersion && !c.Expected.IsZero() {
+		return Result{Outcome: NotApplied}, events // expected a version; there is no key
 	}
 	size := int64(len(c.Key) + len(c.Value))
 	if !s.fits(stored, size) {
@@ -313,8 +331,11 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		e.ExpiresAt = c.Now + c.TTL
 	}
 	s.replace(stored, e)
-	return Result{Outcome: Applied, Version: e.Version},
-		append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
+	res := Result{Outcome: Applied, Version: e.Version}
+	if cur != nil {
+		res.Previous, res.HadPrevious = cur.Value, true
+	}
+	return res, append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
 }
 
 // checkFence applies the fencing rule of the spec (section 4.4) to a write

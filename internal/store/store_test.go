@@ -376,7 +376,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		c := Command{Op: OpSet, Cond: Cond(i % 3), Key: []byte(fmt.Sprintf("key-%d", i%60)), Value: []byte{byte(i)}, Version: hlc.Timestamp{Wall: h.now + int64(i), Node: "n"}, Now: h.now + int64(i)}
 		ra, _ := a.Apply(&c, nil)
 		rb, _ := b.Apply(&c, nil)
-		if ra != rb {
+		if fmt.Sprint(ra) != fmt.Sprint(rb) {
 			t.Fatalf("diverged at %d: %+v vs %+v", i, ra, rb)
 		}
 	}
@@ -485,4 +485,98 @@ func FuzzReadSnapshot(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestVersionCondition(t *testing.T) {
+	h := newHarness(t)
+	k := []byte("k")
+	if r, _ := h.apply(Command{Op: OpSet, Cond: IfVersion, Key: k, Value: []byte("a"), Expected: ts(5)}); r.Outcome != NotApplied {
+		t.Fatalf("VER x on absent key: %v", r.Outcome)
+	}
+	first, _ := h.apply(Command{Op: OpSet, Cond: IfVersion, Key: k, Value: []byte("a")}) // VER 0: only if absent
+	if first.Outcome != Applied || first.HadPrevious {
+		t.Fatalf("VER 0 on absent key: %+v", first)
+	}
+	if r, _ := h.apply(Command{Op: OpSet, Cond: IfVersion, Key: k, Value: []byte("b")}); r.Outcome != NotApplied || r.Version != first.Version {
+		t.Fatalf("VER 0 on existing key: %+v", r)
+	}
+	second, _ := h.apply(Command{Op: OpSet, Cond: IfVersion, Key: k, Value: []byte("b"), Expected: first.Version})
+	if second.Outcome != Applied || string(second.Previous) != "a" || !second.HadPrevious {
+		t.Fatalf("VER current: %+v", second)
+	}
+	if r, _ := h.apply(Command{Op: OpDel, Cond: IfVersion, Key: k, Expected: first.Version}); r.Outcome != NotApplied || r.Version != second.Version {
+		t.Fatalf("DEL VER stale: %+v", r)
+	}
+	if r, _ := h.apply(Command{Op: OpDel, Cond: IfVersion, Key: k, Expected: second.Version}); r.Outcome != Applied {
+		t.Fatalf("DEL VER current: %+v", r)
+	}
+	if r, _ := h.apply(Command{Op: OpDel, Cond: IfVersion, Key: k, Expected: second.Version}); r.Outcome != NotApplied {
+		t.Fatalf("DEL VER on absent key: %+v", r)
+	}
+}
+
+// TestVersionConditionModel drives VER writes at random against a plain map
+// model: the store applies exactly when the model says the version matches.
+func TestVersionConditionModel(t *testing.T) {
+	h := newHarness(t)
+	rng := rand.New(rand.NewSource(7))
+	type entry struct {
+		value   string
+		version hlc.Timestamp
+	}
+	model := map[string]entry{}
+	var seen []hlc.Timestamp // versions handed out, to guess with
+	for i := 0; i < 5000; i++ {
+		key := fmt.Sprintf("k%d", rng.Intn(8))
+		var expect hlc.Timestamp
+		switch rng.Intn(3) {
+		case 0: // the right version (or absent)
+			expect = model[key].version
+		case 1: // an old one
+			if len(seen) > 0 {
+				expect = seen[rng.Intn(len(seen))]
+			}
+		}
+		cur, exists := model[key]
+		matches := exists && cur.version == expect || !exists && expect.IsZero()
+		if rng.Intn(3) == 0 {
+			r, _ := h.apply(Command{Op: OpDel, Cond: IfVersion, Key: []byte(key), Expected: expect})
+			switch {
+			case matches && exists:
+				if r.Outcome != Applied {
+					t.Fatalf("%d: DEL %s VER %v: %v, model says applied", i, key, expect, r.Outcome)
+				}
+				delete(model, key)
+			case !exists && expect.IsZero():
+				if r.Outcome != Missing {
+					t.Fatalf("%d: DEL VER 0 on absent key: %v", i, r.Outcome)
+				}
+			default:
+				if r.Outcome != NotApplied || r.Version != cur.version {
+					t.Fatalf("%d: DEL %s VER %v: %+v, model has %v", i, key, expect, r, cur.version)
+				}
+			}
+			continue
+		}
+		val := fmt.Sprint(i)
+		r, _ := h.apply(Command{Op: OpSet, Cond: IfVersion, Key: []byte(key), Value: []byte(val), Expected: expect})
+		if matches {
+			if r.Outcome != Applied || r.HadPrevious != exists || (exists && string(r.Previous) != cur.value) {
+				t.Fatalf("%d: SET %s VER %v: %+v, model says applied over %+v", i, key, expect, r, cur)
+			}
+			model[key] = entry{val, r.Version}
+			seen = append(seen, r.Version)
+		} else if r.Outcome != NotApplied || r.Version != cur.version {
+			t.Fatalf("%d: SET %s VER %v: %+v, model has %+v", i, key, expect, r, cur)
+		}
+	}
+	for k, e := range model {
+		got, ok := h.s.Get([]byte(k), h.now)
+		if !ok || string(got.Value) != e.value || got.Version != e.version {
+			t.Fatalf("%s: store %+v, model %+v", k, got, e)
+		}
+	}
+	if h.s.Len() != len(model) {
+		t.Fatalf("store has %d keys, model %d", h.s.Len(), len(model))
+	}
 }

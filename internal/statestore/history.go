@@ -1,0 +1,141 @@
+package statestore
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// HistoryLimits bound the change history KEYNOTIFY ... SINCE replays from.
+type HistoryLimits struct {
+	PerPartition int           // changes kept per partition
+	MaxAge       time.Duration // changes older than this are dropped
+	MaxBytes     int64         // key and value bytes kept in all
+}
+
+// DefaultHistory is what an unconfigured node keeps.
+var DefaultHistory = HistoryLimits{PerPartition: 64, MaxAge: 10 * time.Minute, MaxBytes: 64 << 20}
+
+// change is one remembered event.
+type change struct {
+	kind    store.EventKind
+	key     []byte
+	value   []byte
+	version hlc.Timestamp
+	at      time.Time
+}
+
+func (c *change) size() int64 { return int64(len(c.key) + len(c.value)) }
+
+// partitionLog is the history of one partition, oldest first. floor is the
+// greatest version it has forgotten: it can replay everything after floor.
+type partitionLog struct {
+	changes []change
+	floor   hlc.Timestamp
+}
+
+// history keeps the recent changes of every partition, bounded by count,
+// age and bytes, so a client that reconnects can ask for what it missed.
+// It is not persisted: after a restart it starts empty, with every floor at
+// the node's clock, and a SINCE from before then is answered "truncated".
+type history struct {
+	mu     sync.Mutex
+	limits HistoryLimits
+	parts  [store.Partitions]partitionLog
+	bytes  int64
+	sweep  int // next partition to check for old changes
+}
+
+func newHistory(limits HistoryLimits, start hlc.Timestamp) *history {
+	h := &history{limits: limits}
+	for i := range h.parts {
+		h.parts[i].floor = start
+	}
+	return h
+}
+
+// add remembers applied events. Keys and values are not copied: the store
+// never modifies them.
+func (h *history) add(events []store.Event, now time.Time) {
+	if h.limits.PerPartition <= 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range events {
+		e := &events[i]
+		c := change{kind: e.Kind, key: e.Key, value: e.Value, version: e.Version, at: now}
+		p := &h.parts[store.Partition(e.Key)]
+		p.changes = append(p.changes, c)
+		h.bytes += c.size()
+		h.trim(p, now, true)
+	}
+	// Partitions that are not written to still age out their changes.
+	for n := 0; n < 4; n++ {
+		h.sweep = (h.sweep + 1) % store.Partitions
+		h.trim(&h.parts[h.sweep], now, false)
+	}
+}
+
+// trim forgets p's oldest changes while it is over its limits (and, when
+// written to, while the whole history is over its byte budget).
+func (h *history) trim(p *partitionLog, now time.Time, written bool) {
+	for len(p.changes) > 0 {
+		old := &p.changes[0]
+		over := len(p.changes) > h.limits.PerPartition ||
+			(h.limits.MaxAge > 0 && now.Sub(old.at) > h.limits.MaxAge) ||
+			(written && h.limits.MaxBytes > 0 && h.bytes > h.limits.MaxBytes && len(p.changes) > 1)
+		if !over {
+			break
+		}
+		if old.version.Compare(p.floor) > 0 {
+			p.floor = old.version
+		}
+		h.bytes -= old.size()
+		p.changes[0] = change{}
+		p.changes = p.changes[1:]
+	}
+	if len(p.changes) == 0 {
+		p.changes = nil // let the backing array go
+	}
+}
+
+// since returns the changes after version v to key (or, with pattern, to
+// keys matching it), in version order. ok is false when the history no
+// longer reaches back to v.
+func (h *history) since(key []byte, pattern bool, v hlc.Timestamp) ([]change, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []change
+	collect := func(p *partitionLog) bool {
+		if p.floor.Compare(v) > 0 {
+			return false
+		}
+		for _, c := range p.changes {
+			if c.version.Compare(v) <= 0 {
+				continue
+			}
+			if pattern && glob.Match(key, c.key) || !pattern && string(c.key) == string(key) {
+				out = append(out, c)
+			}
+		}
+		return true
+	}
+	if !pattern {
+		if !collect(&h.parts[store.Partition(key)]) {
+			return nil, false
+		}
+		return out, true
+	}
+	for i := range h.parts {
+		if !collect(&h.parts[i]) {
+			return nil, false
+		}
+	}
+	slices.SortFunc(out, func(a, b change) int { return a.version.Compare(b.version) })
+	return out, true
+}
