@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/mqkv/mqkv/internal/server"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 func serveCmd() *cobra.Command {
@@ -92,6 +93,10 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.IntVar(&cfg.Limits.MaxRegistrations, "max-keynotify", d.MaxRegistrations, "most KEYNOTIFY registrations per connection")
 	fs.Int64Var(&cfg.Limits.MaxConnections, "max-connections", d.MaxConnections, "most connected clients")
 	fs.IntVar(&maxOutbound, "max-outbound", int(d.MaxOutbound), "most messages waiting to be written to one client; a client that lets them pile up is disconnected (0x97)")
+	h := statestore.DefaultHistory
+	fs.IntVar(&cfg.History.PerPartition, "history-per-partition", h.PerPartition, "changes kept per partition (of 4096) for KEYNOTIFY ... SINCE")
+	fs.DurationVar(&cfg.History.MaxAge, "history-age", h.MaxAge, "how long changes are kept for KEYNOTIFY ... SINCE")
+	fs.Int64Var(&cfg.History.MaxBytes, "history-bytes", h.MaxBytes, "key and value `bytes` the change history keeps in all")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
 	fs.StringVar(&logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole run to `file` (for performance work)")

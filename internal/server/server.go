@@ -55,7 +55,10 @@ type Config struct {
 	AdminListen string
 
 	Limits Limits
-	Logger *slog.Logger
+	// History bounds the change history KEYNOTIFY ... SINCE replays from;
+	// zero fields take statestore.DefaultHistory's.
+	History statestore.HistoryLimits
+	Logger  *slog.Logger
 }
 
 // Version is mqkv's version, reported by status and the console.
@@ -164,9 +167,20 @@ func Start(cfg Config) (*Server, error) {
 		mqttDir = filepath.Join(cfg.DataDir, "mqtt")
 	}
 
+	hist := statestore.DefaultHistory
+	if cfg.History.PerPartition != 0 {
+		hist.PerPartition = cfg.History.PerPartition
+	}
+	if cfg.History.MaxAge != 0 {
+		hist.MaxAge = cfg.History.MaxAge
+	}
+	if cfg.History.MaxBytes != 0 {
+		hist.MaxBytes = cfg.History.MaxBytes
+	}
 	s.service = statestore.New(nil, statestore.Limits{
 		MaxKeyLength:            cfg.Limits.MaxKeyLength,
 		MaxRegistrationsPerConn: cfg.Limits.MaxRegistrations,
+		History:                 hist,
 	}, cfg.Logger)
 	onEvents := s.service.Events
 	var timings replica.Timings

@@ -125,21 +125,25 @@ func scanReply(keys [][]byte, token []byte) []byte {
 // every key is still checked against its grant.
 const tokenFormat = 1
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+var (
+	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+	// Strict: one token, one spelling.
+	tokenEncoding = base64.RawURLEncoding.Strict()
+)
 
 func encodeToken(key []byte) []byte {
 	raw := make([]byte, 0, 1+len(key)+4)
 	raw = append(raw, tokenFormat)
 	raw = append(raw, key...)
 	raw = binary.BigEndian.AppendUint32(raw, crc32.Checksum(raw, castagnoli))
-	out := make([]byte, base64.RawURLEncoding.EncodedLen(len(raw)))
-	base64.RawURLEncoding.Encode(out, raw)
+	out := make([]byte, tokenEncoding.EncodedLen(len(raw)))
+	tokenEncoding.Encode(out, raw)
 	return out
 }
 
 func decodeToken(tok []byte) ([]byte, bool) {
 	raw := make([]byte, base64.RawURLEncoding.DecodedLen(len(tok)))
-	n, err := base64.RawURLEncoding.Decode(raw, tok)
+	n, err := tokenEncoding.Decode(raw, tok)
 	if err != nil || n < 5 || raw[0] != tokenFormat {
 		return nil, false
 	}

@@ -76,7 +76,9 @@ func TestEqualFold(t *testing.T) {
 func TestRegistry(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
-	add := func(id string, conn uint64, key string, max int) bool { return r.add(id, conn, nil, []byte(key), false, max) }
+	add := func(id string, conn uint64, key string, max int) bool {
+		return r.add(id, conn, nil, []byte(key), false, max)
+	}
 	count := func(key string) int { return len(r.lookup([]byte(key), nil)) }
 	add("a", 1, "k1", 0)
 	add("a", 1, "k1", 0) // idempotent
