@@ -110,10 +110,12 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		KeepAlive:                     30,
 		CleanStartOnInitialConnection: true,
 		ConnectRetryDelay:             time.Second,
-		ReconnectBackoff:              func(attempt int) time.Duration { return min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second) },
-		ConnectTimeout:                10 * time.Second,
-		OnConnectionUp:                c.onConnectionUp,
-		OnConnectionDown:              c.onConnectionDown,
+		ReconnectBackoff: func(attempt int) time.Duration {
+			return min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)
+		},
+		ConnectTimeout:   10 * time.Second,
+		OnConnectionUp:   c.onConnectionUp,
+		OnConnectionDown: c.onConnectionDown,
 		ClientConfig: paho.ClientConfig{
 			ClientID:          cfg.ClientID,
 			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.onPublish},

@@ -222,3 +222,48 @@ func TestLeaseLockAndLeader(t *testing.T) {
 	}
 	ld.Resign(ctx)
 }
+
+func TestExtensions(t *testing.T) {
+	s := start(t, "", "")
+	c := dial(t, s.Addr())
+	ctx := ctx(t)
+	for _, k := range []string{"fleet/a/temp", "fleet/b/temp", "fleet/b/hum", "other"} {
+		c.Set(ctx, []byte(k), []byte("1"))
+	}
+	var keys []string
+	err := c.Scan(ctx, []byte("fleet/*/temp"), 1, func(k []byte) bool { keys = append(keys, string(k)); return true })
+	if err != nil || len(keys) != 2 || keys[0] != "fleet/a/temp" || keys[1] != "fleet/b/temp" {
+		t.Fatalf("Scan: %q %v", keys, err)
+	}
+	w, err := c.WatchPattern(ctx, []byte("fleet/*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := c.Get(ctx, []byte("fleet/a/temp"))
+	res, prev, err := c.Swap(ctx, []byte("fleet/a/temp"), []byte("2"), client.IfVersion(cur.Version))
+	if err != nil || !res.Applied || !prev.Found || string(prev.Value) != "1" {
+		t.Fatalf("Swap with the current version: %+v %+v %v", res, prev, err)
+	}
+	if res, _ := c.Set(ctx, []byte("fleet/a/temp"), []byte("3"), client.IfVersion(cur.Version)); res.Applied {
+		t.Fatal("Set with a stale version applied")
+	}
+	if res, _ := c.Set(ctx, []byte("fleet/new"), []byte("x"), client.IfVersion(client.Version{})); !res.Applied {
+		t.Fatal("IfVersion(zero) on a new key")
+	}
+	if d, _ := c.Del(ctx, []byte("fleet/new"), client.IfVersion(cur.Version)); d.Deleted != -1 {
+		t.Fatalf("Del with a stale version: %+v", d)
+	}
+	for _, want := range []string{"fleet/a/temp=2", "fleet/new=x"} {
+		select {
+		case e := <-w.Events():
+			if got := string(e.Key) + "=" + string(e.Value); got != want {
+				t.Fatalf("pattern event %s, want %s", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no pattern event for %s", want)
+		}
+	}
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -43,9 +43,10 @@ const (
 type Option func(*options)
 
 type options struct {
-	cond  Condition
-	ttl   time.Duration
-	fence Version
+	cond    Condition
+	ttl     time.Duration
+	fence   Version
+	version *Version // VER: apply only if the key holds this version (zero: absent)
 }
 
 // If sets the condition of a SET.
@@ -53,6 +54,12 @@ func If(c Condition) Option { return func(o *options) { o.cond = c } }
 
 // WithTTL makes the key expire after d (rounded up to a millisecond).
 func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+
+// IfVersion applies a SET or DEL only if the key's version is still v (its
+// zero value: only if the key does not exist) — optimistic concurrency, the
+// mqkv extension VER. A mismatch is "not applied" and reports the current
+// version.
+func IfVersion(v Version) Option { return func(o *options) { o.version = &v } }
 
 // WithFencingToken sends a fencing token: the write applies only if it is
 // not lower than the token protecting the key, and then protects it.
@@ -82,26 +89,54 @@ type SetResult struct {
 
 // Set stores value under key.
 func (c *Client) Set(ctx context.Context, key, value []byte, opts ...Option) (SetResult, error) {
+	res, _, err := c.set(ctx, key, value, false, opts)
+	return res, err
+}
+
+// Swap is Set that also returns the value it replaced (found false when the
+// key did not exist), atomically: the mqkv extension SET ... GET.
+func (c *Client) Swap(ctx context.Context, key, value []byte, opts ...Option) (res SetResult, previous Value, err error) {
+	return c.set(ctx, key, value, true, opts)
+}
+
+func (c *Client) set(ctx context.Context, key, value []byte, get bool, opts []Option) (SetResult, Value, error) {
 	o := apply(opts)
 	args := [][]byte{[]byte("SET"), key, value}
 	if o.cond != Always {
 		args = append(args, []byte(o.cond))
 	}
+	args = o.appendVersion(args)
 	if o.ttl > 0 {
 		ms := (o.ttl + time.Millisecond - 1) / time.Millisecond
 		args = append(args, []byte("PX"), []byte(strconv.FormatInt(int64(ms), 10)))
 	}
+	if get {
+		args = append(args, []byte("GET"))
+	}
 	r, err := c.request(ctx, args, o.props()...)
 	if err != nil {
-		return SetResult{}, err
+		return SetResult{}, Value{}, err
 	}
 	switch {
-	case r.Kind == resp.SimpleString && string(r.Str) == "OK":
-		return SetResult{Applied: true, Version: r.version}, nil
+	case r.Kind == resp.SimpleString && string(r.Str) == "OK" && !get:
+		return SetResult{Applied: true, Version: r.version}, Value{}, nil
+	case r.Kind == resp.BulkString && get:
+		return SetResult{Applied: true, Version: r.version}, Value{Found: !r.Null, Value: r.Str}, nil
 	case r.Kind == resp.Integer && r.Int == -1:
-		return SetResult{Version: r.version}, nil
+		return SetResult{Version: r.version}, Value{}, nil
 	}
-	return SetResult{}, unexpected("SET", r.Value)
+	return SetResult{}, Value{}, unexpected("SET", r.Value)
+}
+
+func (o options) appendVersion(args [][]byte) [][]byte {
+	if o.version == nil {
+		return args
+	}
+	v := []byte("0")
+	if !o.version.IsZero() {
+		v = []byte(o.version.String())
+	}
+	return append(args, []byte("VER"), v)
 }
 
 // Value is a GET result. Found is false for a missing key.
@@ -134,9 +169,10 @@ type DelResult struct {
 	Version Version
 }
 
-// Del deletes key. Only WithFencingToken applies.
+// Del deletes key. WithFencingToken and IfVersion apply (with IfVersion, a
+// mismatch is Deleted -1 with the key's current version).
 func (c *Client) Del(ctx context.Context, key []byte, opts ...Option) (DelResult, error) {
-	return c.del(ctx, [][]byte{[]byte("DEL"), key}, opts)
+	return c.del(ctx, apply(opts).appendVersion([][]byte{[]byte("DEL"), key}), opts)
 }
 
 // VDel deletes key if it holds value. Only WithFencingToken applies.
@@ -173,6 +209,40 @@ func (c *Client) TTL(ctx context.Context, key []byte) (ttl time.Duration, found 
 		return 0, true, nil
 	}
 	return time.Duration(r.Int) * time.Millisecond, true, nil
+}
+
+// Scan returns the keys matching pattern (a glob), a page at a time, in
+// key order, as the mqkv extension SCAN serves them: fn is called for each
+// key until it returns false. A key present for the whole scan is seen
+// exactly once even while other keys change. count bounds a page (0: the
+// server's default).
+func (c *Client) Scan(ctx context.Context, pattern []byte, count int, fn func(key []byte) bool) error {
+	var token []byte
+	for {
+		args := [][]byte{[]byte("SCAN"), pattern}
+		if token != nil {
+			args = append(args, token)
+		}
+		if count > 0 {
+			args = append(args, []byte("COUNT"), []byte(strconv.Itoa(count)))
+		}
+		r, err := c.request(ctx, args)
+		if err != nil {
+			return err
+		}
+		if r.Kind != resp.Array || len(r.Elems) < 1 || len(r.Elems) > 2 || r.Elems[0].Kind != resp.Array {
+			return unexpected("SCAN", r.Value)
+		}
+		for _, k := range r.Elems[0].Elems {
+			if !fn(k.Str) {
+				return nil
+			}
+		}
+		if len(r.Elems) == 1 {
+			return nil
+		}
+		token = r.Elems[1].Str
+	}
 }
 
 // Ping asks the server to answer (an mqkv extension).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/resp"
 )
@@ -23,11 +24,13 @@ type Event struct {
 	Resync bool
 }
 
-// Watch is a registration for changes to one key.
+// Watch is a registration for changes to one key, or to every key matching
+// a pattern.
 type Watch struct {
-	c      *Client
-	key    string
-	events chan Event
+	c       *Client
+	key     string // a key or, for pattern watches, the pattern
+	pattern bool
+	events  chan Event
 
 	mu     sync.Mutex
 	queue  []Event
@@ -39,11 +42,20 @@ type Watch struct {
 // Events returns the channel of changes. It is closed by Stop or Close.
 func (w *Watch) Events() <-chan Event { return w.events }
 
-// keyWatch is the client's state for one watched key.
+// keyWatch is the client's state for one watched key or pattern.
 type keyWatch struct {
+	pattern  bool
 	watchers []*Watch
-	last     Version // the last version seen, for resync
+	last     Version // the last version seen, to resume from
 	deleted  bool
+}
+
+// watchID keys c.watches: keys and patterns are separate registrations.
+func watchID(key string, pattern bool) string {
+	if pattern {
+		return "p:" + key
+	}
+	return "k:" + key
 }
 
 func (kw *keyWatch) closeAll() {
@@ -53,23 +65,41 @@ func (kw *keyWatch) closeAll() {
 }
 
 // Watch registers for changes to key (KEYNOTIFY). Events are queued for the
-// caller without limit, so a slow reader loses nothing; Stop ends it.
+// caller without limit, so a slow reader loses nothing; Stop ends it. After
+// a reconnect the registration is made again, resuming from the last change
+// seen (KEYNOTIFY ... SINCE) so nothing is missed; a server that no longer
+// has those changes gets a Resync event with the key's current state.
 func (c *Client) Watch(ctx context.Context, key []byte) (*Watch, error) {
-	w := &Watch{c: c, key: string(key), events: make(chan Event), signal: make(chan struct{}, 1), done: make(chan struct{})}
+	return c.watch(ctx, key, false)
+}
+
+// WatchPattern registers for changes to every key matching pattern (a
+// glob; the mqkv extension KEYNOTIFY ... PATTERN). It resumes after a
+// reconnect like Watch; when it cannot, it reports nothing for the gap.
+func (c *Client) WatchPattern(ctx context.Context, pattern []byte) (*Watch, error) {
+	return c.watch(ctx, pattern, true)
+}
+
+func (c *Client) watch(ctx context.Context, key []byte, pattern bool) (*Watch, error) {
+	w := &Watch{c: c, key: string(key), pattern: pattern, events: make(chan Event), signal: make(chan struct{}, 1), done: make(chan struct{})}
 	go w.pump()
+	id := watchID(w.key, pattern)
 	c.mu.Lock()
-	kw := c.watches[w.key]
+	kw := c.watches[id]
 	first := kw == nil
 	if first {
-		kw = &keyWatch{}
-		c.watches[w.key] = kw
+		kw = &keyWatch{pattern: pattern}
+		c.watches[id] = kw
 	}
 	kw.watchers = append(kw.watchers, w)
 	c.mu.Unlock()
 	if first {
-		if err := c.keyNotify(ctx, key, false); err != nil {
+		if err := c.keyNotify(ctx, key, pattern, false, Version{}); err != nil {
 			w.Stop(context.Background())
 			return nil, err
+		}
+		if pattern {
+			return w, nil
 		}
 		// Remember the state now, so a reconnect can tell whether the key
 		// changed while notifications could not arrive.
@@ -87,8 +117,9 @@ func (c *Client) Watch(ctx context.Context, key []byte) (*Watch, error) {
 // Stop ends the watch; the last watch of a key sends KEYNOTIFY STOP.
 func (w *Watch) Stop(ctx context.Context) error {
 	c := w.c
+	id := watchID(w.key, w.pattern)
 	c.mu.Lock()
-	kw := c.watches[w.key]
+	kw := c.watches[id]
 	last := false
 	if kw != nil {
 		for i, x := range kw.watchers {
@@ -98,14 +129,14 @@ func (w *Watch) Stop(ctx context.Context) error {
 			}
 		}
 		if len(kw.watchers) == 0 {
-			delete(c.watches, w.key)
+			delete(c.watches, id)
 			last = true
 		}
 	}
 	c.mu.Unlock()
 	w.close()
 	if last {
-		return c.keyNotify(ctx, []byte(w.key), true)
+		return c.keyNotify(ctx, []byte(w.key), w.pattern, true, Version{})
 	}
 	return nil
 }
@@ -152,10 +183,16 @@ func (w *Watch) pump() {
 	}
 }
 
-func (c *Client) keyNotify(ctx context.Context, key []byte, stop bool) error {
+func (c *Client) keyNotify(ctx context.Context, key []byte, pattern, stop bool, since Version) error {
 	args := [][]byte{[]byte("KEYNOTIFY"), key}
+	if pattern {
+		args = append(args, []byte("PATTERN"))
+	}
 	if stop {
 		args = append(args, []byte("STOP"))
+	}
+	if !since.IsZero() {
+		args = append(args, []byte("SINCE"), []byte(since.String()))
 	}
 	r, err := c.request(ctx, args)
 	if err != nil {
@@ -193,13 +230,22 @@ func (c *Client) onNotification(p *paho.Publish) {
 	c.deliver(string(key), e)
 }
 
+// deliver hands e to the watchers of its key and of every pattern
+// matching it.
 func (c *Client) deliver(key string, e Event) {
 	c.mu.Lock()
-	kw := c.watches[key]
 	var ws []*Watch
-	if kw != nil {
+	if kw := c.watches[watchID(key, false)]; kw != nil {
 		kw.last, kw.deleted = e.Version, e.Deleted
 		ws = append(ws, kw.watchers...)
+	}
+	for id, kw := range c.watches {
+		if kw.pattern && glob.Match([]byte(id[2:]), e.Key) {
+			if e.Version.Compare(kw.last) > 0 {
+				kw.last = e.Version
+			}
+			ws = append(ws, kw.watchers...)
+		}
 	}
 	c.mu.Unlock()
 	for _, w := range ws {
@@ -207,13 +253,33 @@ func (c *Client) deliver(key string, e Event) {
 	}
 }
 
-// resync registers a watched key again after a reconnect and reports, as a
-// Resync event, a change that happened while the connection was down.
-func (c *Client) resync(key string) {
+// resync registers a watched key or pattern again after a reconnect. It
+// asks for the changes since the last one seen; if the server no longer has
+// them (or is not mqkv), it registers afresh and, for a key, reports its
+// current state as a Resync event when it changed meanwhile.
+func (c *Client) resync(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
-	if err := c.keyNotify(ctx, []byte(key), false); err != nil {
+	c.mu.Lock()
+	kw := c.watches[id]
+	var since Version
+	pattern := false
+	if kw != nil {
+		since, pattern = kw.last, kw.pattern
+	}
+	c.mu.Unlock()
+	if kw == nil {
+		return
+	}
+	key := id[2:]
+	if !since.IsZero() && c.keyNotify(ctx, []byte(key), pattern, false, since) == nil {
+		return // the server replays what was missed
+	}
+	if err := c.keyNotify(ctx, []byte(key), pattern, false, Version{}); err != nil {
 		c.log.Warn("watch: registering again after reconnect failed", "error", err)
+		return
+	}
+	if pattern {
 		return
 	}
 	v, err := c.Get(ctx, []byte(key))
@@ -221,8 +287,7 @@ func (c *Client) resync(key string) {
 		return
 	}
 	c.mu.Lock()
-	kw := c.watches[key]
-	changed := kw != nil && ((v.Found && v.Version != kw.last) || (!v.Found && !kw.deleted))
+	changed := (v.Found && v.Version != kw.last) || (!v.Found && !kw.deleted)
 	c.mu.Unlock()
 	if !changed {
 		return

@@ -30,8 +30,9 @@ func benchCmd() *cobra.Command {
 	keys := fs.Int("keys", 10000, "size of the keyspace")
 	duration := fs.Duration("duration", 10*time.Second, "measured time per round")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured time before each round")
-	baseline := fs.String("baseline", "", "also measure a baseline and report ratios: `echo` (an MQTT responder client answers through the same broker), ping (the server answers PING without touching the store), or nopolicy (the same op on a second child server without --policy)")
+	baseline := fs.String("baseline", "", "also measure a baseline and report ratios: `echo` (an MQTT responder client answers through the same broker), ping (the server answers PING without touching the store), nopolicy (the same op on a second child server without --policy), or nopatterns (the same op without the --patterns registrations)")
 	policyFile := fs.String("policy", "", "start the child server with this authorization policy `file`")
+	patterns := fs.Int("patterns", 0, "register this many pattern KEYNOTIFYs (matching no benchmark key) while measuring; with --baseline nopatterns, compare with none")
 	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
 	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
 	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
@@ -56,12 +57,16 @@ Baselines, measured in the same run:
 		}
 		switch *baseline {
 		case "", "echo", "ping":
+		case "nopatterns":
+			if *patterns <= 0 {
+				return fmt.Errorf("bench: --baseline nopatterns needs --patterns")
+			}
 		case "nopolicy":
 			if *policyFile == "" || *addr != "" {
 				return fmt.Errorf("bench: --baseline nopolicy compares two child servers: give --policy and no --server")
 			}
 		default:
-			return fmt.Errorf("bench: unknown baseline %q (want echo, ping or nopolicy)", *baseline)
+			return fmt.Errorf("bench: unknown baseline %q (want echo, ping, nopolicy or nopatterns)", *baseline)
 		}
 		if *clients < 1 || *rounds < 1 || *duration <= 0 {
 			return fmt.Errorf("bench: clients, rounds and duration must be positive")
@@ -119,7 +124,7 @@ Baselines, measured in the same run:
 		}
 		cfg := bench.Config{
 			Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
-			Keys: *keys, Duration: *duration, Warmup: *warmup,
+			Keys: *keys, Duration: *duration, Warmup: *warmup, Patterns: *patterns,
 		}
 		fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
 			mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
@@ -136,9 +141,12 @@ Baselines, measured in the same run:
 		for r := 0; r < *rounds; r++ {
 			if *baseline != "" {
 				c := cfg
-				if *baseline == "nopolicy" {
+				switch *baseline {
+				case "nopolicy":
 					c.Addr = baseAddr
-				} else {
+				case "nopatterns":
+					c.Patterns = 0
+				default:
 					c.Op = bench.Op(*baseline)
 				}
 				res, err := bench.Run(ctx, c)
@@ -160,8 +168,11 @@ Baselines, measured in the same run:
 		if len(base) > 0 {
 			rows = append([]bench.Result{bench.Merge(base)}, rows...)
 			names = append([]string{*baseline}, names...)
-			if *baseline == "nopolicy" {
+			switch *baseline {
+			case "nopolicy":
 				names = []string{string(cfg.Op) + " (no policy)", string(cfg.Op) + " (policy)"}
+			case "nopatterns":
+				names = []string{string(cfg.Op) + " (no patterns)", fmt.Sprintf("%s (%d patterns)", cfg.Op, cfg.Patterns)}
 			}
 		}
 		for i, r := range rows {

@@ -54,6 +54,9 @@ type Config struct {
 	Keys       int // size of the keyspace
 	Duration   time.Duration
 	Warmup     time.Duration
+	// Patterns, if positive, registers that many pattern KEYNOTIFYs (none
+	// matching the benchmark's keys) for the run, from more clients.
+	Patterns int
 }
 
 // Result is what one measurement found.
@@ -237,6 +240,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		defer stopEcho()
 	}
+	if cfg.Patterns > 0 {
+		watchers, err := registerPatterns(ctx, cfg.Addr, cfg.Patterns)
+		if err != nil {
+			return Result{}, err
+		}
+		defer closeAll(watchers) // their registrations end with them
+	}
 	value := make([]byte, cfg.ValueSize)
 	rand.Read(value)
 
@@ -396,4 +406,28 @@ func startResponders(ctx context.Context, addr string, n int) (func(), error) {
 		}
 	}
 	return stop, nil
+}
+
+// registerPatterns registers n pattern KEYNOTIFYs shaped like a fleet's
+// ("tenant-00042/*/alerts"): each has a literal prefix, none matches a
+// benchmark key. They are spread over a few connections (the server caps
+// registrations per connection).
+func registerPatterns(ctx context.Context, addr string, n int) ([]*client, error) {
+	const perConn = 5000
+	cls, err := connect(ctx, addr, "patterns", (n+perConn-1)/perConn)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < n; i++ {
+		pattern := []byte(fmt.Sprintf("tenant-%05d/*/alerts", i))
+		r, err := cls[i/perConn].call(ctx, resp.AppendBulks(nil, []byte("KEYNOTIFY"), pattern, []byte("PATTERN")))
+		if err == nil && string(r) != "+OK\r\n" {
+			err = fmt.Errorf("KEYNOTIFY PATTERN answered %q", r)
+		}
+		if err != nil {
+			closeAll(cls)
+			return nil, err
+		}
+	}
+	return cls, nil
 }
