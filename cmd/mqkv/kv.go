@@ -236,49 +236,43 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
 }
 
 func delCmd() *cobra.Command {
-	var c conn
-	var fence string
-	cmd := &cobra.Command{
+	return deleteCmd(&cobra.Command{
 		Use:     "del KEY",
 		Short:   "Delete a key",
 		Long:    "Deletes KEY. Exit status: 0 deleted, 1 not found, 2 error.",
 		Example: "  mqkv del session/42\n  mqkv del --fencing-token \"$MQKV_FENCING_TOKEN\" guarded/key",
 		Args:    cobra.ExactArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error {
-			opts, err := fenceOpt(fence)
-			if err != nil {
-				return err
-			}
-			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
-				res, err := cl.Del(ctx, []byte(args[0]), opts...)
-				return printDel(c, args[0], res, err)
-			})
-		},
-	}
-	c.flags(cmd.Flags())
-	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the delete")
-	return cmd
+	}, func(ctx context.Context, cl *client.Client, args []string, opts []client.Option) (client.DelResult, error) {
+		return cl.Del(ctx, []byte(args[0]), opts...)
+	})
 }
 
 func vdelCmd() *cobra.Command {
-	var c conn
-	var fence string
-	cmd := &cobra.Command{
+	return deleteCmd(&cobra.Command{
 		Use:     "vdel KEY VALUE",
 		Short:   "Delete a key if it holds a value",
 		Long:    "Deletes KEY only if it holds VALUE. Exit status: 0 deleted, 1 not found or another value, 2 error.",
 		Example: "  mqkv vdel lock/printer my-hostname",
 		Args:    cobra.ExactArgs(2),
-		RunE: func(_ *cobra.Command, args []string) error {
-			opts, err := fenceOpt(fence)
-			if err != nil {
-				return err
-			}
-			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
-				res, err := cl.VDel(ctx, []byte(args[0]), []byte(args[1]), opts...)
-				return printDel(c, args[0], res, err)
-			})
-		},
+	}, func(ctx context.Context, cl *client.Client, args []string, opts []client.Option) (client.DelResult, error) {
+		return cl.VDel(ctx, []byte(args[0]), []byte(args[1]), opts...)
+	})
+}
+
+// deleteCmd completes del and vdel: connection and fencing flags, output
+// and exit status.
+func deleteCmd(cmd *cobra.Command, del func(context.Context, *client.Client, []string, []client.Option) (client.DelResult, error)) *cobra.Command {
+	var c conn
+	var fence string
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		opts, err := fenceOpt(fence)
+		if err != nil {
+			return err
+		}
+		return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
+			res, err := del(ctx, cl, args, opts)
+			return printDel(c, args[0], res, err)
+		})
 	}
 	c.flags(cmd.Flags())
 	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the delete")

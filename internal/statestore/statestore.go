@@ -313,20 +313,29 @@ func (s *Service) parseHLC(v string, present bool, skewErr resp.Error) (hlc.Time
 }
 
 func (s *Service) get(r *Request, args [][]byte) {
+	e, found, ok := s.readKey(r, args)
+	switch {
+	case !ok:
+	case !found:
+		s.reply(r, resp.Nil, hlc.Timestamp{})
+	default:
+		s.reply(r, resp.AppendBulk(nil, e.Value), e.Version)
+	}
+}
+
+// readKey starts the commands that read one key (GET, PTTL): one argument,
+// checked for Read. ok is false when it has already answered with an error.
+func (s *Service) readKey(r *Request, args [][]byte) (e store.Entry, found, ok bool) {
 	if len(args) != 2 {
 		s.fail(r, resp.ErrWrongNumberOfArguments)
-		return
+		return e, false, false
 	}
-	if _, e := s.checkKey(r, args[1], policy.Read); e != "" {
-		s.fail(r, e)
-		return
+	if _, err := s.checkKey(r, args[1], policy.Read); err != "" {
+		s.fail(r, err)
+		return e, false, false
 	}
-	e, ok := s.group.Get(args[1])
-	if !ok {
-		s.reply(r, resp.Nil, hlc.Timestamp{})
-		return
-	}
-	s.reply(r, resp.AppendBulk(nil, e.Value), e.Version)
+	e, found = s.group.Get(args[1])
+	return e, found, true
 }
 
 // maxTTL keeps deadlines far from overflow: about 292 thousand years.
@@ -607,17 +616,10 @@ func (s *Service) ping(r *Request, args [][]byte) {
 // remaining time to live in milliseconds, -1 if it does not expire, -2 if
 // it does not exist.
 func (s *Service) pttl(r *Request, args [][]byte) {
-	if len(args) != 2 {
-		s.fail(r, resp.ErrWrongNumberOfArguments)
-		return
-	}
-	if _, e := s.checkKey(r, args[1], policy.Read); e != "" {
-		s.fail(r, e)
-		return
-	}
-	e, ok := s.group.Get(args[1])
+	e, found, ok := s.readKey(r, args)
 	switch {
 	case !ok:
+	case !found:
 		s.reply(r, resp.AppendInt(nil, -2), hlc.Timestamp{})
 	case e.ExpiresAt == 0:
 		s.reply(r, resp.AppendInt(nil, -1), e.Version)
