@@ -133,3 +133,15 @@ func FuzzParsePasswords(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseCertAttributes(f *testing.F) {
+	f.Add([]byte("authorizationAttributes:\n  a:\n    subject: \"CN = x, O = y\"\n    attributes: {k: v}\n"))
+	f.Add([]byte("authorizationAttributes: {a: {subject: '1.2.3=x'}}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ca, err := ParseCertAttributes(b)
+		if err != nil {
+			return
+		}
+		ca.CertPrincipal(nil)
+	})
+}

@@ -146,3 +146,32 @@ func TestRegistryPatterns(t *testing.T) {
 		t.Fatalf("left behind: %d active, %d prefixes, %v lengths", active.Load(), len(r.byPrefix), r.lens)
 	}
 }
+
+func TestScanTokens(t *testing.T) {
+	for _, key := range []string{"", "a", "sensors/site-1/temp", "\x00\xff"} {
+		got, ok := decodeToken(encodeToken([]byte(key)))
+		if !ok || string(got) != key {
+			t.Fatalf("token round trip of %q: %q %v", key, got, ok)
+		}
+	}
+	for _, bad := range []string{"", "=", "AQ", "AQAAAAAA", "!!!!"} {
+		if _, ok := decodeToken([]byte(bad)); ok {
+			t.Errorf("accepted token %q", bad)
+		}
+	}
+}
+
+func FuzzDecodeToken(f *testing.F) {
+	f.Add(encodeToken([]byte("sensors/site-1/temp")))
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, tok []byte) {
+		key, ok := decodeToken(tok)
+		if !ok {
+			return
+		}
+		// A valid token is exactly the one mqkv issues for its key.
+		if string(encodeToken(key)) != string(tok) {
+			t.Fatalf("token %q accepted for %q but mqkv would write %q", tok, key, encodeToken(key))
+		}
+	})
+}
