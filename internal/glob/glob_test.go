@@ -64,3 +64,52 @@ func TestLiteral(t *testing.T) {
 		}
 	}
 }
+
+func TestMatcherAgreesWithMatch(t *testing.T) {
+	patterns := []string{"*", "", "a", "a*", "*a", "a*b*c", "?", "??*", "[abc]", "[!a-c]x", `\*`, `a\`, "[", "a[", "[]]", "**a**", "b/[12]*", "x*y?z"}
+	keys := []string{"", "a", "b", "abc", "aXbYc", "ba", "*", "[", "]", "x", "bx", "dx", "b/1", "b/10", "xyyqz", "xyz"}
+	for _, p := range patterns {
+		m, err := Compile([]byte(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if got, want := m.Match([]byte(k)), Match([]byte(p), []byte(k)); got != want {
+				t.Errorf("Compile(%q).Match(%q) = %v, Match = %v", p, k, got, want)
+			}
+		}
+	}
+	if _, err := Compile([]byte(strings.Repeat("a*", 40))); err != ErrTooComplex {
+		t.Fatalf("64 elements: %v", err)
+	}
+	if _, err := Compile([]byte("prefix/" + strings.Repeat("x", 200) + "*")); err != nil {
+		t.Fatalf("a long literal prefix is not complexity: %v", err)
+	}
+}
+
+// A pattern that makes backtracking slow is linear for the Matcher.
+func TestMatcherIsLinear(t *testing.T) {
+	m, err := Compile([]byte(strings.Repeat("*a", 30) + "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := []byte(strings.Repeat("a", 1<<20))
+	if m.Match(key) {
+		t.Fatal("matched")
+	}
+}
+
+func FuzzMatcher(f *testing.F) {
+	f.Add("a*b?[c-e]", "aXXbYd")
+	f.Add(`\[*]`, "[x]")
+	f.Add("[!", "[!")
+	f.Fuzz(func(t *testing.T, pattern, key string) {
+		m, err := Compile([]byte(pattern))
+		if err != nil {
+			return
+		}
+		if got, want := m.Match([]byte(key)), Match([]byte(pattern), []byte(key)); got != want {
+			t.Fatalf("Compile(%q).Match(%q) = %v, Match = %v", pattern, key, got, want)
+		}
+	})
+}

@@ -47,12 +47,15 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		cmds, err := store.DecodeBatch(l.Data)
+		limits, cmds, err := store.DecodeBatch(l.Data)
 		if err != nil {
 			// Every replica fails the same entry the same way.
 			out[i] = err
 			continue
 		}
+		// The limits the leader enforced when it wrote the entry: quota
+		// decisions replay identically on every node and every restart.
+		f.st.SetLimits(limits)
 		results := make([]store.Result, len(cmds))
 		for j := range cmds {
 			c := &cmds[j]
@@ -84,8 +87,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
+	// Clone marks the tree copy-on-write: a write, however brief.
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return &snapshot{st: f.st.Clone(), fsm: f}, nil
 }
 
@@ -96,7 +100,6 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.mu.Lock()
-	next.SetLimits(f.st.Limits())
 	f.st = next
 	f.mu.Unlock()
 	f.clock.Observe(next.MaxVersion())

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -298,8 +299,9 @@ func (g *Group) Stats() Stats {
 // writes go on. Every write with a version up to its MaxVersion is in it,
 // none after (versions follow log order).
 func (g *Group) Copy() *store.Store {
-	g.fsm.mu.RLock()
-	defer g.fsm.mu.RUnlock()
+	// Clone marks the tree copy-on-write: a write, however brief.
+	g.fsm.mu.Lock()
+	defer g.fsm.mu.Unlock()
 	return g.fsm.st.Clone()
 }
 
@@ -371,7 +373,21 @@ func (g *Group) propose() {
 		cmds, dones = cmds[:0], nil
 		size := 0
 		add := func(p Proposal) {
-			p.Cmd.Now = g.clock.WallMillis()
+			now := g.clock.WallMillis()
+			if p.Cmd.Op != store.OpExpire {
+				// A write to a key that has expired but whose Expire is
+				// not applied yet: expire it first, in the same entry, so
+				// observers get the DELETE (with its own version) before
+				// the write.
+				g.fsm.mu.RLock()
+				v, expired := g.fsm.st.Expired(p.Cmd.Key, now)
+				g.fsm.mu.RUnlock()
+				if expired {
+					cmds = append(cmds, store.Command{Op: store.OpExpire, Key: p.Cmd.Key, Expected: v, Now: now, Version: g.clock.Now()})
+					dones = append(dones, nil)
+				}
+			}
+			p.Cmd.Now = now
 			p.Cmd.Version = g.clock.Update(p.After)
 			cmds = append(cmds, p.Cmd)
 			dones = append(dones, p.Done)
@@ -387,7 +403,7 @@ func (g *Group) propose() {
 				break gather
 			}
 		}
-		buf = store.AppendBatch(buf[:0], cmds)
+		buf = store.AppendBatch(buf[:0], g.cfg.Limits, cmds)
 		// raft keeps the slice until applied: hand it a copy.
 		start := time.Now()
 		f := g.raft.Apply(append([]byte(nil), buf...), 0)
@@ -429,6 +445,9 @@ func (g *Group) complete() {
 		}
 		<-g.slots
 		for i, done := range p.dones {
+			if done == nil {
+				continue // a command the proposer added itself
+			}
 			if err != nil {
 				done(store.Result{}, err)
 			} else {
@@ -473,19 +492,35 @@ func (g *Group) expireLoop() {
 		// Wait for this round's Expires to apply, so the next scan does
 		// not find (and propose) the same keys again.
 		var wg sync.WaitGroup
+		var failed atomic.Bool
 		wg.Add(len(batch))
 		for _, d := range batch {
 			g.Submit(Proposal{
-				Cmd:  store.Command{Op: store.OpExpire, Key: d.key, Expected: d.version},
-				Done: func(store.Result, error) { wg.Done() },
+				Cmd: store.Command{Op: store.OpExpire, Key: d.key, Expected: d.version},
+				Done: func(_ store.Result, err error) {
+					if err != nil {
+						failed.Store(true)
+					}
+					wg.Done()
+				},
 			})
 		}
 		wg.Wait()
+		select {
+		case <-g.closing:
+			return
+		default:
+		}
 		wait := time.Hour
 		if haveNext {
 			wait = time.Duration(next-g.clock.WallMillis()) * time.Millisecond
 			if len(batch) == maxBatch || wait < 0 {
 				wait = 0
+			}
+			if !leader || failed.Load() {
+				// Nothing this node can do about overdue keys right now:
+				// look again shortly instead of spinning.
+				wait = max(wait, 100*time.Millisecond)
 			}
 		}
 		if len(batch) > 0 && wait == 0 {

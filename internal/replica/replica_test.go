@@ -166,3 +166,59 @@ func TestSubmitAfterCloseFails(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// Quotas are decided with the limits in force when a write was logged:
+// restarting with lower limits keeps what was acknowledged.
+func TestQuotaDecisionsReplayIdentically(t *testing.T) {
+	dir := t.TempDir()
+	g, err := Open(Config{NodeID: "n1", Dir: dir, Limits: store.Limits{MaxKeys: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		if r := write(t, g, store.Command{Op: store.OpSet, Key: []byte(k), Value: []byte("v")}, hlc.Timestamp{}); r.Outcome != store.Applied {
+			t.Fatalf("%s: %v", k, r.Outcome)
+		}
+	}
+	g.Close()
+	g, err = Open(Config{NodeID: "n1", Dir: dir, Limits: store.Limits{MaxKeys: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		if _, ok := g.Get([]byte(k)); !ok {
+			t.Fatalf("acknowledged key %s lost after restarting with lower limits", k)
+		}
+	}
+	if r := write(t, g, store.Command{Op: store.OpSet, Key: []byte("f"), Value: []byte("v")}, hlc.Timestamp{}); r.Outcome != store.QuotaExceeded {
+		t.Fatalf("new key under the new limit: %v", r.Outcome)
+	}
+}
+
+// A write to a key past its deadline whose Expire has not been applied yet
+// still produces the DELETE first, with a version of its own.
+func TestWriteToExpiredKeyEmitsDeleteFirst(t *testing.T) {
+	var mu sync.Mutex
+	var events []store.Event
+	g := open(t, "", func(evs []store.Event) {
+		mu.Lock()
+		events = append(events, evs...)
+		mu.Unlock()
+	})
+	defer g.Close()
+	write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("old"), TTL: 1}, hlc.Timestamp{})
+	// Hold the expiry loop off: propose the write as soon as the key is
+	// past its deadline; with or without the loop's Expire first, the
+	// events must be SET, DELETE, SET in increasing versions.
+	time.Sleep(2 * time.Millisecond)
+	write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("new")}, hlc.Timestamp{})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 3 || events[0].Kind != store.EventSet || events[1].Kind != store.EventDelete || events[2].Kind != store.EventSet {
+		t.Fatalf("events %+v", events)
+	}
+	if events[1].Version.Compare(events[0].Version) <= 0 || events[2].Version.Compare(events[1].Version) <= 0 {
+		t.Fatalf("versions not increasing: %v %v %v", events[0].Version, events[1].Version, events[2].Version)
+	}
+}

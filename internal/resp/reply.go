@@ -83,7 +83,7 @@ func parseValue(b []byte, depth int) (Value, int, error) {
 		if n == -1 {
 			return Value{Kind: k, Null: true}, used, nil
 		}
-		if len(rest) < n+2 || rest[n] != '\r' || rest[n+1] != '\n' {
+		if n > len(rest)-2 || rest[n] != '\r' || rest[n+1] != '\n' {
 			return Value{}, 0, ErrBadReply
 		}
 		return Value{Kind: k, Str: rest[:n:n]}, used + n + 2, nil

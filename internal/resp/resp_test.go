@@ -174,3 +174,11 @@ func FuzzParseReply(f *testing.F) {
 		ParseReply(b) // must not panic or allocate without bound
 	})
 }
+
+func TestParseReplyHugeLength(t *testing.T) {
+	for _, in := range []string{"$9223372036854775807\r\n", "$9223372036854775806\r\nab\r\n", "*9223372036854775807\r\n"} {
+		if _, err := ParseReply([]byte(in)); err == nil {
+			t.Errorf("accepted %q", in)
+		}
+	}
+}

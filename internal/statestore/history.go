@@ -38,10 +38,15 @@ type partitionLog struct {
 	floor   hlc.Timestamp
 }
 
+// maxReplay bounds the changes one KEYNOTIFY ... SINCE replays (while
+// notifications are held back); asking for more is answered "truncated".
+const maxReplay = 10_000
+
 // history keeps the recent changes of every partition, bounded by count,
 // age and bytes, so a client that reconnects can ask for what it missed.
 // It is not persisted: after a restart it starts empty, with every floor at
 // the node's clock, and a SINCE from before then is answered "truncated".
+// Until start is called, every SINCE is truncated.
 type history struct {
 	mu     sync.Mutex
 	limits HistoryLimits
@@ -50,12 +55,23 @@ type history struct {
 	sweep  int // next partition to check for old changes
 }
 
-func newHistory(limits HistoryLimits, start hlc.Timestamp) *history {
+func newHistory(limits HistoryLimits) *history {
 	h := &history{limits: limits}
 	for i := range h.parts {
-		h.parts[i].floor = start
+		h.parts[i].floor = hlc.Timestamp{Wall: 1 << 62} // nothing known yet
 	}
 	return h
+}
+
+// start declares that every change after version from will be added.
+func (h *history) start(from hlc.Timestamp) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range h.parts {
+		h.parts[i].floor = from
+		h.parts[i].changes = nil
+	}
+	h.bytes = 0
 }
 
 // add remembers applied events. Keys and values are not copied: the store
@@ -104,10 +120,14 @@ func (h *history) trim(p *partitionLog, now time.Time, written bool) {
 	}
 }
 
-// since returns the changes after version v to key (or, with pattern, to
-// keys matching it), in version order. ok is false when the history no
-// longer reaches back to v.
-func (h *history) since(key []byte, pattern bool, v hlc.Timestamp) ([]change, bool) {
+// since returns the changes after version v to key (or, with a pattern
+// m, to keys matching it), in version order. ok is false when the history
+// no longer reaches back to v, is disabled, or holds more than maxReplay
+// such changes.
+func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change, bool) {
+	if h.limits.PerPartition <= 0 {
+		return nil, false // nothing is kept
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []change
@@ -119,13 +139,16 @@ func (h *history) since(key []byte, pattern bool, v hlc.Timestamp) ([]change, bo
 			if c.version.Compare(v) <= 0 {
 				continue
 			}
-			if pattern && glob.Match(key, c.key) || !pattern && string(c.key) == string(key) {
+			if m != nil && m.Match(c.key) || m == nil && string(c.key) == string(key) {
+				if len(out) == maxReplay {
+					return false
+				}
 				out = append(out, c)
 			}
 		}
 		return true
 	}
-	if !pattern {
+	if m == nil {
 		if !collect(&h.parts[store.Partition(key)]) {
 			return nil, false
 		}

@@ -25,9 +25,10 @@ type observer struct {
 func (o *observer) count() int { return len(o.keys) + len(o.patterns) }
 
 // patternReg is one pattern registration, indexed by the pattern's literal
-// prefix.
+// prefix; matching runs in time linear in the key.
 type patternReg struct {
-	pattern []byte
+	pattern string
+	m       *glob.Matcher
 	o       *observer
 }
 
@@ -74,12 +75,18 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 	return o
 }
 
-// add registers for key (or, with pattern, every key matching it);
-// repeating it is harmless. It refuses a new registration beyond max per
-// connection (0: no limit).
-func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []byte, pattern bool, max int) bool {
+// add registers for key (or, with a compiled pattern m, every key matching
+// it); repeating it is harmless. It refuses a new registration beyond max
+// per connection (0: no limit). A registration from a connection older
+// than the client's current one is ignored: that connection is on its way
+// out.
+func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []byte, m *glob.Matcher, max int) bool {
+	pattern := m != nil
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if o := r.byClient[clientID]; o != nil && conn < o.conn {
+		return true
+	}
 	o := r.observerFor(clientID, conn, grant)
 	k := string(key)
 	set := o.keys
@@ -97,7 +104,7 @@ func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []
 	}
 	set[k] = struct{}{}
 	if pattern {
-		r.linkPattern(o, []byte(k))
+		r.linkPattern(o, k, m)
 	} else {
 		r.byKey[k] = append(r.byKey[k], o)
 	}
@@ -123,7 +130,7 @@ func (r *registry) remove(clientID string, conn uint64, key []byte, pattern bool
 	}
 	delete(set, k)
 	if pattern {
-		r.unlinkPattern(o, []byte(k))
+		r.unlinkPattern(o, k)
 	} else {
 		r.unlinkKey(k, o)
 	}
@@ -170,7 +177,7 @@ func (r *registry) dropLocked(o *observer) {
 		r.unlinkKey(k, o)
 	}
 	for p := range o.patterns {
-		r.unlinkPattern(o, []byte(p))
+		r.unlinkPattern(o, p)
 	}
 	r.active.Add(-int64(o.count()))
 	delete(r.byClient, o.clientID)
@@ -193,10 +200,10 @@ func (r *registry) unlinkKey(k string, o *observer) {
 	}
 }
 
-func (r *registry) linkPattern(o *observer, pattern []byte) {
-	prefix := glob.Literal(pattern)
+func (r *registry) linkPattern(o *observer, pattern string, m *glob.Matcher) {
+	prefix := m.Prefix()
 	p := string(prefix)
-	r.byPrefix[p] = append(slices.Clip(r.byPrefix[p]), patternReg{pattern: pattern, o: o})
+	r.byPrefix[p] = append(slices.Clip(r.byPrefix[p]), patternReg{pattern: pattern, m: m, o: o})
 	if r.prefixLens[len(prefix)] == 0 {
 		r.lens = append(r.lens, len(prefix))
 		slices.Sort(r.lens)
@@ -204,13 +211,13 @@ func (r *registry) linkPattern(o *observer, pattern []byte) {
 	r.prefixLens[len(prefix)]++
 }
 
-func (r *registry) unlinkPattern(o *observer, pattern []byte) {
-	prefix := glob.Literal(pattern)
+func (r *registry) unlinkPattern(o *observer, pattern string) {
+	prefix := glob.Literal([]byte(pattern))
 	p := string(prefix)
 	old := r.byPrefix[p]
 	list := make([]patternReg, 0, len(old))
 	for _, x := range old {
-		if x.o != o || string(x.pattern) != string(pattern) {
+		if x.o != o || x.pattern != pattern {
 			list = append(list, x)
 		}
 	}
@@ -240,7 +247,7 @@ func (r *registry) lookup(key []byte, out []*observer) []*observer {
 			break
 		}
 		for _, pr := range r.byPrefix[string(key[:n])] {
-			if !glob.Match(pr.pattern, key) || slices.Contains(out, pr.o) || !pr.o.grant.CanAccess(key, policy.Read) {
+			if !pr.m.Match(key) || slices.Contains(out, pr.o) || !pr.o.grant.CanAccess(key, policy.Read) {
 				continue
 			}
 			out = append(out, pr.o)

@@ -6,7 +6,6 @@ import (
 	"hash/crc32"
 	"strconv"
 
-	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/resp"
@@ -66,11 +65,12 @@ func (s *Service) scan(r *Request, args [][]byte) {
 		s.fail(r, resp.ErrKeyLengthZero)
 		return
 	}
-	if _, e := s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew); e != "" {
+	m, e := s.compilePattern(r, pattern)
+	if e != "" {
 		s.fail(r, e)
 		return
 	}
-	prefix := glob.Literal(pattern)
+	prefix := m.Prefix()
 	from := prefix
 	if haveToken {
 		from = append(after[:len(after):len(after)], 0) // the first key after it
@@ -90,7 +90,7 @@ func (s *Service) scan(r *Request, args [][]byte) {
 			}
 			examined++
 			last = e.Key
-			if glob.Match(pattern, e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
+			if m.Match(e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
 				keys = append(keys, e.Key) // entries are immutable: no copy
 			}
 			return true

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/replica"
@@ -134,7 +135,10 @@ func New(t Transport, limits Limits, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{transport: t, log: log, limits: limits}
+	if limits.History == (HistoryLimits{}) {
+		limits.History = DefaultHistory
+	}
+	s := &Service{transport: t, log: log, limits: limits, history: newHistory(limits.History)}
 	s.observers = newRegistry(&s.Counters.RegistrationsActive)
 	return s
 }
@@ -146,12 +150,11 @@ func (s *Service) SetTransport(t Transport) { s.transport = t }
 // must call s.Events.
 func (s *Service) Attach(g *replica.Group) {
 	s.group = g
-	limits := s.limits.History
-	if limits == (HistoryLimits{}) {
-		limits = DefaultHistory
-	}
-	// Nothing before this moment is in the history.
-	s.history = newHistory(limits, g.Clock().Now())
+	// Nothing before this moment is in the history. Events may already be
+	// flowing (expiries found at start): take the lock they take.
+	s.dispatch.Lock()
+	s.history.start(g.Clock().Now())
+	s.dispatch.Unlock()
 }
 
 // Handle serves one request. Reads are answered before it returns; writes
@@ -534,22 +537,20 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		}
 	}
 	key := args[1]
-	// A pattern is authorized by key as notifications are delivered:
-	// only the keys the client may read reach it.
-	check := key
-	if pattern {
-		check = nil
-	}
 	if len(key) == 0 {
 		s.fail(r, resp.ErrKeyLengthZero)
 		return
 	}
-	if check != nil {
-		if _, e := s.checkKey(r, check, policy.Read); e != "" {
+	var matcher *glob.Matcher
+	if pattern {
+		// A pattern is authorized per key, as notifications are
+		// delivered: only keys the client may read reach it.
+		var e resp.Error
+		if matcher, e = s.compilePattern(r, key); e != "" {
 			s.fail(r, e)
 			return
 		}
-	} else if _, e := s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew); e != "" {
+	} else if _, e := s.checkKey(r, key, policy.Read); e != "" {
 		s.fail(r, e)
 		return
 	}
@@ -562,7 +563,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		return
 	}
 	if !since {
-		if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, pattern, s.limits.MaxRegistrationsPerConn) {
+		if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.limits.MaxRegistrationsPerConn) {
 			s.fail(r, resp.ErrQuotaExceeded)
 			return
 		}
@@ -572,13 +573,13 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	// Register and replay while no batch of changes is being delivered:
 	// the replay ends exactly where live notifications begin.
 	s.dispatch.Lock()
-	changes, ok := s.history.since(key, pattern, from)
+	changes, ok := s.history.since(key, matcher, from)
 	if !ok {
 		s.dispatch.Unlock()
 		s.fail(r, ErrHistoryTruncated)
 		return
 	}
-	if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, pattern, s.limits.MaxRegistrationsPerConn) {
+	if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.limits.MaxRegistrationsPerConn) {
 		s.dispatch.Unlock()
 		s.fail(r, resp.ErrQuotaExceeded)
 		return
@@ -597,8 +598,30 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 }
 
 // ErrHistoryTruncated answers KEYNOTIFY ... SINCE when the change history no
-// longer reaches back to the version asked for: the client rereads instead.
+// longer reaches back to the version asked for (or holds more changes since
+// then than one replay delivers): the client rereads instead.
 const ErrHistoryTruncated resp.Error = "history truncated"
+
+// ErrPatternTooComplex answers a SCAN or KEYNOTIFY ... PATTERN whose glob
+// has more than glob.MaxElements elements after its literal prefix.
+const ErrPatternTooComplex resp.Error = "pattern too complex"
+
+// compilePattern checks a client's glob (SCAN, KEYNOTIFY ... PATTERN) like
+// a key (__ts, the key length limit) and compiles it; compiled patterns
+// match in time linear in the key, whoever wrote them.
+func (s *Service) compilePattern(r *Request, pattern []byte) (*glob.Matcher, resp.Error) {
+	if _, e := s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew); e != "" {
+		return nil, e
+	}
+	if s.limits.MaxKeyLength > 0 && len(pattern) > s.limits.MaxKeyLength {
+		return nil, resp.ErrQuotaExceeded
+	}
+	m, err := glob.Compile(pattern)
+	if err != nil {
+		return nil, ErrPatternTooComplex
+	}
+	return m, ""
+}
 
 // ping answers PING (an mqkv extension, as in Redis) without touching the
 // store: a health check, and the floor `mqkv bench --baseline echo`
@@ -634,9 +657,7 @@ func (s *Service) pttl(r *Request, args [][]byte) {
 func (s *Service) Events(events []store.Event) {
 	s.dispatch.Lock()
 	defer s.dispatch.Unlock()
-	if s.history != nil {
-		s.history.add(events, time.Now())
-	}
+	s.history.add(events, time.Now())
 	for i := range events {
 		ev := &events[i]
 		s.observing = s.observers.lookup(ev.Key, s.observing[:0])

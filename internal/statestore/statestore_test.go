@@ -3,6 +3,8 @@ package statestore
 import (
 	"sync/atomic"
 	"testing"
+
+	"github.com/mqkv/mqkv/internal/glob"
 )
 
 func TestParsePX(t *testing.T) {
@@ -77,7 +79,7 @@ func TestRegistry(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
 	add := func(id string, conn uint64, key string, max int) bool {
-		return r.add(id, conn, nil, []byte(key), false, max)
+		return r.add(id, conn, nil, []byte(key), nil, max)
 	}
 	count := func(key string) int { return len(r.lookup([]byte(key), nil)) }
 	add("a", 1, "k1", 0)
@@ -120,11 +122,24 @@ func TestRegistry(t *testing.T) {
 func TestRegistryPatterns(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
-	r.add("a", 1, nil, []byte("sensors/*"), true, 0)
-	r.add("a", 1, nil, []byte("sensors/site-1/*"), true, 0) // overlaps
-	r.add("a", 1, nil, []byte("sensors/site-1/temp"), false, 0)
-	r.add("b", 2, nil, []byte("*temp"), true, 0)
-	r.add("c", 3, nil, []byte("other/*"), true, 0)
+	pat := func(p string) *glob.Matcher {
+		m, err := glob.Compile([]byte(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	r.add("a", 1, nil, []byte("sensors/*"), pat("sensors/*"), 0)
+	r.add("a", 1, nil, []byte("sensors/site-1/*"), pat("sensors/site-1/*"), 0) // overlaps
+	r.add("a", 1, nil, []byte("sensors/site-1/temp"), nil, 0)
+	r.add("b", 2, nil, []byte("*temp"), pat("*temp"), 0)
+	r.add("c", 3, nil, []byte("other/*"), pat("other/*"), 0)
+	// A late registration from a connection older than the current one is
+	// ignored.
+	r.add("a", 0, nil, []byte("late"), nil, 0)
+	if len(r.lookup([]byte("late"), nil)) != 0 || len(r.lookup([]byte("sensors/x"), nil)) != 1 {
+		t.Fatal("an older connection's registration replaced the current one's")
+	}
 	got := r.lookup([]byte("sensors/site-1/temp"), nil)
 	ids := map[string]int{}
 	for _, o := range got {

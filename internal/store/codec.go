@@ -17,14 +17,19 @@ import (
 // snapshot of the whole store. Both carry a format byte so later releases
 // can read what earlier ones wrote.
 
-const batchFormat = 1
+// Format 2 carries the limits the leader enforces in every batch, so that
+// replaying the log decides every quota as it was decided the first time,
+// whatever the node's flags are now.
+const batchFormat = 2
 
 // ErrCorrupt is returned for log entries and snapshots that cannot be read.
 var ErrCorrupt = errors.New("store: corrupt data")
 
-// AppendBatch appends the encoding of cmds to b.
-func AppendBatch(b []byte, cmds []Command) []byte {
+// AppendBatch appends the encoding of cmds, to be applied under limits, to b.
+func AppendBatch(b []byte, limits Limits, cmds []Command) []byte {
 	b = append(b, batchFormat)
+	b = binary.AppendUvarint(b, uint64(limits.MaxKeys))
+	b = binary.AppendVarint(b, limits.MaxBytes)
 	b = binary.AppendUvarint(b, uint64(len(cmds)))
 	for i := range cmds {
 		c := &cmds[i]
@@ -42,14 +47,16 @@ func AppendBatch(b []byte, cmds []Command) []byte {
 
 // DecodeBatch decodes a batch written by AppendBatch. Keys and values alias
 // data; Apply copies what it keeps.
-func DecodeBatch(data []byte) ([]Command, error) {
+func DecodeBatch(data []byte) (Limits, []Command, error) {
 	d := decoder{b: data}
 	if d.byte() != batchFormat {
-		return nil, fmt.Errorf("%w: unknown batch format", ErrCorrupt)
+		return Limits{}, nil, fmt.Errorf("%w: unknown batch format", ErrCorrupt)
 	}
+	maxKeys := d.uvarint()
+	limits := Limits{MaxKeys: int(min(maxKeys, 1<<62)), MaxBytes: d.varint()}
 	n := d.uvarint()
 	if n > uint64(len(data)) { // every command takes at least one byte
-		return nil, ErrCorrupt
+		return Limits{}, nil, ErrCorrupt
 	}
 	cmds := make([]Command, n)
 	for i := range cmds {
@@ -68,9 +75,9 @@ func DecodeBatch(data []byte) ([]Command, error) {
 		}
 	}
 	if d.err != nil || d.off != len(data) {
-		return nil, ErrCorrupt
+		return Limits{}, nil, ErrCorrupt
 	}
-	return cmds, nil
+	return limits, cmds, nil
 }
 
 func appendBytes(b, s []byte) []byte {

@@ -192,6 +192,16 @@ func (s *Store) lookup(key []byte) *Entry {
 	return e
 }
 
+// Expired returns the version of key's entry if the entry is still stored
+// but past its deadline at now: it awaits its Expire command.
+func (s *Store) Expired(key []byte, now int64) (hlc.Timestamp, bool) {
+	e := s.lookup(key)
+	if e == nil || !e.expired(now) {
+		return hlc.Timestamp{}, false
+	}
+	return e.Version, true
+}
+
 // Get returns the live entry for key at now (unix ms). An entry past its
 // deadline is absent even before its Expire command is applied.
 func (s *Store) Get(key []byte, now int64) (*Entry, bool) {

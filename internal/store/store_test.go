@@ -417,9 +417,12 @@ func TestBatchRoundTrip(t *testing.T) {
 		{Op: OpDel, Key: []byte("k2"), Version: hlc.Timestamp{Wall: 6, Node: "n"}, Now: 6},
 		{Op: OpExpire, Key: []byte{}, Expected: ts(9), Version: ts(10)},
 	}
-	got, err := DecodeBatch(AppendBatch(nil, cmds))
+	limits, got, err := DecodeBatch(AppendBatch(nil, Limits{MaxKeys: 7, MaxBytes: 99}, cmds))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if limits != (Limits{MaxKeys: 7, MaxBytes: 99}) {
+		t.Fatalf("limits %+v", limits)
 	}
 	if len(got) != len(cmds) {
 		t.Fatalf("got %d commands", len(got))
@@ -442,24 +445,24 @@ func TestPartitionIsFixed(t *testing.T) {
 }
 
 func FuzzDecodeBatch(f *testing.F) {
-	f.Add(AppendBatch(nil, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1)}}))
-	f.Add([]byte{1, 255, 255, 255, 255, 15})
+	f.Add(AppendBatch(nil, Limits{MaxKeys: 3}, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1)}}))
+	f.Add([]byte{2, 0, 0, 255, 255, 255, 255, 15})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		cmds, err := DecodeBatch(b)
+		limits, cmds, err := DecodeBatch(b)
 		if err != nil {
 			return
 		}
-		if again := AppendBatch(nil, cmds); !bytes.Equal(again, b) {
+		if again := AppendBatch(nil, limits, cmds); !bytes.Equal(again, b) {
 			// Varints have one canonical form per value only when
 			// minimal; a non-minimal input may decode, but re-decoding
 			// the canonical form must give the same commands.
-			cmds2, err := DecodeBatch(again)
-			if err != nil || fmt.Sprint(cmds2) != fmt.Sprint(cmds) {
+			limits2, cmds2, err := DecodeBatch(again)
+			if err != nil || limits2 != limits || fmt.Sprint(cmds2) != fmt.Sprint(cmds) {
 				t.Fatalf("unstable decode: %v", err)
 			}
 		}
-		s := New(Limits{})
+		s := New(limits)
 		for i := range cmds {
 			s.Apply(&cmds[i], nil) // must not panic on any decoded command
 		}

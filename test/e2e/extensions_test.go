@@ -108,6 +108,12 @@ func TestScan(t *testing.T) {
 	expectPayload(t, c.call("SCAN", "*", "COUNT", "0"), "-ERR syntax error\r\n")
 	expectPayload(t, c.call("SCAN", "*", token, token), "-ERR syntax error\r\n")
 	expectPayload(t, c.call("SCAN"), "-ERR wrong number of arguments\r\n")
+	// Client patterns are compiled to linear-time matchers; ones with too
+	// many elements after the literal prefix are refused.
+	complex := strings.Repeat("*a", 40) + "b"
+	expectPayload(t, c.call("SCAN", complex), "-ERR pattern too complex\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", complex, "PATTERN"), "-ERR pattern too complex\r\n")
+	expectPayload(t, c.call("SCAN", "long/literal/prefix/"+strings.Repeat("x", 500)+"*"), "*1\r\n*0\r\n")
 }
 
 func TestScanIsAuthorizationFiltered(t *testing.T) {
