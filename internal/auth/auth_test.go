@@ -112,6 +112,13 @@ authorizationAttributes:
 	if user != "smart-fan" || attrs["organization"] != "contoso" || attrs["building"] != "17" || len(attrs) != 2 {
 		t.Fatalf("principal %q %v", user, attrs)
 	}
+	// A CN that spells out another subject is not that subject.
+	impostor, _ := root.Client(pkix.Name{CommonName: "Contoso Root CA Cert, OU = Engineering, C = US"})
+	block, _ = pem.Decode(impostor.CertPEM)
+	imp, _ := x509.ParseCertificate(block.Bytes)
+	if _, attrs := ca.CertPrincipal([]*x509.Certificate{imp}); attrs["organization"] != "" {
+		t.Fatalf("a CN with commas passed for the root's subject: %v", attrs)
+	}
 	if _, err := ParseCertAttributes([]byte("authorizationAttributes:\n  x:\n    subject: \"NOPE = y\"\n")); err == nil {
 		t.Fatal("unknown subject attribute type accepted")
 	}

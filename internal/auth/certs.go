@@ -22,8 +22,34 @@ type CertAttributes struct {
 }
 
 type certEntry struct {
-	subject    string // canonical form, see canonicalSubject
+	subject    []attr // sorted, see canonicalSubject
 	attributes map[string]string
+}
+
+// attr is one TYPE=value pair of a subject. Subjects are compared pair by
+// pair, never as joined strings: a CN holding ",O=Contoso" must not pass
+// for an O attribute.
+type attr struct{ typ, value string }
+
+func sameSubject(a, b []attr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func sortAttrs(a []attr) {
+	sort.Slice(a, func(i, j int) bool {
+		if a[i].typ != a[j].typ {
+			return a[i].typ < a[j].typ
+		}
+		return a[i].value < a[j].value
+	})
 }
 
 // ParseCertAttributes reads the YAML form, which is the AIO
@@ -89,7 +115,7 @@ func (ca *CertAttributes) CertPrincipal(chain []*x509.Certificate) (string, map[
 		for _, c := range chain {
 			s := subjectOf(c.Subject)
 			for _, e := range ca.entries {
-				if e.subject != s {
+				if !sameSubject(e.subject, s) {
 					continue
 				}
 				if attrs == nil {
@@ -110,41 +136,61 @@ var attributeNames = map[string]string{
 	"0.9.2342.19200300.100.1.25": "DC", "0.9.2342.19200300.100.1.1": "UID",
 }
 
-// subjectOf renders a certificate subject in canonical form: the sorted
-// "TYPE=value" pairs, joined by ','.
-func subjectOf(n pkix.Name) string {
-	var parts []string
+// subjectOf returns a certificate subject's sorted TYPE=value pairs.
+func subjectOf(n pkix.Name) []attr {
+	var out []attr
 	for _, atv := range n.Names {
 		t := attributeNames[atv.Type.String()]
 		if t == "" {
 			t = atv.Type.String()
 		}
-		parts = append(parts, t+"="+fmt.Sprint(atv.Value))
+		out = append(out, attr{t, fmt.Sprint(atv.Value)})
 	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
+	sortAttrs(out)
+	return out
 }
 
 // canonicalSubject reads a subject as operators write it ("CN = x, OU = y"
-// or "CN=x,OU=y") into subjectOf's form.
-func canonicalSubject(s string) (string, error) {
+// or "CN=x,OU=y"; a comma inside a value is written "\,") into sorted
+// pairs.
+func canonicalSubject(s string) ([]attr, error) {
 	if strings.TrimSpace(s) == "" {
-		return "", errors.New("empty subject")
+		return nil, errors.New("empty subject")
 	}
-	var parts []string
-	for _, p := range strings.Split(s, ",") {
+	var out []attr
+	for _, p := range splitUnescaped(s) {
 		k, v, ok := strings.Cut(p, "=")
 		if !ok {
-			return "", fmt.Errorf("subject %q: %q is not TYPE=value", s, strings.TrimSpace(p))
+			return nil, fmt.Errorf("subject %q: %q is not TYPE=value", s, strings.TrimSpace(p))
 		}
 		k = strings.ToUpper(strings.TrimSpace(k))
 		if _, err := parseOID(k); err != nil && !knownName(k) {
-			return "", fmt.Errorf("subject %q: unknown attribute type %q", s, k)
+			return nil, fmt.Errorf("subject %q: unknown attribute type %q", s, k)
 		}
-		parts = append(parts, k+"="+strings.TrimSpace(v))
+		out = append(out, attr{k, strings.TrimSpace(v)})
 	}
-	sort.Strings(parts)
-	return strings.Join(parts, ","), nil
+	sortAttrs(out)
+	return out, nil
+}
+
+// splitUnescaped splits s at commas not preceded by a backslash, and
+// unescapes "\,".
+func splitUnescaped(s string) []string {
+	var parts []string
+	var cur strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '\\' && i+1 < len(s) && s[i+1] == ',':
+			cur.WriteByte(',')
+			i++
+		case s[i] == ',':
+			parts = append(parts, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteByte(s[i])
+		}
+	}
+	return append(parts, cur.String())
 }
 
 func knownName(k string) bool {

@@ -316,8 +316,7 @@ func (b *Broker) Disconnect(clientID string, connID uint64, reason byte) {
 	if c := b.connOf(cl); c == nil || c.id != connID {
 		return
 	}
-	code := packets.Code{Code: reason, Reason: "state store: forbidden response topic"}
-	_ = b.srv.DisconnectClient(cl, code)
+	b.kick(cl, packets.Code{Code: reason, Reason: "state store: forbidden response topic"})
 }
 
 // minLevel drops records below min unless the wrapped handler is at debug.

@@ -83,6 +83,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if c == nil {
 		return pk, packets.CodeSuccessIgnore
 	}
+	if !h.b.responseAllowed(c, pk.Properties.ResponseTopic) {
+		h.b.log.Info("client disconnected: response topic not allowed", "client", cl.ID, "topic", pk.Properties.ResponseTopic)
+		h.b.kick(cl, packets.ErrNotAuthorized)
+		return pk, packets.CodeSuccessIgnore
+	}
 	req := &statestore.Request{
 		ClientID:        cl.ID,
 		Conn:            c.id,

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -18,6 +19,16 @@ import (
 // handshake and send CONNECT; after that mochi's keep-alive deadline
 // applies. It keeps idle or half-open connections from piling up.
 const connectTimeout = 10 * time.Second
+
+// maxConnectSize bounds the first packet (CONNECT), read before the client
+// is authenticated: mochi allocates a packet's declared size before reading
+// it, and an unauthenticated client must not make it allocate 64 MiB.
+const maxConnectSize = 64 << 10
+
+// writeTimeout bounds every write to a client, so a client that stops
+// reading cannot hold a connection's write lock (and with it disconnects,
+// policy reloads and shutdown) for long.
+const writeTimeout = 10 * time.Second
 
 // listener serves MQTT connections from a net.Listener: plain TCP, TLS, or
 // WebSocket (over either). mochi's own TCP listener cannot report the port
@@ -58,15 +69,21 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		l.serveWebSocket(establish)
 		return
 	}
+	var backoff time.Duration
 	for {
 		conn, err := l.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of file descriptors, or another passing failure: wait
+			// and go on, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			l.log.Warn("accept failed; retrying", "listener", l.id, "error", err, "in", backoff)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		go func() {
 			_ = conn.SetReadDeadline(time.Now().Add(connectTimeout))
 			if l.tls != nil {
@@ -77,12 +94,73 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 	}
 }
 
-// run hands one connection to mochi until it ends. Errors here are per
-// client (bad packets, resets, EOF), not the server's: debug level only.
+// run hands one connection to mochi until it ends, after checking the size
+// of its first packet. Errors here are per client (bad packets, resets,
+// EOF), not the server's: debug level only.
 func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
-	if err := establish(l.id, conn); err != nil {
+	c, err := newClientConn(conn)
+	if err == nil {
+		err = establish(l.id, c)
+	}
+	if err != nil {
 		l.log.Debug("connection ended", "listener", l.id, "remote", conn.RemoteAddr().String(), "error", err)
 	}
+	conn.Close()
+}
+
+// clientConn is a client's connection as mochi sees it: the first packet's
+// header, already read to check its size, is read again first; and every
+// write has a deadline.
+type clientConn struct {
+	net.Conn
+	r io.Reader
+}
+
+var errConnectTooLarge = errors.New("first packet larger than 64 KiB")
+
+func newClientConn(conn net.Conn) (*clientConn, error) {
+	// The fixed header: a type byte, then a remaining length of 1 to 4
+	// bytes, 7 bits each.
+	var hdr [5]byte
+	if _, err := io.ReadFull(conn, hdr[:1]); err != nil {
+		return nil, err
+	}
+	n, size := 1, 0
+	for shift := 0; ; shift += 7 {
+		if n == len(hdr) {
+			return nil, errors.New("malformed remaining length")
+		}
+		if _, err := io.ReadFull(conn, hdr[n:n+1]); err != nil {
+			return nil, err
+		}
+		size |= int(hdr[n]&0x7f) << shift
+		n++
+		if hdr[n-1]&0x80 == 0 {
+			break
+		}
+	}
+	if size > maxConnectSize {
+		return nil, errConnectTooLarge
+	}
+	return &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn)}, nil
+}
+
+func (c *clientConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *clientConn) Write(p []byte) (int, error) {
+	if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	}
+	return c.Conn.Write(p)
+}
+
+// ConnectionState reports the TLS state underneath, for client
+// certificate authentication.
+func (c *clientConn) ConnectionState() tls.ConnectionState {
+	if t, ok := c.Conn.(interface{ ConnectionState() tls.ConnectionState }); ok {
+		return t.ConnectionState()
+	}
+	return tls.ConnectionState{}
 }
 
 var upgrader = websocket.Upgrader{
@@ -95,6 +173,7 @@ var upgrader = websocket.Upgrader{
 func (l *listener) serveWebSocket(establish listeners.EstablishFn) {
 	l.http = &http.Server{
 		ReadHeaderTimeout: connectTimeout,
+		IdleTimeout:       connectTimeout,
 		ErrorLog:          nil,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ws, err := upgrader.Upgrade(w, r, nil)
@@ -165,6 +244,7 @@ func (c *wsConn) Read(p []byte) (int, error) {
 func (c *wsConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if err := c.WriteMessage(websocket.BinaryMessage, p); err != nil {
 		return 0, err
 	}

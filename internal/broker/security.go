@@ -63,7 +63,9 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 			b.refuse(cl, packets.ErrBadUsernameOrPassword)
 			return errAuthFailed
 		}
-		p.Username = string(pk.Connect.Username)
+		// The password's identity only: a certificate presented too
+		// lends it no attributes.
+		p.Username, p.Attributes = string(pk.Connect.Username), nil
 	case verified:
 	case sec.AllowAnonymous:
 	default:
@@ -71,11 +73,29 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 		return errAuthFailed
 	}
 	hexID := strings.ToUpper(hex.EncodeToString([]byte(cl.ID)))
+	if authConfigured(sec) {
+		// A session belongs to who made it: another principal may not
+		// take it over (and receive what is queued in it) by reusing the
+		// client id.
+		if old, ok := b.srv.Clients.Get(cl.ID); ok && string(old.Properties.Username) != p.Username {
+			b.log.Info("connection refused: client id in use by another user", "client", cl.ID)
+			b.refuse(cl, packets.ErrNotAuthorized)
+			return errAuthFailed
+		}
+		// mochi keeps the CONNECT's username; make it the authenticated
+		// one (a certificate's CN), which the session store records.
+		cl.Properties.Username = []byte(p.Username)
+	}
 	c := &conn{
 		id:               b.nextConn.Add(1),
 		principal:        p,
-		responsePrefixes: [2]string{"clients/" + cl.ID, "clients/" + hexID},
-		notifyPrefixes:   [2]string{statestore.NotifyPrefix + "/" + cl.ID + "/command/notify", statestore.NotifyPrefix + "/" + hexID + "/command/notify"},
+		responsePrefixes: [2]string{"clients/" + hexID, ""},
+		notifyPrefixes:   [2]string{"", statestore.NotifyPrefix + "/" + hexID + "/command/notify"},
+	}
+	if rawIDIsUnambiguous(cl.ID) {
+		// The .NET and Rust SDKs use the raw client id in these topics.
+		c.responsePrefixes[1] = "clients/" + cl.ID
+		c.notifyPrefixes[0] = statestore.NotifyPrefix + "/" + cl.ID + "/command/notify"
 	}
 	if sec.Policy != nil {
 		g := sec.Policy.Grant(p)
@@ -87,6 +107,11 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	b.conns.Store(cl, c)
 	return nil
+}
+
+// authConfigured reports whether clients are told apart by credentials.
+func authConfigured(sec *Security) bool {
+	return sec.Passwords != nil || sec.CertAttributes != nil || !sec.AllowAnonymous
 }
 
 func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) {
@@ -117,15 +142,17 @@ func (c *conn) ownTopic(topic string) bool {
 	}
 	const invoke = "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
 	// The raw-id form only as the .NET SDK subscribes it, with nothing
-	// after it: nothing is ever published there, and a raw id may be
-	// another client's hex id.
-	if topic == c.notifyPrefixes[0] {
+	// after it: nothing is ever published there.
+	if c.notifyPrefixes[0] != "" && topic == c.notifyPrefixes[0] {
 		return true
 	}
 	if rest, ok := strings.CutPrefix(topic, c.notifyPrefixes[1]); ok && (rest == "" || rest[0] == '/') {
 		return true
 	}
 	for _, p := range c.responsePrefixes {
+		if p == "" {
+			continue
+		}
 		if rest, ok := strings.CutPrefix(topic, p); ok {
 			switch rest {
 			case invoke, invoke + "/response", "/services" + invoke + "/response":
@@ -134,6 +161,22 @@ func (c *conn) ownTopic(topic string) bool {
 		}
 	}
 	return false
+}
+
+// rawIDIsUnambiguous reports whether a client id can stand raw in a topic
+// without naming another client's topics: no topic separators or
+// wildcards, and not a string of upper-case hex (which is how every other
+// client's id appears in the Go SDK's shape).
+func rawIDIsUnambiguous(id string) bool {
+	if id == "" || strings.ContainsAny(id, "/+#") {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'A' <= c && c <= 'F') {
+			return true
+		}
+	}
+	return len(id)%2 != 0
 }
 
 // allowed decides a publish (write) or a subscription/delivery (read).
@@ -180,7 +223,7 @@ func (b *Broker) SetPolicy(p *policy.Policy) {
 		c.grant.Store(g)
 		if !g.CanConnect() {
 			b.log.Info("policy reload: client no longer allowed to connect", "client", cl.ID)
-			_ = b.srv.DisconnectClient(cl, packets.ErrNotAuthorized)
+			b.kick(cl, packets.ErrNotAuthorized)
 			return true
 		}
 		b.pruneSubscriptions(cl, c)
@@ -221,27 +264,45 @@ func (b *Broker) slowConsumer(cl *mqtt.Client) {
 	}
 	b.Counters.SlowConsumers.Add(1)
 	b.log.Warn("client disconnected: not reading its messages", "client", cl.ID, "reason", "0x97 quota exceeded")
+	b.kick(cl, packets.ErrQuotaExceeded)
+}
+
+// kick disconnects a client with a reason code without ever blocking the
+// caller: the client's write loop may be stuck on a socket nobody reads,
+// holding the lock mochi's DisconnectClient needs. The DISCONNECT is tried
+// for a second, then the connection is closed outright.
+func (b *Broker) kick(cl *mqtt.Client, code packets.Code) {
 	go func() {
-		// The write loop may be blocked on the socket, holding the lock
-		// DisconnectClient needs: unblock it, and close the connection
-		// outright if the DISCONNECT cannot be written soon.
 		done := make(chan struct{})
 		go func() {
 			if cl.Net.Conn != nil {
-				_ = cl.Net.Conn.SetWriteDeadline(aLongTimeAgo)
+				_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
 			}
-			_ = b.srv.DisconnectClient(cl, packets.ErrQuotaExceeded)
+			_ = b.srv.DisconnectClient(cl, code)
 			close(done)
 		}()
 		select {
 		case <-done:
 		case <-time.After(time.Second):
-			cl.Stop(packets.ErrQuotaExceeded)
+			cl.Stop(code)
 		}
 	}()
 }
 
-var aLongTimeAgo = time.Unix(1, 0)
+// responseAllowed decides whether a client may have state store replies
+// published to topic: the broker publishes them with its own rights, so
+// the client must be allowed to publish there itself (or it is one of its
+// own response topics), and never to a $ topic.
+func (b *Broker) responseAllowed(c *conn, topic string) bool {
+	if topic == "" {
+		return true // dropped by the service, and counted
+	}
+	if topic[0] == '$' {
+		return false
+	}
+	g := c.grant.Load()
+	return g == nil || c.ownTopic(topic) || g.CanPublish(topic)
+}
 
 // SetPasswords replaces the password file used for new connections.
 func (b *Broker) SetPasswords(p *auth.Passwords) {

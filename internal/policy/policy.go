@@ -323,11 +323,16 @@ func substitute(s string, p *Principal, escape func(string) (string, bool)) (str
 	}
 }
 
-// topicValue keeps substituted values from acting as wildcards: a value
-// with '+' or '#' cannot be part of any valid topic name anyway.
-func topicValue(v string) (string, bool) { return v, !strings.ContainsAny(v, "+#") }
+// topicValue keeps substituted values from acting as wildcards (a value
+// with '+' or '#' cannot be part of any valid topic name anyway) or from
+// reaching into another principal's subtree ("victim/x"), or into $ topics.
+func topicValue(v string) (string, bool) {
+	return v, !strings.ContainsAny(v, "+#/") && !strings.HasPrefix(v, "$")
+}
 
-func globValue(v string) (string, bool) { return glob.Escape(v), true }
+// globValue makes a substituted value match only itself, and keeps it from
+// reaching into another principal's keys ("victim/x").
+func globValue(v string) (string, bool) { return glob.Escape(v), !strings.Contains(v, "/") }
 
 // applies reports whether a rule's principals include p: client ids,
 // usernames and attribute sets are alternatives (OR); within an attribute

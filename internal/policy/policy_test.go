@@ -194,6 +194,11 @@ func TestSubstitutedValuesCannotWidenGrants(t *testing.T) {
 	if h.CanPublish("clients/victim/out") || h.CanPublish("clients/+/out") {
 		t.Fatal(`client id "+" widened its topics`)
 	}
+	// A '/' in a value would reach into another principal's subtree.
+	v := p.Grant(Principal{ClientID: "victim/x"})
+	if v.CanPublish("clients/victim/x/out") || v.CanAccess([]byte("clients/victim/x/k"), Write) {
+		t.Fatal(`client id "victim/x" reached into victim's topics or keys`)
+	}
 }
 
 func TestNilGrantAllowsEverything(t *testing.T) {

@@ -90,18 +90,16 @@ func securityOf(cfg Config) (broker.Security, error) {
 	return sec, nil
 }
 
-// loadPolicy reads the policy file. No file (not configured, or not there)
-// allows everything, with a warning; a broken file is an error.
+// loadPolicy reads the policy file. No policy configured allows
+// everything, with a warning. A configured file that is missing or broken
+// is an error: a typo in a path, or a file replaced while an editor saves
+// it, must not turn authorization off.
 func loadPolicy(cfg Config) (*policy.Policy, error) {
 	if cfg.PolicyFile == "" {
 		cfg.Logger.Warn("no authorization policy (--policy): every admitted client may do everything")
 		return nil, nil
 	}
 	p, err := policy.Load(cfg.PolicyFile)
-	if errors.Is(err, os.ErrNotExist) {
-		cfg.Logger.Warn("authorization policy file does not exist: every admitted client may do everything until it does and the server reloads (SIGHUP)", "policy", cfg.PolicyFile)
-		return nil, nil
-	}
 	if err != nil {
 		return nil, err
 	}

@@ -530,18 +530,25 @@ func TestSecureWebSocket(t *testing.T) {
 	expectPayload(t, c.call("PING"), "+PONG\r\n")
 }
 
-func TestMissingPolicyFileAllowsAll(t *testing.T) {
-	pol := filepath.Join(t.TempDir(), "not-yet.yaml")
-	s := startServer(t, inMemory(), func(c *server.Config) { c.PolicyFile = pol })
-	c := dialRaw(t, s, "early", rawOpts{cleanStart: true})
-	expectPayload(t, c.call("SET", "anything", "v"), "+OK\r\n")
-	// Once the file exists, a reload applies it.
-	os.WriteFile(pol, []byte("rules: [{principals: {clientIds: [early]}, brokerResources: [{method: Connect}], stateStoreResources: [{method: Read, keys: ['*']}]}]"), 0o600)
-	if err := s.Reload(); err != nil {
-		t.Fatal(err)
+// A configured policy file that is missing stops the start, and a reload
+// that finds it missing keeps the running policy: a typo or an editor's
+// rename must not turn authorization off.
+func TestMissingPolicyFile(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	cfg := server.Config{Listen: "127.0.0.1:0", InMemory: true, Logger: quietLogger(), PolicyFile: pol}
+	if s, err := server.Start(cfg); err == nil {
+		s.Close()
+		t.Fatal("started with a missing policy file")
 	}
-	expectPayload(t, c.call("SET", "anything", "w"), "-ERR not authorized\r\n")
-	expectPayload(t, c.call("GET", "anything"), "$1\r\nv\r\n")
+	os.WriteFile(pol, []byte("rules: [{principals: {clientIds: [c]}, brokerResources: [{method: Connect}], stateStoreResources: [{method: Read, keys: ['*']}]}]"), 0o600)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PolicyFile = pol })
+	c := dialRaw(t, s, "c", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "k", "v"), "-ERR not authorized\r\n")
+	os.Remove(pol)
+	if err := s.Reload(); err == nil {
+		t.Fatal("reload with the policy file gone succeeded")
+	}
+	expectPayload(t, c.call("SET", "k", "v"), "-ERR not authorized\r\n")
 }
 
 // TestPasswdCommand writes a password file with the binary, as an operator
