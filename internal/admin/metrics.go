@@ -131,6 +131,9 @@ func (m *Metrics) bind(n *Node) {
 	counter("mqkv_mqtt_messages_dropped_total", "Messages dropped because a client's queue was full.", func() float64 {
 		return float64(n.Broker.Traffic().Dropped)
 	})
+	counter("mqkv_mqtt_queue_full_total", "QoS 1/2 messages dropped because the session already held --max-queued.", func() float64 {
+		return float64(n.Broker.Traffic().QueueFull)
+	})
 	counter("mqkv_mqtt_bytes_received_total", "Bytes received from MQTT clients.", func() float64 { return float64(n.Broker.Traffic().BytesIn) })
 	counter("mqkv_mqtt_bytes_sent_total", "Bytes sent to MQTT clients.", func() float64 { return float64(n.Broker.Traffic().BytesOut) })
 	counter("mqkv_mqtt_auth_failures_total", "CONNECTs refused by authentication or policy.", func() float64 {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -56,14 +57,24 @@ type Config struct {
 	// client; a client that lets it fill is disconnected. Zero means
 	// DefaultMaxOutbound.
 	MaxOutbound int32
-	Security    Security
-	Logger      *slog.Logger
+	// MaxQueued is how many QoS 1/2 messages a session may hold unacked
+	// (queued while its client is offline); more are dropped. Zero means
+	// DefaultMaxQueued.
+	MaxQueued uint16
+	// MaxSessionExpiry caps how long a disconnected persistent session is
+	// kept; clients asking for longer are told the cap in CONNACK. Zero
+	// means DefaultMaxSessionExpiry.
+	MaxSessionExpiry time.Duration
+	Security         Security
+	Logger           *slog.Logger
 }
 
 // Defaults for Config.
 const (
-	DefaultMaxPacketSize = 64 << 20 // the AIO broker's default profile
-	DefaultMaxOutbound   = 1024
+	DefaultMaxPacketSize    = 64 << 20 // the AIO broker's default profile
+	DefaultMaxOutbound      = 1024
+	DefaultMaxQueued        = 1000
+	DefaultMaxSessionExpiry = 7 * 24 * time.Hour
 )
 
 // Counters are monotonically increasing event counts.
@@ -79,6 +90,7 @@ type Traffic struct {
 	Clients                               int64 // connected now
 	MessagesIn, MessagesOut, Dropped      int64 // PUBLISH packets
 	BytesIn, BytesOut, Retained, Inflight int64
+	QueueFull                             int64 // QoS 1/2 messages dropped: the session held MaxQueued
 }
 
 // Traffic returns current figures.
@@ -93,6 +105,7 @@ func (b *Broker) Traffic() Traffic {
 		BytesOut:    atomic.LoadInt64(&i.BytesSent),
 		Retained:    atomic.LoadInt64(&i.Retained),
 		Inflight:    atomic.LoadInt64(&i.Inflight),
+		QueueFull:   atomic.LoadInt64(&i.InflightDropped),
 	}
 }
 
@@ -114,6 +127,10 @@ type Broker struct {
 
 	mu         sync.Mutex
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
+
+	seq       *sequencer
+	stop      chan struct{}
+	closeOnce sync.Once
 }
 
 // New creates a broker with its listeners bound. Call Serve to start it.
@@ -126,6 +143,12 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	}
 	if cfg.MaxOutbound == 0 {
 		cfg.MaxOutbound = DefaultMaxOutbound
+	}
+	if cfg.MaxQueued == 0 {
+		cfg.MaxQueued = DefaultMaxQueued
+	}
+	if cfg.MaxSessionExpiry == 0 {
+		cfg.MaxSessionExpiry = DefaultMaxSessionExpiry
 	}
 	if len(cfg.Listeners) == 0 {
 		return nil, fmt.Errorf("broker: no listener configured")
@@ -142,6 +165,9 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	// mochi would give every message without an expiry one of a day;
 	// messages pass through as published.
 	caps.MaximumMessageExpiryInterval = 0
+	// Offline sessions are bounded in number of messages and in time.
+	caps.MaximumInflight = cfg.MaxQueued
+	caps.MaximumSessionExpiryInterval = uint32(min(cfg.MaxSessionExpiry/time.Second, 1<<32-1))
 	srv := mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		// mochi reports every hook and listener at info; keep its voice
@@ -151,7 +177,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, maxPacketSize: cfg.MaxPacketSize}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, maxPacketSize: cfg.MaxPacketSize, seq: newSequencer(), stop: make(chan struct{})}
 	sec := cfg.Security
 	b.security.Store(&sec)
 	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)
@@ -169,6 +195,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			return nil, err
 		}
 		b.sessions = s
+		b.seq.renumbered = func(cl *mqtt.Client, pk packets.Packet) { s.OnQosPublish(cl, pk, 0, 0) }
 		if err := srv.AddHook(s, nil); err != nil {
 			s.Stop()
 			return nil, err
@@ -181,7 +208,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			b.closeSessions()
 			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
 		}
-		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket}
+		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients}
 		b.listeners = append(b.listeners, l)
 		if err := srv.AddListener(l); err != nil {
 			b.closeListeners()
@@ -217,11 +244,68 @@ func (b *Broker) Addrs() map[string]string {
 }
 
 // Serve loads persisted sessions and starts accepting connections.
-func (b *Broker) Serve() error { return b.srv.Serve() }
+func (b *Broker) Serve() error {
+	if err := b.srv.Serve(); err != nil {
+		return err
+	}
+	go b.sweep()
+	return nil
+}
 
 // Close disconnects every client and stops the broker. Session state is
 // flushed and closed.
-func (b *Broker) Close() error { return b.srv.Close() }
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() { close(b.stop) })
+	return b.srv.Close()
+}
+
+// sweep forgets connections that ended without mochi reporting it (a
+// client that vanished between CONNECT and CONNACK never reaches
+// OnDisconnect): their registrations end and, for clean sessions, the
+// client record goes.
+func (b *Broker) sweep() {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		}
+		b.conns.Range(func(k, v any) bool {
+			cl := k.(*mqtt.Client)
+			if !cl.Closed() || time.Since(time.Unix(cl.StopTime(), 0)) < 10*time.Second {
+				return true
+			}
+			b.forget(cl, v.(*conn))
+			if !persistent(cl) {
+				if cur, ok := b.srv.Clients.Get(cl.ID); ok && cur == cl {
+					b.srv.Clients.Delete(cl.ID)
+					b.seq.forget(cl.ID)
+				}
+			}
+			return true
+		})
+	}
+}
+
+// closeListenerClients disconnects every client connected through the
+// listener, telling them the server is shutting down.
+func (b *Broker) closeListenerClients(listenerID string) {
+	for _, cl := range b.srv.Clients.GetAll() {
+		if cl.Net.Listener == listenerID && !cl.Closed() {
+			_ = b.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
+	}
+}
+
+// forget ends what the broker holds for a connection that is over.
+func (b *Broker) forget(cl *mqtt.Client, c *conn) {
+	if b.conns.CompareAndDelete(cl, c) {
+		b.handler.Disconnected(cl.ID, c.id)
+	}
+	b.dropNotifySubscription(cl)
+}
 
 // ClientsConnected returns the number of connected clients.
 func (b *Broker) ClientsConnected() int64 { return atomic.LoadInt64(&b.srv.Info.ClientsConnected) }

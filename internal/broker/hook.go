@@ -30,6 +30,8 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnPublishDropped,
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
+		mqtt.OnQosPublish,
+		mqtt.OnClientExpired,
 	}, []byte{b})
 }
 
@@ -117,9 +119,19 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 	h.b.slowConsumer(cl)
 }
 
+func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ int) {
+	h.b.seq.stamp(cl, pk)
+}
+
+func (h *hook) OnClientExpired(cl *mqtt.Client) { h.b.seq.forget(cl.ID) }
+
 func (h *hook) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
-	if v, ok := h.b.conns.LoadAndDelete(cl); ok {
-		h.b.handler.Disconnected(cl.ID, v.(*conn).id)
+	if !persistent(cl) {
+		h.b.seq.forget(cl.ID)
 	}
-	h.b.dropNotifySubscription(cl)
+	if c := h.b.connOf(cl); c != nil {
+		h.b.forget(cl, c)
+	} else {
+		h.b.dropNotifySubscription(cl)
+	}
 }

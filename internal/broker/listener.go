@@ -41,6 +41,11 @@ type listener struct {
 	websocket bool
 	log       *slog.Logger
 	http      *http.Server
+	// closeClients disconnects the listener's clients. mochi's own closer
+	// (Clients.GetByListener) takes the clients lock twice for reading and
+	// deadlocks when a client's disconnect queues for the write lock in
+	// between, which shutdown under traffic makes likely.
+	closeClients func(listenerID string)
 
 	mu     sync.Mutex
 	closed bool
@@ -192,7 +197,7 @@ func (l *listener) serveWebSocket(establish listeners.EstablishFn) {
 	_ = l.http.Serve(ln)
 }
 
-func (l *listener) Close(closeClients listeners.CloseFn) {
+func (l *listener) Close(listeners.CloseFn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -203,7 +208,7 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		_ = l.http.Close()
 	}
 	_ = l.ln.Close()
-	closeClients(l.id)
+	l.closeClients(l.id)
 }
 
 // wsConn presents a WebSocket as the byte stream MQTT expects: inbound

@@ -259,9 +259,14 @@ func inflightKey(clientID string, id uint16) string {
 // OnQosPublish records an outbound message awaiting acknowledgement. Only
 // PUBLISH packets to persistent sessions matter: acks of inbound QoS 1
 // messages are transient, and clean sessions end with their connection.
+// The session's own copy is recorded: it carries the sequence number the
+// broker's sequencer gave it.
 func (s *sessions) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ int) {
 	if pk.FixedHeader.Type != packets.Publish || !persistent(cl) {
 		return
+	}
+	if held, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+		pk = held
 	}
 	k := inflightKey(cl.ID, pk.PacketID)
 	s.mu.Lock()

@@ -72,7 +72,9 @@ type Limits struct {
 	MaxBytes         int64  // key and value bytes in the store
 	MaxRegistrations int    // KEYNOTIFY registrations per connection
 	MaxConnections   int64
-	MaxOutbound      int32 // messages waiting to be written to one client
+	MaxOutbound      int32         // messages waiting to be written to one client
+	MaxQueued        uint16        // unacknowledged QoS 1/2 messages one session holds
+	MaxSessionExpiry time.Duration // how long a disconnected persistent session is kept
 }
 
 // DefaultLimits are what an unconfigured node uses.
@@ -84,6 +86,8 @@ var DefaultLimits = Limits{
 	MaxRegistrations: 10_000,
 	MaxConnections:   10_000,
 	MaxOutbound:      broker.DefaultMaxOutbound,
+	MaxQueued:        broker.DefaultMaxQueued,
+	MaxSessionExpiry: broker.DefaultMaxSessionExpiry,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -108,6 +112,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxOutbound == 0 {
 		l.MaxOutbound = d.MaxOutbound
+	}
+	if l.MaxQueued == 0 {
+		l.MaxQueued = d.MaxQueued
+	}
+	if l.MaxSessionExpiry == 0 {
+		l.MaxSessionExpiry = d.MaxSessionExpiry
 	}
 	return l
 }
@@ -211,13 +221,15 @@ func Start(cfg Config) (*Server, error) {
 	s.service.Attach(g)
 
 	b, err := broker.New(broker.Config{
-		Listeners:      listeners,
-		DataDir:        mqttDir,
-		MaxPacketSize:  cfg.Limits.MaxPacketSize,
-		MaxConnections: cfg.Limits.MaxConnections,
-		MaxOutbound:    cfg.Limits.MaxOutbound,
-		Security:       sec,
-		Logger:         cfg.Logger,
+		Listeners:        listeners,
+		DataDir:          mqttDir,
+		MaxPacketSize:    cfg.Limits.MaxPacketSize,
+		MaxConnections:   cfg.Limits.MaxConnections,
+		MaxOutbound:      cfg.Limits.MaxOutbound,
+		MaxQueued:        cfg.Limits.MaxQueued,
+		MaxSessionExpiry: cfg.Limits.MaxSessionExpiry,
+		Security:         sec,
+		Logger:           cfg.Logger,
 	}, s.service)
 	if err != nil {
 		g.Close()

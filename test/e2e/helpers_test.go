@@ -145,3 +145,15 @@ func uniqueKey(t testing.TB) string {
 	keySeq.n++
 	return fmt.Sprintf("%s/%d", t.Name(), keySeq.n)
 }
+
+// eventually polls cond until it holds, for state no event reports.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

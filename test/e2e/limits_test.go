@@ -176,3 +176,51 @@ func publishPacket(topic string, payload []byte) []byte {
 	body := append(mqttString(topic), 0) // QoS 0: no packet id; no properties
 	return packet(0x30, append(body, payload...))
 }
+
+// TestOfflineSessionBounds: a persistent session is kept no longer than
+// --max-session-expiry (the client is told in CONNACK) and holds at most
+// --max-queued messages while its client is away.
+func TestOfflineSessionBounds(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxQueued: 5, MaxSessionExpiry: time.Minute}))
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, ack, err := connectRaw(t, "away", rawOpts{conn: conn, cleanStart: true, sessionExpiry: 1 << 30, noSubscribe: true})
+	if err != nil || ack.ReasonCode != 0 {
+		t.Fatalf("connect: %v %+v", err, ack)
+	}
+	if ack.Properties == nil || ack.Properties.SessionExpiryInterval == nil || *ack.Properties.SessionExpiryInterval != 60 {
+		t.Fatalf("CONNACK session expiry %+v, want the 60 s cap", ack.Properties)
+	}
+	sub.subscribe("queued/#", 1)
+	sub.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the subscriber's disconnect", func() bool { return s.Broker().ClientsConnected() == 0 })
+
+	pub := dialRaw(t, s, "producer", rawOpts{cleanStart: true, noSubscribe: true})
+	ctx := ctxFor(t, 10*time.Second)
+	for i := 0; i < 20; i++ {
+		if _, err := pub.c.Publish(ctx, &paho.Publish{Topic: "queued/x", QoS: 1, Payload: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// mochi acknowledges a QoS 1 PUBLISH before routing it: wait for the
+	// last one to be refused.
+	eventually(t, "15 messages refused for the full session", func() bool { return s.Broker().Traffic().QueueFull == 15 })
+	back := dialRaw(t, s, "away", rawOpts{sessionExpiry: 60, noSubscribe: true})
+	for i := 0; i < 5; i++ {
+		select {
+		case p := <-back.inbox:
+			if int(p.Payload[0]) != i {
+				t.Fatalf("queued message %d arrived as #%d", p.Payload[0], i)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of the 5 queued messages arrived", i)
+		}
+	}
+	select {
+	case p := <-back.inbox:
+		t.Fatalf("extra message %d", p.Payload[0])
+	case <-time.After(time.Second):
+	}
+}

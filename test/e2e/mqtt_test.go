@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -181,6 +182,44 @@ func TestMQTTSessionsSurviveRestart(t *testing.T) {
 	fresh.subscribe("config/site", 1)
 	if p, ok := fresh.nextPublish(5 * time.Second); !ok || string(p.Payload) != "retained-value" {
 		t.Fatalf("retained message after restart: %+v", p)
+	}
+}
+
+// TestMQTTQueuedMessagesKeepOrder: messages queued for an offline session
+// come back in the order they were published [MQTT-4.6.0-1], also after a
+// restart, although they all arrived within the same second.
+func TestMQTTQueuedMessagesKeepOrder(t *testing.T) {
+	dir := t.TempDir()
+	s := startServerIn(t, dir)
+	c := dialRaw(t, s, "orderly", rawOpts{sessionExpiry: 3600, cleanStart: true, noSubscribe: true})
+	c.subscribe("ordered/#", 1)
+	c.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the subscriber's disconnect", func() bool { return s.Broker().ClientsConnected() == 0 })
+	pub := dialRaw(t, s, "publisher", rawOpts{cleanStart: true, noSubscribe: true})
+	ctx := ctxFor(t, 20*time.Second)
+	const n = 200
+	for i := 0; i < n; i++ {
+		if _, err := pub.c.Publish(ctx, &paho.Publish{Topic: "ordered/x", QoS: 1, Payload: []byte(strconv.Itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "all messages queued", func() bool { return s.Broker().Traffic().Inflight == n })
+	pub.c.Disconnect(&paho.Disconnect{})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = startServerIn(t, dir)
+	back := dialRaw(t, s, "orderly", rawOpts{sessionExpiry: 3600, noSubscribe: true})
+	for i := 0; i < n; i++ {
+		select {
+		case p := <-back.inbox:
+			if string(p.Payload) != strconv.Itoa(i) {
+				t.Fatalf("message %s arrived as #%d", p.Payload, i)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d queued messages arrived", i, n)
+		}
 	}
 }
 
