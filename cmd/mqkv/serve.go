@@ -84,6 +84,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cfg.PasswordFile, "password-file", "", "`file` of username:bcrypt-hash lines (write it with mqkv passwd)")
 	fs.StringVar(&cfg.CertAttributesFile, "cert-attributes", "", "YAML `file` mapping certificate subjects to principal attributes")
 	fs.BoolVar(&cfg.AllowAnonymous, "allow-anonymous", false, "admit clients without credentials even when passwords or client certificates are configured")
+	fs.StringSliceVar(&cfg.AdminAllowedHosts, "admin-allowed-hosts", nil, "host `names` (comma-separated) by which browsers may reach the admin endpoint; IP addresses and localhost always may (DNS-rebinding protection)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "HTTP admin endpoint `address` (health, metrics, pprof, web console, backups); off if empty; no authentication, keep it on 127.0.0.1 or a trusted network")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "authorization policy `file` (YAML, AIO BrokerAuthorization rules); reloaded on SIGHUP")
 	fs.UintVar(&maxPacket, "max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")

@@ -1,7 +1,8 @@
 // Package admin is the node's HTTP admin endpoint: health and readiness,
 // Prometheus metrics, pprof, a status summary, backups, and the web console
 // with the JSON API behind it. It is off unless configured, and meant for
-// 127.0.0.1 or a trusted network: it has no authentication of its own.
+// 127.0.0.1 or a trusted network: it has no authentication of its own, only
+// protection from the browsers of those who can reach it (see guard).
 package admin
 
 import (
@@ -43,6 +44,7 @@ type Server struct {
 	metrics *Metrics
 	feed    *feed
 	log     *slog.Logger
+	hosts   []string // names allowed in Host besides IPs and localhost
 	http    *http.Server
 	ln      net.Listener
 
@@ -57,8 +59,10 @@ const historyLen = 300 // five minutes
 
 // New prepares the endpoint. Its metrics are wired to the replica group and
 // the service, and Events to the group's OnEvents, before Serve.
-func New(m *Metrics, log *slog.Logger) *Server {
-	return &Server{metrics: m, feed: newFeed(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+// allowedHosts are the host names (besides IP addresses and localhost) by
+// which browsers may reach it.
+func New(m *Metrics, allowedHosts []string, log *slog.Logger) *Server {
+	return &Server{metrics: m, feed: newFeed(), log: log, hosts: allowedHosts, stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // Events feeds applied changes to the console's live view; it is a replica
@@ -119,7 +123,7 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'")
 		w.Write(consolePage)
 	})
-	return mux
+	return newGuard(mux, s.hosts)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -343,10 +347,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusInternalServerError, "streaming unsupported")
 		return
 	}
+	ch, recent, ok := s.feed.subscribe()
+	if !ok {
+		httpError(w, http.StatusServiceUnavailable, "too many live viewers (%d)", maxViewers)
+		return
+	}
+	defer s.feed.unsubscribe(ch)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
-	ch, recent := s.feed.subscribe()
-	defer s.feed.unsubscribe(ch)
 	send := func(c Change) bool {
 		b, _ := json.Marshal(c)
 		_, err := fmt.Fprintf(w, "data: %s\n\n", b)

@@ -27,7 +27,12 @@ type feed struct {
 	recent []Change // the last changes, for a viewer that just arrived
 }
 
-const feedRecent = 50
+const (
+	feedRecent = 50
+	// maxViewers bounds the live views open at once: each holds a
+	// goroutine, a buffer and a connection.
+	maxViewers = 32
+)
 
 func newFeed() *feed { return &feed{subs: map[chan Change]struct{}{}} }
 
@@ -56,12 +61,16 @@ func (f *feed) Events(events []store.Event) {
 	}
 }
 
-func (f *feed) subscribe() (chan Change, []Change) {
-	ch := make(chan Change, 256)
+// subscribe adds a viewer; ok is false when maxViewers are already open.
+func (f *feed) subscribe() (ch chan Change, recent []Change, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.subs) >= maxViewers {
+		return nil, nil, false
+	}
+	ch = make(chan Change, 256)
 	f.subs[ch] = struct{}{}
-	return ch, append([]Change(nil), f.recent...)
+	return ch, append([]Change(nil), f.recent...), true
 }
 
 func (f *feed) unsubscribe(ch chan Change) {

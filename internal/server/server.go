@@ -53,6 +53,9 @@ type Config struct {
 	// AdminListen is the address of the HTTP admin endpoint (health,
 	// metrics, console, backups); empty turns it off.
 	AdminListen string
+	// AdminAllowedHosts are host names, besides IP addresses and
+	// localhost, by which browsers may reach the admin endpoint.
+	AdminAllowedHosts []string
 
 	Limits Limits
 	// History bounds the change history KEYNOTIFY ... SINCE replays from;
@@ -196,7 +199,7 @@ func Start(cfg Config) (*Server, error) {
 	var timings replica.Timings
 	if cfg.AdminListen != "" {
 		metrics := admin.NewMetrics()
-		s.admin = admin.New(metrics, cfg.Logger)
+		s.admin = admin.New(metrics, cfg.AdminAllowedHosts, cfg.Logger)
 		timings = metrics.Timings()
 		s.service.OnReply = metrics.ObserveReply
 		onEvents = func(ev []store.Event) {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -147,11 +148,82 @@ func TestAdminEndpoint(t *testing.T) {
 	if len(page.Keys) != 2 || page.Keys[1].Key != "m/4" || page.Next != "" {
 		t.Fatalf("keys page 2: %s", body)
 	}
-	resp, err := http.Post(base+"/v1/keys/delete?key="+hex.EncodeToString([]byte("m/0")), "", nil)
+	del := base + "/v1/keys/delete?key=" + hex.EncodeToString([]byte("m/0"))
+	// A plain POST, as a cross-site form would send it, changes nothing.
+	resp, err := http.Post(del, "", nil)
+	if err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("delete without %s: %v %v", admin.RequestHeader, resp, err)
+	}
+	expectPayload(t, c.call("GET", "m/0"), "$1\r\nv\r\n")
+	req, _ := http.NewRequest(http.MethodPost, del, nil)
+	req.Header.Set(admin.RequestHeader, "1")
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("delete: %v %v", resp, err)
 	}
 	expectPayload(t, c.call("GET", "m/0"), "$-1\r\n")
+}
+
+// TestAdminRefusesForeignHosts: a browser led to the endpoint under a name
+// that is not the operator's (DNS rebinding) is refused; IP addresses,
+// localhost and --admin-allowed-hosts names are served.
+func TestAdminRefusesForeignHosts(t *testing.T) {
+	s := startServer(t, inMemory(), withAdmin(), func(c *server.Config) { c.AdminAllowedHosts = []string{"mqkv.internal"} })
+	_, port, _ := net.SplitHostPort(s.AdminAddr())
+	for host, want := range map[string]int{
+		"127.0.0.1:" + port:        200,
+		"[::1]:" + port:            200,
+		"localhost:" + port:        200,
+		"LOCALHOST":                200,
+		"mqkv.internal:" + port:    200,
+		"attacker.example:" + port: http.StatusMisdirectedRequest,
+		"127.0.0.1.nip.io":         http.StatusMisdirectedRequest,
+	} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.AdminAddr()+"/v1/status", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+}
+
+// TestAdminLiveViewersAreBounded: the live change feed serves a bounded
+// number of viewers; the next one is told so, and a place frees when a
+// viewer leaves.
+func TestAdminLiveViewersAreBounded(t *testing.T) {
+	s := startServer(t, inMemory(), withAdmin())
+	url := "http://" + s.AdminAddr() + "/v1/events"
+	open := func() *http.Response {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	var viewers []*http.Response
+	for i := 0; i < 32; i++ {
+		r := open()
+		if r.StatusCode != 200 {
+			t.Fatalf("viewer %d: %d", i, r.StatusCode)
+		}
+		viewers = append(viewers, r)
+	}
+	if r := open(); r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("viewer 33: %d, want 503", r.StatusCode)
+	}
+	viewers[0].Body.Close()
+	eventually(t, "a freed place", func() bool {
+		r := open()
+		r.Body.Close()
+		return r.StatusCode == 200
+	})
 }
 
 // TestBackupRestore takes a backup while writers run, restores it, and
