@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,33 @@ func TestMaxPacketSize(t *testing.T) {
 		t.Fatalf("oversized packet: connection not closed: %v", err)
 	}
 	expectPayload(t, c.call("PING"), "+PONG\r\n") // the server serves on
+}
+
+// TestOversizedConnectIsRefused: before a client has authenticated, the
+// server reads at most 64 KiB from it, whatever --max-packet-size says.
+func TestOversizedConnectIsRefused(t *testing.T) {
+	s := startServer(t, inMemory())
+	raw, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	// A well-formed CONNECT of 70 KB: username and password flags set.
+	body := append(mqttString("MQTT"), 5, 0xc2, 0, 60, 0)
+	body = append(body, mqttString("big-connect")...)
+	body = append(body, mqttString(strings.Repeat("u", 10000))...)
+	body = append(body, mqttString(strings.Repeat("p", 60000))...)
+	go raw.Write(packet(0x10, body))
+	raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := readUntilClosed(raw)
+	if err != nil {
+		t.Fatalf("oversized CONNECT: connection not closed: %v", err)
+	}
+	if n != 0 {
+		t.Fatalf("oversized CONNECT: %d bytes answered, want none", n)
+	}
+	c := dialRaw(t, s, "after", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("PING"), "+PONG\r\n")
 }
 
 // TestSlowConsumerIsDisconnected: a client that stops reading is cut off

@@ -335,6 +335,56 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
+// TestPolicyProtectsOtherClients: with a policy, a client can neither have
+// replies published where it may not publish itself (another client's
+// command topic) nor take over another user's session by reusing its
+// client id.
+func TestPolicyProtectsOtherClients(t *testing.T) {
+	pw := writePasswords(t, "writer", "w", "reader", "r")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(pol, []byte(testPolicy), 0o600)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
+	dial := func(id, user, pass string) (*rawClient, *paho.Connack) {
+		conn, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: true, conn: conn, username: user, password: pass})
+		return c, ack
+	}
+	victim, _ := dial("device-1", "writer", "w")
+	attacker, _ := dial("device-2", "reader", "r")
+	if victim == nil || attacker == nil {
+		t.Fatal("clients refused")
+	}
+	if code := victim.subscribe("commands/device-1", 1); code != 1 {
+		t.Fatalf("victim subscribe: 0x%02x", code)
+	}
+
+	// Replies aimed at the victim's command topic: the attacker is cut off
+	// and the victim receives nothing.
+	attacker.send(req{args: []string{"GET", "config/site*"}, ts: now(), respTopc: "commands/device-1", disconnects: true})
+	select {
+	case d := <-attacker.disc:
+		if d.ReasonCode != 0x87 {
+			t.Fatalf("DISCONNECT reason 0x%02x, want 0x87", d.ReasonCode)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("attacker not disconnected")
+	}
+	expectPayload(t, victim.call("PING"), "+PONG\r\n")
+	expectNoPublish(t, victim, 200*time.Millisecond)
+
+	// Another user may not take over device-1's session; the same user may.
+	if _, ack := dial("device-1", "reader", "r"); ack == nil || ack.ReasonCode != 0x87 {
+		t.Fatalf("takeover by another user: CONNACK %+v, want 0x87", ack)
+	}
+	expectPayload(t, victim.call("PING"), "+PONG\r\n")
+	if again, ack := dial("device-1", "writer", "w"); again == nil {
+		t.Fatalf("reconnect by the same user: CONNACK %+v", ack)
+	}
+}
+
 func TestPolicyAllowsTheSDKs(t *testing.T) {
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
 	os.WriteFile(pol, []byte(`rules:
