@@ -69,8 +69,15 @@ type Client struct {
 	mu      sync.Mutex
 	pending map[string]chan *paho.Publish // correlation data → reply
 	ready   chan struct{}                 // closed when the current connection can take requests
+	gen     uint64                        // connections made so far; a stale setup must not open ready
 	watches map[string]*keyWatch          // key → its watchers
 	closed  bool
+	done    chan struct{} // closed by Close: ends every wait
+	setup   chan error    // a refused response-topic subscription, for Dial
+
+	// regMu orders registration changes (KEYNOTIFY and its STOP) so that
+	// a watch starting while the key's last one stops is not undone.
+	regMu sync.Mutex
 }
 
 // Dial connects and returns once the client can send requests.
@@ -103,6 +110,8 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		pending:   map[string]chan *paho.Publish{},
 		ready:     make(chan struct{}),
 		watches:   map[string]*keyWatch{},
+		done:      make(chan struct{}),
+		setup:     make(chan error, 1),
 	}
 	ac := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
@@ -144,6 +153,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	case err := <-connErr:
 		cm.Disconnect(context.Background())
 		return nil, fmt.Errorf("connect %s: %w", u, err)
+	case err := <-c.setup:
+		c.Close()
+		return nil, fmt.Errorf("connect %s: %w", u, err)
 	case <-ctx.Done():
 		cm.Disconnect(context.Background())
 		return nil, fmt.Errorf("connect %s: %w", u, ctx.Err())
@@ -181,33 +193,74 @@ func (c *Client) readyChan() chan struct{} {
 // onConnectionUp subscribes to the response topic and registers every
 // watched key again: registrations end with a connection. It must not
 // block, so the work runs in a goroutine that opens the gate for requests
-// when the subscription is in place.
+// when the subscription is in place. A failed subscription is retried
+// while the connection lasts; a refused one (no permission) also fails
+// Dial.
 func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack) {
+	c.mu.Lock()
+	c.gen++
+	gen := c.gen
+	c.mu.Unlock()
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-		defer cancel()
-		_, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
-			{Topic: c.respTopic, QoS: 1, NoLocal: true},
-		}})
-		if err != nil {
-			c.log.Warn("subscribe to the response topic failed", "error", err)
-			return
+		for attempt := 0; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+			sa, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
+				{Topic: c.respTopic, QoS: 1, NoLocal: true},
+			}})
+			cancel()
+			if err == nil {
+				break
+			}
+			c.log.Warn("subscribe to the response topic failed", "error", err, "attempt", attempt+1)
+			if sa != nil && len(sa.Reasons) > 0 {
+				select {
+				case c.setup <- fmt.Errorf("subscription to the response topic %s refused (reason 0x%02x)", c.respTopic, sa.Reasons[0]):
+				default:
+				}
+			}
+			select {
+			case <-time.After(min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)):
+			case <-c.done:
+				return
+			}
+			if !c.current(gen) {
+				return
+			}
 		}
 		c.mu.Lock()
+		if c.gen != gen {
+			c.mu.Unlock()
+			return // a newer connection does its own setup
+		}
 		select {
 		case <-c.ready:
 		default:
 			close(c.ready)
 		}
-		keys := make([]string, 0, len(c.watches))
-		for k := range c.watches {
-			keys = append(keys, k)
+		ids := make([]string, 0, len(c.watches))
+		for id, kw := range c.watches {
+			// Patterns first: a key's resync may deliver to them.
+			if kw.pattern {
+				ids = append([]string{id}, ids...)
+			} else {
+				ids = append(ids, id)
+			}
 		}
 		c.mu.Unlock()
-		for _, k := range keys {
-			c.resync(k)
+		for _, id := range ids {
+			if !c.current(gen) {
+				return
+			}
+			c.resync(id)
 		}
 	}()
+}
+
+// current reports whether connection gen is still the client's latest.
+func (c *Client) current(gen uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen == gen && !c.closed
 }
 
 func (c *Client) onConnectionDown() bool {
@@ -242,10 +295,16 @@ func (c *Client) onPublish(pr paho.PublishReceived) (bool, error) {
 	return true, nil
 }
 
-// Close disconnects.
+// Close disconnects. Requests in progress end with ErrClosed, watches'
+// channels are closed.
 func (c *Client) Close() error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
 	c.closed = true
+	close(c.done)
 	for _, w := range c.watches {
 		w.closeAll()
 	}
@@ -275,6 +334,8 @@ func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserP
 	}
 	select {
 	case <-c.readyChan():
+	case <-c.done:
+		return reply{}, ErrClosed
 	case <-ctx.Done():
 		return reply{}, fmt.Errorf("client: not connected: %w", ctx.Err())
 	}
@@ -312,11 +373,18 @@ func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserP
 		},
 	})
 	if err != nil {
+		select {
+		case <-c.done:
+			return reply{}, ErrClosed
+		default:
+		}
 		return reply{}, fmt.Errorf("client: publish: %w", err)
 	}
 	select {
 	case p := <-ch:
 		return c.parse(p)
+	case <-c.done:
+		return reply{}, ErrClosed
 	case <-ctx.Done():
 		return reply{}, fmt.Errorf("client: no reply: %w", ctx.Err())
 	}

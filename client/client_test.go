@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -265,5 +266,116 @@ func TestExtensions(t *testing.T) {
 	}
 	if err := w.Stop(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCloseEndsPendingRequests: a request waiting for a connection that
+// will not come back ends with ErrClosed when the client is closed.
+func TestCloseEndsPendingRequests(t *testing.T) {
+	s := start(t, "", "")
+	c := dial(t, s.Addr())
+	s.Close()
+	errs := make(chan error, 1)
+	go func() {
+		_, err := c.Get(context.Background(), []byte("k"))
+		errs <- err
+	}()
+	c.Close()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, client.ErrClosed) {
+			t.Fatalf("pending Get: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("pending Get still waiting after Close")
+	}
+	if _, err := c.Watch(context.Background(), []byte("k")); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Watch after Close: %v", err)
+	}
+}
+
+// TestKeepAliveReportsExpiry: when the server is gone, KeepAlive says the
+// lease is lost once its term has run out, not before and not never.
+func TestKeepAliveReportsExpiry(t *testing.T) {
+	s := start(t, "", "")
+	c := dial(t, s.Addr())
+	ctx := ctx(t)
+	l := c.Lease("ka", "")
+	const ttl = 400 * time.Millisecond
+	if ok, err := l.TryAcquire(ctx, ttl); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	lost := l.KeepAlive(ctx, ttl, ttl/4)
+	s.Close()
+	gone := time.Now()
+	select {
+	case err := <-lost:
+		if !errors.Is(err, client.ErrLeaseExpired) {
+			t.Fatalf("KeepAlive: %v, want ErrLeaseExpired", err)
+		}
+		// Renewals up to the close kept the lease; it is reported lost
+		// no earlier than a term after the last could have succeeded.
+		if time.Since(gone) < ttl-ttl/4 {
+			t.Fatalf("reported lost after %v, before the term ran out", time.Since(gone))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("KeepAlive never reported the lease lost")
+	}
+}
+
+// TestLeadershipReportsWhyItEnded: a leadership taken away reports
+// ErrNotHeld, a resignation context.Canceled.
+func TestLeadershipReportsWhyItEnded(t *testing.T) {
+	s := start(t, "", "")
+	a, b := dial(t, s.Addr()), dial(t, s.Addr())
+	ctx := ctx(t)
+	ld, err := a.Campaign(ctx, "term", "a", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ld.Err() != nil {
+		t.Fatalf("Err while leading: %v", ld.Err())
+	}
+	// An operator hands the lease to b.
+	if _, err := b.Set(ctx, []byte("term"), []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ld.Lost():
+		if !errors.Is(ld.Err(), client.ErrNotHeld) {
+			t.Fatalf("Err %v, want ErrNotHeld", ld.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("leadership not lost")
+	}
+	b.Del(ctx, []byte("term"))
+	ld, err = a.Campaign(ctx, "term", "a", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld.Resign(ctx)
+	if !errors.Is(ld.Err(), context.Canceled) {
+		t.Fatalf("Err after Resign: %v", ld.Err())
+	}
+}
+
+func TestBadTermsAreRefused(t *testing.T) {
+	s := start(t, "", "")
+	c := dial(t, s.Addr())
+	ctx := ctx(t)
+	if _, err := c.Lease("x", "").TryAcquire(ctx, 0); err == nil {
+		t.Error("TryAcquire with a zero term accepted")
+	}
+	if _, err := c.Campaign(ctx, "x", "me", time.Millisecond); err == nil {
+		t.Error("Campaign with a 1 ms term accepted")
+	}
+	if err := <-c.Lease("x", "").KeepAlive(ctx, time.Second, 2*time.Second); err == nil {
+		t.Error("KeepAlive renewing less often than the term accepted")
+	}
+	if _, err := c.Set(ctx, []byte("x"), []byte("v"), client.WithTTL(-time.Second)); err == nil {
+		t.Error("negative TTL accepted")
+	}
+	if v, _ := c.Get(ctx, []byte("x")); v.Found {
+		t.Error("a refused SET wrote")
 	}
 }

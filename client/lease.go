@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -33,9 +34,26 @@ func (c *Client) Lease(name, holder string) *Lease {
 // by someone else.
 var ErrNotHeld = errors.New("client: lease held by another holder")
 
+// ErrLeaseExpired is reported by KeepAlive when no renewal succeeded
+// within the lease's term: it may have expired and been taken by another.
+var ErrLeaseExpired = errors.New("client: lease not renewed within its term")
+
+// MinTTL is the shortest lease term: the protocol counts in milliseconds.
+const MinTTL = time.Millisecond
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinTTL {
+		return fmt.Errorf("client: lease term %v is below the minimum of %v", ttl, MinTTL)
+	}
+	return nil
+}
+
 // TryAcquire takes or renews the lease for ttl if it is free or already
 // ours, without waiting. It reports whether it did.
 func (l *Lease) TryAcquire(ctx context.Context, ttl time.Duration) (bool, error) {
+	if err := checkTTL(ttl); err != nil {
+		return false, err
+	}
 	res, err := l.c.Set(ctx, l.name, l.holder, If(NotExistsOrSame), WithTTL(ttl))
 	if err != nil || !res.Applied {
 		return false, err
@@ -55,20 +73,26 @@ func (l *Lease) Token() Version {
 }
 
 // Acquire waits until the lease is ours: it watches the lease key and tries
-// again whenever it is deleted or expires.
+// again whenever it is deleted or expires, and at least once per ttl in
+// case a notification was lost.
 func (l *Lease) Acquire(ctx context.Context, ttl time.Duration) error {
+	if err := checkTTL(ttl); err != nil {
+		return err
+	}
 	w, err := l.c.Watch(ctx, l.name)
 	if err != nil {
 		return err
 	}
 	defer w.Stop(context.Background())
+	retry := time.NewTicker(ttl)
+	defer retry.Stop()
 	for {
 		ok, err := l.TryAcquire(ctx, ttl)
 		if err != nil || ok {
 			return err
 		}
 		// Wait for the holder to go; a SET by another holder just means
-		// trying again later.
+		// waiting on.
 		for waiting := true; waiting; {
 			select {
 			case e, open := <-w.Events():
@@ -76,6 +100,8 @@ func (l *Lease) Acquire(ctx context.Context, ttl time.Duration) error {
 					return ErrClosed
 				}
 				waiting = !e.Deleted
+			case <-retry.C:
+				waiting = false
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -83,32 +109,58 @@ func (l *Lease) Acquire(ctx context.Context, ttl time.Duration) error {
 	}
 }
 
-// KeepAlive renews the lease every interval until ctx ends or a renewal
-// fails (the lease was lost): the returned channel then receives the
-// reason (ctx.Err() on a normal end) and is closed.
+// KeepAlive renews the lease every interval until ctx ends or the lease is
+// lost: the returned channel then receives the reason (ctx.Err() on a
+// normal end) and is closed. A renewal that fails for want of a connection
+// is retried, but only until the term of the last successful one ends
+// (ErrLeaseExpired): past that point another holder may have it. A
+// renewal refused because another holder has the lease is ErrNotHeld.
 func (l *Lease) KeepAlive(ctx context.Context, ttl, interval time.Duration) <-chan error {
 	out := make(chan error, 1)
+	if err := checkTTL(ttl); err != nil {
+		out <- err
+		close(out)
+		return out
+	}
+	if interval <= 0 || interval >= ttl {
+		out <- fmt.Errorf("client: renewal interval %v must be above zero and below the term %v", interval, ttl)
+		close(out)
+		return out
+	}
 	go func() {
 		defer close(out)
-		t := time.NewTicker(interval)
-		defer t.Stop()
+		// The lease was set no earlier than now: it lasts at least until
+		// now+ttl by the server's clock, which runs at the same rate.
+		expires := time.Now().Add(ttl)
+		next := time.NewTimer(interval)
+		defer next.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				out <- ctx.Err()
 				return
-			case <-t.C:
+			case <-next.C:
 			}
-			ok, err := l.TryAcquire(ctx, ttl)
-			if err == nil && !ok {
-				err = ErrNotHeld
-			}
-			if err != nil {
-				if ctx.Err() != nil {
-					err = ctx.Err()
-				}
-				out <- err
+			sent := time.Now()
+			rctx, cancel := context.WithDeadline(ctx, expires)
+			ok, err := l.TryAcquire(rctx, ttl)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				out <- ctx.Err()
 				return
+			case err == nil && !ok:
+				out <- ErrNotHeld
+				return
+			case err == nil:
+				expires = sent.Add(ttl)
+				next.Reset(interval)
+			case !time.Now().Before(expires):
+				out <- fmt.Errorf("%w: %v", ErrLeaseExpired, err)
+				return
+			default:
+				// Not connected or no reply: try again soon, within the term.
+				next.Reset(min(interval, time.Until(expires)/4+time.Millisecond))
 			}
 		}
 	}()
@@ -139,6 +191,9 @@ type Leadership struct {
 // Campaign waits until candidate leads the election called name, then
 // keeps the leadership (renewing at a third of ttl).
 func (c *Client) Campaign(ctx context.Context, name, candidate string, ttl time.Duration) (*Leadership, error) {
+	if ttl < 3*MinTTL {
+		return nil, fmt.Errorf("client: election term %v is below the minimum of %v (renewals come every third)", ttl, 3*MinTTL)
+	}
 	l := c.Lease(name, candidate)
 	if err := l.Acquire(ctx, ttl); err != nil {
 		return nil, err
@@ -155,6 +210,17 @@ func (c *Client) Campaign(ctx context.Context, name, candidate string, ttl time.
 
 // Lost is closed when the leadership ends (by Resign or a failed renewal).
 func (ld *Leadership) Lost() <-chan struct{} { return ld.lost }
+
+// Err says why the leadership ended once Lost is closed: ErrNotHeld,
+// ErrLeaseExpired, or context.Canceled after Resign. It is nil before.
+func (ld *Leadership) Err() error {
+	select {
+	case <-ld.lost:
+		return ld.err
+	default:
+		return nil
+	}
+}
 
 // Token is the fencing token of the current term.
 func (ld *Leadership) Token() Version { return ld.Lease.Token() }

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -106,6 +107,9 @@ func (c *Client) set(ctx context.Context, key, value []byte, get bool, opts []Op
 		args = append(args, []byte(o.cond))
 	}
 	args = o.appendVersion(args)
+	if o.ttl < 0 {
+		return SetResult{}, Value{}, fmt.Errorf("client: negative TTL %v", o.ttl)
+	}
 	if o.ttl > 0 {
 		ms := (o.ttl + time.Millisecond - 1) / time.Millisecond
 		args = append(args, []byte("PX"), []byte(strconv.FormatInt(int64(ms), 10)))

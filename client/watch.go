@@ -82,9 +82,15 @@ func (c *Client) WatchPattern(ctx context.Context, pattern []byte) (*Watch, erro
 
 func (c *Client) watch(ctx context.Context, key []byte, pattern bool) (*Watch, error) {
 	w := &Watch{c: c, key: string(key), pattern: pattern, events: make(chan Event), signal: make(chan struct{}, 1), done: make(chan struct{})}
-	go w.pump()
 	id := watchID(w.key, pattern)
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	go w.pump()
 	kw := c.watches[id]
 	first := kw == nil
 	if first {
@@ -93,23 +99,24 @@ func (c *Client) watch(ctx context.Context, key []byte, pattern bool) (*Watch, e
 	}
 	kw.watchers = append(kw.watchers, w)
 	c.mu.Unlock()
-	if first {
-		if err := c.keyNotify(ctx, key, pattern, false, Version{}); err != nil {
-			w.Stop(context.Background())
-			return nil, err
+	if !first {
+		return w, nil
+	}
+	if err := c.keyNotify(ctx, key, pattern, false, Version{}); err != nil {
+		c.unwatch(w)
+		return nil, err
+	}
+	if pattern {
+		return w, nil
+	}
+	// Remember the state now, so a reconnect can tell whether the key
+	// changed while notifications could not arrive.
+	if v, err := c.Get(ctx, key); err == nil {
+		c.mu.Lock()
+		if kw.last.IsZero() && !kw.deleted {
+			kw.last, kw.deleted = v.Version, !v.Found
 		}
-		if pattern {
-			return w, nil
-		}
-		// Remember the state now, so a reconnect can tell whether the key
-		// changed while notifications could not arrive.
-		if v, err := c.Get(ctx, key); err == nil {
-			c.mu.Lock()
-			if kw.last.IsZero() && !kw.deleted {
-				kw.last, kw.deleted = v.Version, !v.Found
-			}
-			c.mu.Unlock()
-		}
+		c.mu.Unlock()
 	}
 	return w, nil
 }
@@ -117,11 +124,19 @@ func (c *Client) watch(ctx context.Context, key []byte, pattern bool) (*Watch, e
 // Stop ends the watch; the last watch of a key sends KEYNOTIFY STOP.
 func (w *Watch) Stop(ctx context.Context) error {
 	c := w.c
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	if c.unwatch(w) {
+		return c.keyNotify(ctx, []byte(w.key), w.pattern, true, Version{})
+	}
+	return nil
+}
+
+// unwatch removes w and reports whether it was its key's last watch.
+func (c *Client) unwatch(w *Watch) (last bool) {
 	id := watchID(w.key, w.pattern)
 	c.mu.Lock()
-	kw := c.watches[id]
-	last := false
-	if kw != nil {
+	if kw := c.watches[id]; kw != nil {
 		for i, x := range kw.watchers {
 			if x == w {
 				kw.watchers = append(kw.watchers[:i], kw.watchers[i+1:]...)
@@ -135,10 +150,7 @@ func (w *Watch) Stop(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	w.close()
-	if last {
-		return c.keyNotify(ctx, []byte(w.key), w.pattern, true, Version{})
-	}
-	return nil
+	return last
 }
 
 func (w *Watch) close() { w.once.Do(func() { close(w.done) }) }
@@ -231,20 +243,26 @@ func (c *Client) onNotification(p *paho.Publish) {
 }
 
 // deliver hands e to the watchers of its key and of every pattern
-// matching it.
+// matching it. A watch's resume point only moves forward: a change older
+// than one already seen (a replay overlapping live notifications) does not
+// take it back.
 func (c *Client) deliver(key string, e Event) {
 	c.mu.Lock()
 	var ws []*Watch
 	if kw := c.watches[watchID(key, false)]; kw != nil {
-		kw.last, kw.deleted = e.Version, e.Deleted
+		if e.Resync || e.Version.Compare(kw.last) > 0 { // a resync is the key's state now
+			kw.last, kw.deleted = e.Version, e.Deleted
+		}
 		ws = append(ws, kw.watchers...)
 	}
-	for id, kw := range c.watches {
-		if kw.pattern && glob.Match([]byte(id[2:]), e.Key) {
-			if e.Version.Compare(kw.last) > 0 {
-				kw.last = e.Version
+	if !e.Resync { // a key's resync is its own; patterns resume by themselves
+		for id, kw := range c.watches {
+			if kw.pattern && glob.Match([]byte(id[2:]), e.Key) {
+				if e.Version.Compare(kw.last) > 0 {
+					kw.last = e.Version
+				}
+				ws = append(ws, kw.watchers...)
 			}
-			ws = append(ws, kw.watchers...)
 		}
 	}
 	c.mu.Unlock()
@@ -260,6 +278,8 @@ func (c *Client) deliver(key string, e Event) {
 func (c *Client) resync(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
 	c.mu.Lock()
 	kw := c.watches[id]
 	var since Version
@@ -269,14 +289,14 @@ func (c *Client) resync(id string) {
 	}
 	c.mu.Unlock()
 	if kw == nil {
-		return
+		return // stopped meanwhile
 	}
 	key := id[2:]
 	if !since.IsZero() && c.keyNotify(ctx, []byte(key), pattern, false, since) == nil {
 		return // the server replays what was missed
 	}
 	if err := c.keyNotify(ctx, []byte(key), pattern, false, Version{}); err != nil {
-		c.log.Warn("watch: registering again after reconnect failed", "error", err)
+		c.log.Warn("watch: registering again after reconnect failed", "key", key, "error", err)
 		return
 	}
 	if pattern {
@@ -287,7 +307,7 @@ func (c *Client) resync(id string) {
 		return
 	}
 	c.mu.Lock()
-	changed := (v.Found && v.Version != kw.last) || (!v.Found && !kw.deleted)
+	changed := (v.Found && v.Version.Compare(kw.last) > 0) || (!v.Found && !kw.deleted)
 	c.mu.Unlock()
 	if !changed {
 		return

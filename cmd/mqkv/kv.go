@@ -372,7 +372,7 @@ func printEvent(asJSON bool, e client.Event) {
 
 func lockCmd() *cobra.Command {
 	var c conn
-	var ttl time.Duration
+	var ttl, grace time.Duration
 	var holder string
 	cmd := &cobra.Command{
 		Use:   "lock NAME -- COMMAND [ARG...]",
@@ -380,8 +380,12 @@ func lockCmd() *cobra.Command {
 		Long: `Waits until the lease NAME is free, takes it, and runs COMMAND while renewing
 it (every third of --ttl). The command finds the lease's fencing token in
 MQKV_FENCING_TOKEN, to pass with its writes (mqkv set --fencing-token ...).
-The lease is released when the command ends; if it is lost, the command is
-interrupted. Exit status: the command's.`,
+
+SIGINT, SIGTERM and SIGHUP sent to mqkv are passed on to the command, and the
+lease is kept until it ends. If the lease is lost (renewals fail for a whole
+term, or another holder has it), the command gets SIGTERM, then SIGKILL after
+--grace, and mqkv exits 2 saying so. The lease is released only once renewal
+has stopped. Exit status: the command's (128+N if a signal N ended it).`,
 		Example: `  mqkv lock nightly-job -- ./backup.sh
   mqkv lock --ttl 30s config-writer -- sh -c 'mqkv set --fencing-token "$MQKV_FENCING_TOKEN" config/site v2'`,
 		Args: cobra.MinimumNArgs(2),
@@ -389,31 +393,29 @@ interrupted. Exit status: the command's.`,
 			if cmd.ArgsLenAtDash() != 1 {
 				return errors.New("lock: want NAME -- COMMAND")
 			}
+			if ttl < 3*client.MinTTL {
+				return fmt.Errorf("lock: --ttl %v is below the minimum of %v", ttl, 3*client.MinTTL)
+			}
 			name, command := args[0], args[1:]
+			// Registered before connecting, so that no signal is missed;
+			// the context c.run cancels on SIGINT and SIGTERM ends only the
+			// wait for the lease.
+			sigs := make(chan os.Signal, 4)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+			defer signal.Stop(sigs)
 			var exit error
 			err := c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
 				lease := cl.Lease(name, holder)
 				if err := lease.Acquire(ctx, ttl); err != nil {
+					if ctx.Err() != nil {
+						return false, fmt.Errorf("lock: interrupted while waiting for %q", name)
+					}
 					return false, err
 				}
-				defer lease.Release(context.Background())
-				kctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				lost := lease.KeepAlive(kctx, ttl, ttl/3)
-				run := exec.CommandContext(kctx, command[0], command[1:]...)
-				run.Stdin, run.Stdout, run.Stderr = os.Stdin, os.Stdout, os.Stderr
-				run.Env = append(os.Environ(), "MQKV_FENCING_TOKEN="+lease.Token().String(), "MQKV_LOCK_NAME="+name)
-				if err := run.Start(); err != nil {
-					return false, err
-				}
-				done := make(chan error, 1)
-				go func() { done <- run.Wait() }()
-				select {
-				case exit = <-done:
-				case err := <-lost:
-					cancel()
-					<-done
-					return false, fmt.Errorf("lock: lease %q lost: %w", name, err)
+				var lostErr error
+				exit, lostErr = runLocked(lease, ttl, grace, sigs, command, name)
+				if lostErr != nil {
+					return false, lostErr
 				}
 				return true, nil
 			})
@@ -422,6 +424,9 @@ interrupted. Exit status: the command's.`,
 			}
 			var ee *exec.ExitError
 			if errors.As(exit, &ee) {
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					return exitCode(128 + int(ws.Signal()))
+				}
 				return exitCode(ee.ExitCode())
 			}
 			return exit
@@ -429,6 +434,56 @@ interrupted. Exit status: the command's.`,
 	}
 	c.flags(cmd.Flags())
 	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "lease term; renewed every third of it")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time the command has to stop after SIGTERM when the lease is lost")
 	cmd.Flags().StringVar(&holder, "holder", "", "holder name written in the lease (default: the client id)")
 	return cmd
+}
+
+// runLocked runs command while lease is renewed: exit is how the command
+// ended; lost is set when the lease was lost under it.
+func runLocked(lease *client.Lease, ttl, grace time.Duration, sigs <-chan os.Signal, command []string, name string) (exit, lost error) {
+	// Renewal outlives a signal: the command keeps the lease while it
+	// shuts down.
+	kctx, stopRenewal := context.WithCancel(context.Background())
+	renewal := lease.KeepAlive(kctx, ttl, ttl/3)
+	defer func() {
+		// Release only once no renewal can follow it.
+		stopRenewal()
+		for range renewal {
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := lease.Release(rctx); err != nil {
+			fmt.Fprintf(os.Stderr, "mqkv: lock: releasing %q: %v\n", name, err)
+		}
+	}()
+	run := exec.Command(command[0], command[1:]...)
+	run.Stdin, run.Stdout, run.Stderr = os.Stdin, os.Stdout, os.Stderr
+	run.Env = append(os.Environ(), "MQKV_FENCING_TOKEN="+lease.Token().String(), "MQKV_LOCK_NAME="+name)
+	if err := run.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	var kill <-chan time.Time
+	watch := renewal
+	for {
+		select {
+		case exit = <-done:
+			return exit, lost
+		case sig := <-sigs:
+			_ = run.Process.Signal(sig)
+		case err, ok := <-watch:
+			if !ok {
+				watch = nil // ended: wait for the command alone
+				continue
+			}
+			lost = fmt.Errorf("lock: lease %q lost, command stopped: %w", name, err)
+			fmt.Fprintf(os.Stderr, "mqkv: lock: lease %q lost (%v): stopping the command\n", name, err)
+			_ = run.Process.Signal(syscall.SIGTERM)
+			kill = time.After(grace)
+		case <-kill:
+			_ = run.Process.Kill()
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -135,4 +136,67 @@ func TestCLI(t *testing.T) {
 	// The key is fenced now: a write without the token is refused.
 	expect("", 2, "", "set", "fenced", "intruder")
 	expect("", 1, "", "get", "job") // released
+}
+
+// TestCLILockSignalsAndLoss: mqkv lock passes signals to its command and
+// keeps the lease until the command ends; a lease lost under the command
+// stops it and makes mqkv fail saying so.
+func TestCLILockSignalsAndLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	s := startServer(t, inMemory())
+	start := func(name, ttl string) (*exec.Cmd, *bufio.Scanner, *bytes.Buffer) {
+		script := `trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done`
+		cmd := exec.Command(mqkvBinary(t), "lock", "--ttl", ttl, "--grace", "5s", name, "--", "sh", "-c", script)
+		cmd.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill() })
+		sc := bufio.NewScanner(out)
+		if !sc.Scan() || sc.Text() != "ready" {
+			t.Fatalf("command did not start: %q %s", sc.Text(), stderr.String())
+		}
+		return cmd, sc, &stderr
+	}
+
+	// SIGTERM to mqkv reaches the command, which ends normally; the lease
+	// is released after.
+	cmd, sc, stderr := start("sig", "5s")
+	if out, code := cli(t, s, "", "get", "sig"); code != 0 || out == "" {
+		t.Fatalf("lease not held while the command runs: %q %d", out, code)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if !sc.Scan() || sc.Text() != "got-term" {
+		t.Fatalf("command did not get SIGTERM: %q", sc.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("mqkv lock after SIGTERM: %v %s", err, stderr)
+	}
+	if _, code := cli(t, s, "", "get", "sig"); code != 1 {
+		t.Fatal("lease not released")
+	}
+
+	// Another holder takes the lease: the command is stopped, mqkv exits 2.
+	cmd, sc, stderr = start("taken", "600ms")
+	if _, code := cli(t, s, "", "set", "taken", "someone-else"); code != 0 {
+		t.Fatal("set")
+	}
+	if !sc.Scan() || sc.Text() != "got-term" {
+		t.Fatalf("command not stopped when the lease was lost: %q", sc.Text())
+	}
+	err := cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "lost") {
+		t.Fatalf("mqkv lock after losing the lease: %v %q", err, stderr)
+	}
+	if out, _ := cli(t, s, "", "get", "taken"); out != "someone-else" {
+		t.Fatalf("the new holder's lease was touched: %q", out)
+	}
 }
