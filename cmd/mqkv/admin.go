@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -36,10 +37,19 @@ func baseURL(u string) string {
 	return strings.TrimRight(u, "/")
 }
 
+// adminHTTP bounds connecting and waiting for the answer to start; a
+// backup's body may then take as long as the store is large.
+var adminHTTP = &http.Client{Transport: &http.Transport{
+	Proxy:                 http.ProxyFromEnvironment,
+	DialContext:           (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+	TLSHandshakeTimeout:   10 * time.Second,
+	ResponseHeaderTimeout: 30 * time.Second,
+}}
+
 func fetchStatus(ctx context.Context, base string) (admin.Status, error) {
 	var st admin.Status
 	req, _ := http.NewRequestWithContext(ctx, "GET", baseURL(base)+"/v1/status", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminHTTP.Do(req)
 	if err != nil {
 		return st, err
 	}
@@ -170,7 +180,13 @@ is kept. Restore it with mqkv restore.`,
 		if *out == "" {
 			return errors.New("backup: --out is required")
 		}
-		resp, err := http.Get(baseURL(*url) + "/v1/backup")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		req, err := http.NewRequestWithContext(ctx, "GET", baseURL(*url)+"/v1/backup", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := adminHTTP.Do(req)
 		if err != nil {
 			return err
 		}

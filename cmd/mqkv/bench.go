@@ -68,8 +68,11 @@ Baselines, measured in the same run:
 		default:
 			return fmt.Errorf("bench: unknown baseline %q (want echo, ping, nopolicy or nopatterns)", *baseline)
 		}
-		if *clients < 1 || *rounds < 1 || *duration <= 0 {
-			return fmt.Errorf("bench: clients, rounds and duration must be positive")
+		if *clients < 1 || *rounds < 1 || *duration <= 0 || *keys < 1 || *responders < 1 {
+			return fmt.Errorf("bench: --clients, --rounds, --duration, --keys and --responders must be positive")
+		}
+		if *valueSize < 0 || *patterns < 0 || *warmup < 0 {
+			return fmt.Errorf("bench: --value-size, --patterns and --warmup must not be negative")
 		}
 		ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
 		defer cancel()
@@ -180,6 +183,11 @@ Baselines, measured in the same run:
 				ms(r.Percentile(0.50)), ms(r.Percentile(0.99)), ms(r.Percentile(0.999)))
 		}
 		tw.Flush()
+		for i, r := range rows {
+			if r.Errors > 0 {
+				fmt.Fprintf(os.Stderr, "warning: %s: %d requests answered with an error, not counted as ops\n", names[i], r.Errors)
+			}
+		}
 		if len(base) > 0 {
 			b, m := rows[0], rows[1]
 			fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", names[1], names[0], m.Throughput()/b.Throughput(),

@@ -305,7 +305,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					continue
 				}
 				if len(r) > 0 && r[0] == '-' {
-					tallies[n].errors++
+					tallies[n].errors++ // refused work is not throughput
+					continue
 				}
 				tallies[n].lat = append(tallies[n].lat, d)
 			}

@@ -387,19 +387,34 @@ func newNodeID() string {
 // new node id, and a log whose only state is the backup. dataDir must not
 // exist or be empty.
 func Restore(dataDir string, r io.Reader) (maxVersion string, keys int, err error) {
-	if entries, err := os.ReadDir(dataDir); err == nil && len(entries) > 0 {
+	entries, err := os.ReadDir(dataDir)
+	existed := err == nil
+	if existed && len(entries) > 0 {
 		return "", 0, fmt.Errorf("restore: %s is not empty", dataDir)
 	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return "", 0, err
 	}
+	// On failure, leave things as found: an empty directory the user
+	// made stays, one made here goes.
+	undo := func() {
+		if !existed {
+			os.RemoveAll(dataDir)
+			return
+		}
+		entries, _ := os.ReadDir(dataDir)
+		for _, e := range entries {
+			os.RemoveAll(filepath.Join(dataDir, e.Name()))
+		}
+	}
 	id, err := loadNodeID(dataDir)
 	if err != nil {
+		undo()
 		return "", 0, err
 	}
 	v, n, err := replica.Restore(filepath.Join(dataDir, "raft"), id, r)
 	if err != nil {
-		os.RemoveAll(dataDir)
+		undo()
 		return "", 0, err
 	}
 	return v.String(), n, nil

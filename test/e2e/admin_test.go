@@ -325,6 +325,14 @@ func TestBackupRestore(t *testing.T) {
 	if _, err := os.Stat(badDir); err == nil {
 		t.Fatal("a refused restore left a data directory behind")
 	}
+	// An empty directory the operator made for it stays, empty.
+	os.Mkdir(badDir, 0o700)
+	if _, err := exec.Command(mqkvBinary(t), "restore", "--in", bad, "--data-dir", badDir).CombinedOutput(); err == nil {
+		t.Fatal("corrupt backup accepted")
+	}
+	if entries, err := os.ReadDir(badDir); err != nil || len(entries) != 0 {
+		t.Fatalf("the operator's directory after a refused restore: %v %v", entries, err)
+	}
 	// Restoring over existing data is refused too.
 	if out, err := exec.Command(mqkvBinary(t), "restore", "--in", file, "--data-dir", dir).CombinedOutput(); err == nil {
 		t.Fatalf("restore over existing data: %s", out)
