@@ -95,34 +95,24 @@ var DefaultLimits = Limits{
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
-	if l.MaxPacketSize == 0 {
-		l.MaxPacketSize = d.MaxPacketSize
-	}
-	if l.MaxKeyLength == 0 {
-		l.MaxKeyLength = d.MaxKeyLength
-	}
-	if l.MaxKeys == 0 {
-		l.MaxKeys = d.MaxKeys
-	}
-	if l.MaxBytes == 0 {
-		l.MaxBytes = d.MaxBytes
-	}
-	if l.MaxRegistrations == 0 {
-		l.MaxRegistrations = d.MaxRegistrations
-	}
-	if l.MaxConnections == 0 {
-		l.MaxConnections = d.MaxConnections
-	}
-	if l.MaxOutbound == 0 {
-		l.MaxOutbound = d.MaxOutbound
-	}
-	if l.MaxQueued == 0 {
-		l.MaxQueued = d.MaxQueued
-	}
-	if l.MaxSessionExpiry == 0 {
-		l.MaxSessionExpiry = d.MaxSessionExpiry
-	}
+	orDefault(&l.MaxPacketSize, d.MaxPacketSize)
+	orDefault(&l.MaxKeyLength, d.MaxKeyLength)
+	orDefault(&l.MaxKeys, d.MaxKeys)
+	orDefault(&l.MaxBytes, d.MaxBytes)
+	orDefault(&l.MaxRegistrations, d.MaxRegistrations)
+	orDefault(&l.MaxConnections, d.MaxConnections)
+	orDefault(&l.MaxOutbound, d.MaxOutbound)
+	orDefault(&l.MaxQueued, d.MaxQueued)
+	orDefault(&l.MaxSessionExpiry, d.MaxSessionExpiry)
 	return l
+}
+
+// orDefault sets an unset (zero) *v to def.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // Server is a running node.
