@@ -151,13 +151,13 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	case <-c.readyChan():
 		return c, nil
 	case err := <-connErr:
-		cm.Disconnect(context.Background())
+		c.Close()
 		return nil, fmt.Errorf("connect %s: %w", u, err)
 	case err := <-c.setup:
 		c.Close()
 		return nil, fmt.Errorf("connect %s: %w", u, err)
 	case <-ctx.Done():
-		cm.Disconnect(context.Background())
+		c.Close()
 		return nil, fmt.Errorf("connect %s: %w", u, ctx.Err())
 	}
 }
@@ -248,10 +248,7 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 		}
 		c.mu.Unlock()
 		for _, id := range ids {
-			if !c.current(gen) {
-				return
-			}
-			c.resync(id)
+			c.resync(id, gen)
 		}
 	}()
 }

@@ -19,6 +19,7 @@ type Lease struct {
 
 	mu    sync.Mutex
 	token Version
+	sent  time.Time // when the request of the last acquisition was sent
 }
 
 // Lease returns the lease called name, to be held as holder (empty means
@@ -54,12 +55,13 @@ func (l *Lease) TryAcquire(ctx context.Context, ttl time.Duration) (bool, error)
 	if err := checkTTL(ttl); err != nil {
 		return false, err
 	}
+	sent := time.Now()
 	res, err := l.c.Set(ctx, l.name, l.holder, If(NotExistsOrSame), WithTTL(ttl))
 	if err != nil || !res.Applied {
 		return false, err
 	}
 	l.mu.Lock()
-	l.token = res.Version
+	l.token, l.sent = res.Version, sent
 	l.mu.Unlock()
 	return true, nil
 }
@@ -83,7 +85,9 @@ func (l *Lease) Acquire(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return err
 	}
-	defer w.Stop(context.Background())
+	// Stopped in the background: the lease's term is running, and a slow
+	// connection must not eat into it before renewal starts.
+	defer func() { go w.Stop(context.Background()) }()
 	retry := time.NewTicker(ttl)
 	defer retry.Stop()
 	for {
@@ -129,9 +133,14 @@ func (l *Lease) KeepAlive(ctx context.Context, ttl, interval time.Duration) <-ch
 	}
 	go func() {
 		defer close(out)
-		// The lease was set no earlier than now: it lasts at least until
-		// now+ttl by the server's clock, which runs at the same rate.
-		expires := time.Now().Add(ttl)
+		// The server set the lease after the acquiring request was sent:
+		// it lasts at least until then+ttl, clocks running at one rate.
+		l.mu.Lock()
+		expires := l.sent.Add(ttl)
+		if l.sent.IsZero() {
+			expires = time.Now() // never acquired: the first renewal must succeed
+		}
+		l.mu.Unlock()
 		next := time.NewTimer(interval)
 		defer next.Stop()
 		for {
@@ -155,6 +164,9 @@ func (l *Lease) KeepAlive(ctx context.Context, ttl, interval time.Duration) <-ch
 			case err == nil:
 				expires = sent.Add(ttl)
 				next.Reset(interval)
+			case errors.Is(err, ErrClosed):
+				out <- err
+				return
 			case !time.Now().Before(expires):
 				out <- fmt.Errorf("%w: %v", ErrLeaseExpired, err)
 				return

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
@@ -271,15 +272,31 @@ func (c *Client) deliver(key string, e Event) {
 	}
 }
 
-// resync registers a watched key or pattern again after a reconnect. It
-// asks for the changes since the last one seen; if the server no longer has
-// them (or is not mqkv), it registers afresh and, for a key, reports its
-// current state as a Resync event when it changed meanwhile.
-func (c *Client) resync(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-	defer cancel()
+// resync registers a watched key or pattern again after a reconnect (of
+// connection gen). It asks for the changes since the last one seen; if the
+// server no longer has them (or is not mqkv), it registers afresh and, for
+// a key, reports its current state as a Resync event when it changed
+// meanwhile. A failure is retried while the connection lasts: a watch
+// must not go silent.
+func (c *Client) resync(id string, gen uint64) {
+	for attempt := 0; c.current(gen); attempt++ {
+		if c.resyncOnce(id) {
+			return
+		}
+		select {
+		case <-time.After(min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)):
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// resyncOnce is one attempt of resync; it reports whether it is done.
+func (c *Client) resyncOnce(id string) bool {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+	defer cancel()
 	c.mu.Lock()
 	kw := c.watches[id]
 	var since Version
@@ -289,29 +306,28 @@ func (c *Client) resync(id string) {
 	}
 	c.mu.Unlock()
 	if kw == nil {
-		return // stopped meanwhile
+		return true // stopped meanwhile
 	}
 	key := id[2:]
 	if !since.IsZero() && c.keyNotify(ctx, []byte(key), pattern, false, since) == nil {
-		return // the server replays what was missed
+		return true // the server replays what was missed
 	}
 	if err := c.keyNotify(ctx, []byte(key), pattern, false, Version{}); err != nil {
-		c.log.Warn("watch: registering again after reconnect failed", "key", key, "error", err)
-		return
+		c.log.Warn("watch: registering again after reconnect failed; retrying", "key", key, "error", err)
+		return false
 	}
 	if pattern {
-		return
+		return true
 	}
 	v, err := c.Get(ctx, []byte(key))
 	if err != nil {
-		return
+		return true // registered; the state check is best effort
 	}
 	c.mu.Lock()
 	changed := (v.Found && v.Version.Compare(kw.last) > 0) || (!v.Found && !kw.deleted)
 	c.mu.Unlock()
-	if !changed {
-		return
+	if changed {
+		c.deliver(key, Event{Key: []byte(key), Resync: true, Deleted: !v.Found, Value: v.Value, Version: v.Version})
 	}
-	e := Event{Key: []byte(key), Resync: true, Deleted: !v.Found, Value: v.Value, Version: v.Version}
-	c.deliver(key, e)
+	return true
 }

@@ -381,8 +381,9 @@ func lockCmd() *cobra.Command {
 it (every third of --ttl). The command finds the lease's fencing token in
 MQKV_FENCING_TOKEN, to pass with its writes (mqkv set --fencing-token ...).
 
-SIGINT, SIGTERM and SIGHUP sent to mqkv are passed on to the command, and the
-lease is kept until it ends. If the lease is lost (renewals fail for a whole
+SIGTERM and SIGHUP sent to mqkv are passed on to the command (SIGINT from a
+terminal reaches it directly, as it shares the terminal), and the lease is
+kept until the command ends. If the lease is lost (renewals fail for a whole
 term, or another holder has it), the command gets SIGTERM, then SIGKILL after
 --grace, and mqkv exits 2 saying so. The lease is released only once renewal
 has stopped. Exit status: the command's (128+N if a signal N ended it).`,
@@ -397,20 +398,29 @@ has stopped. Exit status: the command's (128+N if a signal N ended it).`,
 				return fmt.Errorf("lock: --ttl %v is below the minimum of %v", ttl, 3*client.MinTTL)
 			}
 			name, command := args[0], args[1:]
-			// Registered before connecting, so that no signal is missed;
-			// the context c.run cancels on SIGINT and SIGTERM ends only the
-			// wait for the lease.
+			// Registered before connecting, so that none is missed; the
+			// context c.run cancels on SIGINT and SIGTERM ends only the
+			// wait for the lease. SIGINT is not passed on: from a terminal
+			// the command gets it itself, and twice would mean "abort".
 			sigs := make(chan os.Signal, 4)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer signal.Stop(sigs)
 			var exit error
 			err := c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
 				lease := cl.Lease(name, holder)
-				if err := lease.Acquire(ctx, ttl); err != nil {
-					if ctx.Err() != nil {
-						return false, fmt.Errorf("lock: interrupted while waiting for %q", name)
-					}
+				err := lease.Acquire(ctx, ttl)
+				if err == nil && ctx.Err() != nil {
+					lease.Release(context.Background()) // interrupted as it was taken
+				}
+				if ctx.Err() != nil {
+					return false, fmt.Errorf("lock: interrupted while waiting for %q", name)
+				}
+				if err != nil {
 					return false, err
+				}
+				// Signals of the wait are not the command's.
+				for len(sigs) > 0 {
+					<-sigs
 				}
 				var lostErr error
 				exit, lostErr = runLocked(lease, ttl, grace, sigs, command, name)
@@ -472,7 +482,9 @@ func runLocked(lease *client.Lease, ttl, grace time.Duration, sigs <-chan os.Sig
 		case exit = <-done:
 			return exit, lost
 		case sig := <-sigs:
-			_ = run.Process.Signal(sig)
+			if sig != os.Interrupt {
+				_ = run.Process.Signal(sig)
+			}
 		case err, ok := <-watch:
 			if !ok {
 				watch = nil // ended: wait for the command alone

@@ -17,7 +17,9 @@ const RequestHeader = "X-Mqkv-Request"
 //   - the Host header must be an IP address, localhost, or a name the
 //     operator allowed; otherwise a page on any site could point its own
 //     name at 127.0.0.1 and read the store through the visitor's browser
-//     (DNS rebinding);
+//     (DNS rebinding). Health checks and metrics, which hold no keys or
+//     values, answer under any name, so that probes and scrapers can use
+//     the host's DNS name without configuration;
 //   - a POST must carry RequestHeader (cross-site request forgery).
 type guard struct {
 	next  http.Handler
@@ -32,8 +34,11 @@ func newGuard(next http.Handler, allowedHosts []string) *guard {
 	return g
 }
 
+// anyHost are the read-only paths served whatever the Host.
+var anyHost = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+
 func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !g.hostAllowed(r.Host) {
+	if !(anyHost[r.URL.Path] && r.Method == http.MethodGet) && !g.hostAllowed(r.Host) {
 		httpError(w, http.StatusMisdirectedRequest, "host %q is not allowed: use an IP address or localhost, or add the name with --admin-allowed-hosts", r.Host)
 		return
 	}

@@ -195,7 +195,6 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			return nil, err
 		}
 		b.sessions = s
-		b.seq.renumbered = func(cl *mqtt.Client, pk packets.Packet) { s.OnQosPublish(cl, pk, 0, 0) }
 		if err := srv.AddHook(s, nil); err != nil {
 			s.Stop()
 			return nil, err
@@ -281,7 +280,7 @@ func (b *Broker) sweep() {
 			if !persistent(cl) {
 				if cur, ok := b.srv.Clients.Get(cl.ID); ok && cur == cl {
 					b.srv.Clients.Delete(cl.ID)
-					b.seq.forget(cl.ID)
+					b.srv.UnsubscribeClient(cl)
 				}
 			}
 			return true
@@ -290,12 +289,18 @@ func (b *Broker) sweep() {
 }
 
 // closeListenerClients disconnects every client connected through the
-// listener, telling them the server is shutting down.
+// listener, telling them the server is shutting down. They are
+// disconnected all at once, so clients that stopped reading cost shutdown
+// one second in all, not each.
 func (b *Broker) closeListenerClients(listenerID string) {
+	var ended []<-chan struct{}
 	for _, cl := range b.srv.Clients.GetAll() {
 		if cl.Net.Listener == listenerID && !cl.Closed() {
-			_ = b.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+			ended = append(ended, b.disconnect(cl, packets.ErrServerShuttingDown))
 		}
+	}
+	for _, e := range ended {
+		<-e
 	}
 }
 
@@ -305,6 +310,13 @@ func (b *Broker) forget(cl *mqtt.Client, c *conn) {
 		b.handler.Disconnected(cl.ID, c.id)
 	}
 	b.dropNotifySubscription(cl)
+}
+
+// HasSession reports whether the broker holds a session (connected or
+// not) for the client id.
+func (b *Broker) HasSession(clientID string) bool {
+	_, ok := b.srv.Clients.Get(clientID)
+	return ok
 }
 
 // ClientsConnected returns the number of connected clients.

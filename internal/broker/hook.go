@@ -30,7 +30,6 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnPublishDropped,
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
-		mqtt.OnQosPublish,
 		mqtt.OnClientExpired,
 	}, []byte{b})
 }
@@ -62,7 +61,10 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 // every packet then, but MQTT 5 (3.1.2.11.7) only forbids them on packets
 // other than PUBLISH, CONNACK and DISCONNECT; without them a reply loses
 // __stat and __ts and no AIO client accepts it.
-func (h *hook) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
+//
+// It also renumbers a resumed session's messages before mochi resends
+// them, right after the CONNACK (see sequencer).
+func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
@@ -70,14 +72,19 @@ func (h *hook) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet 
 		// mochi enforces its maximum packet size but does not tell
 		// clients (MQTT 5, 3.2.2.3.6).
 		pk.Properties.MaximumPacketSize = h.b.maxPacketSize
+		if pk.SessionPresent && cl != nil {
+			h.b.seq.renumber(cl)
+		}
 	}
 	return pk
 }
 
 // OnPublish hands requests to the state store. They are not routed to
 // subscribers: CodeSuccessIgnore still acknowledges QoS 1 (returning
-// ErrRejectPacket would not, mochi issue #465).
+// ErrRejectPacket would not, mochi issue #465). Every other message is
+// numbered for in-order resends (see sequencer).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	h.b.seq.stamp(&pk)
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
 		return pk, nil
 	}
@@ -119,16 +126,12 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 	h.b.slowConsumer(cl)
 }
 
-func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ int) {
-	h.b.seq.stamp(cl, pk)
-}
-
-func (h *hook) OnClientExpired(cl *mqtt.Client) { h.b.seq.forget(cl.ID) }
+// OnClientExpired ends an expired session's subscriptions: mochi forgets
+// the client but leaves them in the topic index, where a later client
+// reusing the id would inherit them.
+func (h *hook) OnClientExpired(cl *mqtt.Client) { h.b.srv.UnsubscribeClient(cl) }
 
 func (h *hook) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
-	if !persistent(cl) {
-		h.b.seq.forget(cl.ID)
-	}
 	if c := h.b.connOf(cl); c != nil {
 		h.b.forget(cl, c)
 	} else {

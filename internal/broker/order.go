@@ -1,85 +1,66 @@
 package broker
 
 import (
-	"sync"
+	"slices"
+	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // sequencer keeps the messages a session holds unacknowledged in the order
-// they were first sent, so that a client coming back gets them in that
+// they were published, so that a client coming back gets them in that
 // order, as MQTT requires [MQTT-4.6.0-1].
 //
 // mochi resends a session's messages sorted by uint16(Created), Created
 // being the Unix second the message arrived: messages of the same second
 // come back in random order, and every 18 hours the low 16 bits wrap and
 // the order flips. mqkv sets no maximum message expiry, so mochi uses
-// Created for nothing else; the sequencer overwrites it with a per-session
-// counter. When the counter would wrap, the session's messages are
-// renumbered from zero: a session holds at most MaxQueued (< 65,536) of
-// them, so the numbers always fit and sort as sent.
+// Created for nothing else (expiry deadlines are computed before), and the
+// sequencer makes it an order number in two steps:
 //
-// Order is kept per publisher, which is what MQTT asks: one publisher's
-// messages reach the subscriber's session one after another from its
-// connection's goroutine.
-type sequencer struct {
-	mu   sync.Mutex
-	next map[string]uint16 // client id → number of its next message
-	// renumbered is told of each message whose number changed, so that
-	// the session store keeps the new one.
-	renumbered func(*mqtt.Client, packets.Packet)
+//   - every message gets a broker-wide number as it is published (stamp),
+//     which every copy routed to a session inherits, including the one
+//     mochi stores again when the client's Receive Maximum is exhausted;
+//     numbers start at the start time in nanoseconds, so they keep growing
+//     across restarts and messages restored from disk sort first;
+//   - just before mochi resends a session's messages (when the CONNACK of
+//     a resumed session is written), they are renumbered 0..n-1 in that
+//     order, so that the low 16 bits mochi sorts by are in order too.
+type sequencer struct{ next atomic.Int64 }
+
+func newSequencer() *sequencer {
+	q := &sequencer{}
+	q.next.Store(time.Now().UnixNano())
+	return q
 }
 
-func newSequencer() *sequencer { return &sequencer{next: map[string]uint16{}} }
+// stamp numbers a message being published.
+func (q *sequencer) stamp(pk *packets.Packet) { pk.Created = q.next.Add(1) }
 
-// stamp numbers a message just added to cl's session.
-func (q *sequencer) stamp(cl *mqtt.Client, pk packets.Packet) {
-	if pk.FixedHeader.Type != packets.Publish || pk.FixedHeader.Dup {
-		return // an ack, or a resend keeping its number
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	n, known := q.next[cl.ID]
-	if !known || n == 0xffff {
-		n = q.renumber(cl, pk.PacketID)
-	}
-	pk.Created = int64(n)
-	// Set replaces the copy mochi stored, which still carries the second.
-	cl.State.Inflight.Set(pk)
-	q.next[cl.ID] = n + 1
-}
-
-// renumber gives the session's messages other than skip the numbers 0..n-1
-// in their present order and returns n. A session restored from disk
-// starts here too.
-//
-// A message acknowledged between the Get and the Set below would come back
-// and be delivered once more at the next reconnect: a duplicate, which QoS
-// 1 allows, in a window of nanoseconds once per 65,535 messages. mochi
-// offers no compare-and-set to close it.
-func (q *sequencer) renumber(cl *mqtt.Client, skip uint16) uint16 {
-	var n uint16
-	for _, m := range cl.State.Inflight.GetAll(false) {
-		if m.PacketID == skip || m.FixedHeader.Type != packets.Publish {
-			continue
+// renumber gives the session's messages the numbers 0..n-1 in the order
+// they were published. It runs before the resend: the client has not
+// been sent them on this connection, so none can be acknowledged
+// meanwhile. (A message published into the session at this very moment
+// may be resent before older ones: mochi also sends it directly, so its
+// order against the resend is not defined anyway.)
+func (q *sequencer) renumber(cl *mqtt.Client) {
+	held := cl.State.Inflight.GetAll(false)
+	slices.SortStableFunc(held, func(a, b packets.Packet) int {
+		switch {
+		case a.Created < b.Created:
+			return -1
+		case a.Created > b.Created:
+			return 1
 		}
+		return 0
+	})
+	for i, m := range held {
 		if _, ok := cl.State.Inflight.Get(m.PacketID); !ok {
 			continue
 		}
-		m.Created = int64(n)
+		m.Created = int64(i)
 		cl.State.Inflight.Set(m)
-		if q.renumbered != nil {
-			q.renumbered(cl, m)
-		}
-		n++
 	}
-	return n
-}
-
-// forget drops the counter of a session that has ended.
-func (q *sequencer) forget(clientID string) {
-	q.mu.Lock()
-	delete(q.next, clientID)
-	q.mu.Unlock()
 }

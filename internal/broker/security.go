@@ -268,16 +268,20 @@ func (b *Broker) slowConsumer(cl *mqtt.Client) {
 }
 
 // kick disconnects a client with a reason code without ever blocking the
-// caller: the client's write loop may be stuck on a socket nobody reads,
-// holding the lock mochi's DisconnectClient needs. The DISCONNECT is tried
-// for a second, then the connection is closed outright.
-func (b *Broker) kick(cl *mqtt.Client, code packets.Code) {
+// caller (see disconnect).
+func (b *Broker) kick(cl *mqtt.Client, code packets.Code) { b.disconnect(cl, code) }
+
+// disconnect sends a client a DISCONNECT with a reason code and closes its
+// connection, in the background; the channel is closed when that is done.
+// The client's write loop may be stuck on a socket nobody reads, holding
+// the lock mochi's DisconnectClient needs, so the DISCONNECT is tried for a
+// second, then the connection is closed outright.
+func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) <-chan struct{} {
+	ended := make(chan struct{})
 	go func() {
+		defer close(ended)
 		done := make(chan struct{})
 		go func() {
-			if cl.Net.Conn != nil {
-				_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-			}
 			_ = b.srv.DisconnectClient(cl, code)
 			close(done)
 		}()
@@ -287,6 +291,7 @@ func (b *Broker) kick(cl *mqtt.Client, code packets.Code) {
 			cl.Stop(code)
 		}
 	}()
+	return ended
 }
 
 // responseAllowed decides whether a client may have state store replies

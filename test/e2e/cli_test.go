@@ -146,10 +146,12 @@ func TestCLILockSignalsAndLoss(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	s := startServer(t, inMemory())
-	start := func(name, ttl string) (*exec.Cmd, *bufio.Scanner, *bytes.Buffer) {
+	start := func(name, ttl string) (*exec.Cmd, func() string, *bytes.Buffer) {
 		script := `trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done`
 		cmd := exec.Command(mqkvBinary(t), "lock", "--ttl", ttl, "--grace", "5s", name, "--", "sh", "-c", script)
 		cmd.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
+		// A group of its own, so that cleanup also ends the command.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -159,23 +161,38 @@ func TestCLILockSignalsAndLoss(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cmd.Process.Kill() })
-		sc := bufio.NewScanner(out)
-		if !sc.Scan() || sc.Text() != "ready" {
-			t.Fatalf("command did not start: %q %s", sc.Text(), stderr.String())
+		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		lines := make(chan string, 10)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		next := func() string {
+			select {
+			case l := <-lines:
+				return l
+			case <-time.After(15 * time.Second):
+				return "(nothing within 15 s)"
+			}
 		}
-		return cmd, sc, &stderr
+		if l := next(); l != "ready" {
+			t.Fatalf("command did not start: %q %s", l, stderr.String())
+		}
+		return cmd, next, &stderr
 	}
 
 	// SIGTERM to mqkv reaches the command, which ends normally; the lease
 	// is released after.
-	cmd, sc, stderr := start("sig", "5s")
+	cmd, next, stderr := start("sig", "5s")
 	if out, code := cli(t, s, "", "get", "sig"); code != 0 || out == "" {
 		t.Fatalf("lease not held while the command runs: %q %d", out, code)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	if !sc.Scan() || sc.Text() != "got-term" {
-		t.Fatalf("command did not get SIGTERM: %q", sc.Text())
+	if l := next(); l != "got-term" {
+		t.Fatalf("command did not get SIGTERM: %q", l)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("mqkv lock after SIGTERM: %v %s", err, stderr)
@@ -185,12 +202,12 @@ func TestCLILockSignalsAndLoss(t *testing.T) {
 	}
 
 	// Another holder takes the lease: the command is stopped, mqkv exits 2.
-	cmd, sc, stderr = start("taken", "600ms")
+	cmd, next, stderr = start("taken", "600ms")
 	if _, code := cli(t, s, "", "set", "taken", "someone-else"); code != 0 {
 		t.Fatal("set")
 	}
-	if !sc.Scan() || sc.Text() != "got-term" {
-		t.Fatalf("command not stopped when the lease was lost: %q", sc.Text())
+	if l := next(); l != "got-term" {
+		t.Fatalf("command not stopped when the lease was lost: %q", l)
 	}
 	err := cmd.Wait()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "lost") {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"testing"
@@ -189,38 +190,64 @@ func TestMQTTSessionsSurviveRestart(t *testing.T) {
 // come back in the order they were published [MQTT-4.6.0-1], also after a
 // restart, although they all arrived within the same second.
 func TestMQTTQueuedMessagesKeepOrder(t *testing.T) {
-	dir := t.TempDir()
-	s := startServerIn(t, dir)
-	c := dialRaw(t, s, "orderly", rawOpts{sessionExpiry: 3600, cleanStart: true, noSubscribe: true})
-	c.subscribe("ordered/#", 1)
-	c.c.Disconnect(&paho.Disconnect{})
-	eventually(t, "the subscriber's disconnect", func() bool { return s.Broker().ClientsConnected() == 0 })
-	pub := dialRaw(t, s, "publisher", rawOpts{cleanStart: true, noSubscribe: true})
-	ctx := ctxFor(t, 20*time.Second)
-	const n = 200
-	for i := 0; i < n; i++ {
-		if _, err := pub.c.Publish(ctx, &paho.Publish{Topic: "ordered/x", QoS: 1, Payload: []byte(strconv.Itoa(i))}); err != nil {
-			t.Fatal(err)
-		}
+	// A client's Receive Maximum makes mochi store messages past it on a
+	// second path; both must keep the order.
+	for _, recvMax := range []uint16{0, 5} {
+		t.Run(fmt.Sprintf("receive-maximum-%d", recvMax), func(t *testing.T) {
+			dir := t.TempDir()
+			s := startServerIn(t, dir)
+			opts := rawOpts{sessionExpiry: 3600, cleanStart: true, noSubscribe: true, receiveMaximum: recvMax}
+			c := dialRaw(t, s, "orderly", opts)
+			c.subscribe("ordered/#", 1)
+			c.c.Disconnect(&paho.Disconnect{})
+			eventually(t, "the subscriber's disconnect", func() bool { return s.Broker().ClientsConnected() == 0 })
+			pub := dialRaw(t, s, "publisher", rawOpts{cleanStart: true, noSubscribe: true})
+			ctx := ctxFor(t, 20*time.Second)
+			const n = 200
+			for i := 0; i < n; i++ {
+				if _, err := pub.c.Publish(ctx, &paho.Publish{Topic: "ordered/x", QoS: 1, Payload: []byte(strconv.Itoa(i))}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "all messages queued", func() bool { return s.Broker().Traffic().Inflight == n })
+			pub.c.Disconnect(&paho.Disconnect{})
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			s = startServerIn(t, dir)
+			opts.cleanStart = false
+			back := dialRaw(t, s, "orderly", opts)
+			for i := 0; i < n; i++ {
+				select {
+				case p := <-back.inbox:
+					if string(p.Payload) != strconv.Itoa(i) {
+						t.Fatalf("message %s arrived as #%d", p.Payload, i)
+					}
+				case <-ctx.Done():
+					t.Fatalf("%d of %d queued messages arrived", i, n)
+				}
+			}
+		})
 	}
-	eventually(t, "all messages queued", func() bool { return s.Broker().Traffic().Inflight == n })
-	pub.c.Disconnect(&paho.Disconnect{})
-	if err := s.Close(); err != nil {
+}
+
+// TestMQTTExpiredSessionLeavesNoSubscriptions: once a session expires, a
+// new client with the same id inherits none of its subscriptions.
+func TestMQTTExpiredSessionLeavesNoSubscriptions(t *testing.T) {
+	s := startServer(t, inMemory())
+	ghost := dialRaw(t, s, "ghost", rawOpts{sessionExpiry: 1, cleanStart: true, noSubscribe: true})
+	ghost.subscribe("leak/#", 1)
+	ghost.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the session's expiry", func() bool { return !s.Broker().HasSession("ghost") })
+	again := dialRaw(t, s, "ghost", rawOpts{cleanStart: true, noSubscribe: true})
+	pub := dialRaw(t, s, "leak-publisher", rawOpts{cleanStart: true})
+	if _, err := pub.c.Publish(ctxFor(t, 5*time.Second), &paho.Publish{Topic: "leak/x", QoS: 1, Payload: []byte("secret")}); err != nil {
 		t.Fatal(err)
 	}
-
-	s = startServerIn(t, dir)
-	back := dialRaw(t, s, "orderly", rawOpts{sessionExpiry: 3600, noSubscribe: true})
-	for i := 0; i < n; i++ {
-		select {
-		case p := <-back.inbox:
-			if string(p.Payload) != strconv.Itoa(i) {
-				t.Fatalf("message %s arrived as #%d", p.Payload, i)
-			}
-		case <-ctx.Done():
-			t.Fatalf("%d of %d queued messages arrived", i, n)
-		}
-	}
+	// A PING after the publish: its reply comes after any delivery.
+	expectPayload(t, pub.call("PING"), "+PONG\r\n")
+	expectNoPublish(t, again, 300*time.Millisecond)
 }
 
 // TestSDKSurvivesServerRestart: the Go SDK reconnects with its persistent

@@ -35,6 +35,8 @@ type rawOpts struct {
 	noSubscribe   bool
 	username      string
 	password      string // sent when not empty
+	// receiveMaximum, if set, is sent in CONNECT.
+	receiveMaximum uint16
 	// conn, if set, is the connection to use (TLS, WebSocket...) instead
 	// of plain TCP to the server's first listener.
 	conn net.Conn
@@ -101,6 +103,9 @@ func connectRaw(t testing.TB, id string, o rawOpts) (*rawClient, *paho.Connack, 
 		CleanStart: o.cleanStart,
 		KeepAlive:  30,
 		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry},
+	}
+	if o.receiveMaximum != 0 {
+		cp.Properties.ReceiveMaximum = &o.receiveMaximum
 	}
 	if o.username != "" {
 		cp.UsernameFlag, cp.Username = true, o.username
