@@ -261,12 +261,15 @@ spec:
             keys: ["config/*", "shared"]
 `
 
-func TestPolicy(t *testing.T) {
+// policyServer starts a server with testPolicy and the users writer/w,
+// reader/r and nobody/n; connect returns the client (nil if refused) and
+// the CONNACK.
+func policyServer(t *testing.T) (s *testServer, connect func(id, user, pass string) (*rawClient, *paho.Connack)) {
 	pw := writePasswords(t, "writer", "w", "reader", "r", "nobody", "n")
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
 	os.WriteFile(pol, []byte(testPolicy), 0o600)
-	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
-	connect := func(id, user, pass string) (*rawClient, *paho.Connack) {
+	s = startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
+	return s, func(id, user, pass string) (*rawClient, *paho.Connack) {
 		conn, err := net.Dial("tcp", s.Addr())
 		if err != nil {
 			t.Fatal(err)
@@ -274,6 +277,10 @@ func TestPolicy(t *testing.T) {
 		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: true, conn: conn, username: user, password: pass})
 		return c, ack
 	}
+}
+
+func TestPolicy(t *testing.T) {
+	s, connect := policyServer(t)
 	w, _ := connect("device-1", "writer", "w")
 	r, _ := connect("device-2", "reader", "r")
 	if w == nil || r == nil {
@@ -340,18 +347,7 @@ func TestPolicy(t *testing.T) {
 // command topic) nor take over another user's session by reusing its
 // client id.
 func TestPolicyProtectsOtherClients(t *testing.T) {
-	pw := writePasswords(t, "writer", "w", "reader", "r")
-	pol := filepath.Join(t.TempDir(), "policy.yaml")
-	os.WriteFile(pol, []byte(testPolicy), 0o600)
-	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
-	dial := func(id, user, pass string) (*rawClient, *paho.Connack) {
-		conn, err := net.Dial("tcp", s.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: true, conn: conn, username: user, password: pass})
-		return c, ack
-	}
+	_, dial := policyServer(t)
 	victim, _ := dial("device-1", "writer", "w")
 	attacker, _ := dial("device-2", "reader", "r")
 	if victim == nil || attacker == nil {
