@@ -29,6 +29,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/topics"
 )
 
 // Version is a key's version: a hybrid logical clock reading, ordered by
@@ -39,8 +40,8 @@ type Version = hlc.Timestamp
 func ParseVersion(s string) (Version, error) { return hlc.Parse(s) }
 
 const (
-	requestTopic = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
-	notifyPrefix = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/"
+	requestTopic = topics.Request
+	notifyPrefix = topics.NotifyPrefix + "/"
 )
 
 // Config says where and how to connect.
@@ -105,7 +106,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		cfg:   cfg,
 		clock: clock,
 		// The Go SDK's shape: upper-case hex of the client id.
-		respTopic: "clients/" + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
+		respTopic: "clients/" + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/" + topics.Request + "/response",
 		log:       cfg.Logger,
 		pending:   map[string]chan *paho.Publish{},
 		ready:     make(chan struct{}),

@@ -98,7 +98,7 @@ func dial(ctx context.Context, addr, id string) (*client, error) {
 	cl := &client{
 		id: id,
 		// The Rust SDK's response topic shape: a policy need not grant it.
-		respTopic: "clients/" + id + "/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
+		respTopic: "clients/" + id + "/services/" + statestore.RequestTopic + "/response",
 		replies:   make(chan *paho.Publish, 16),
 	}
 	cl.c = paho.NewClient(paho.ClientConfig{

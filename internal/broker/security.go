@@ -140,7 +140,7 @@ func (c *conn) ownTopic(topic string) bool {
 	if strings.ContainsAny(topic, "+#") {
 		return false
 	}
-	const invoke = "/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+	const invoke = "/" + statestore.RequestTopic
 	// The raw-id form only as the .NET SDK subscribes it, with nothing
 	// after it: nothing is ever published there.
 	if c.notifyPrefixes[0] != "" && topic == c.notifyPrefixes[0] {

@@ -2,7 +2,6 @@ package statestore
 
 import (
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/glob"
@@ -20,16 +19,13 @@ type HistoryLimits struct {
 // DefaultHistory is what an unconfigured node keeps.
 var DefaultHistory = HistoryLimits{PerPartition: 64, MaxAge: 10 * time.Minute, MaxBytes: 64 << 20}
 
-// change is one remembered event.
+// change is one remembered event, with when it was applied.
 type change struct {
-	kind    store.EventKind
-	key     []byte
-	value   []byte
-	version hlc.Timestamp
-	at      time.Time
+	store.Event
+	at time.Time
 }
 
-func (c *change) size() int64 { return int64(len(c.key) + len(c.value)) }
+func (c *change) size() int64 { return int64(len(c.Key) + len(c.Value)) }
 
 // partitionLog is the history of one partition, oldest first. floor is the
 // greatest version it has forgotten: it can replay everything after floor.
@@ -46,9 +42,9 @@ const maxReplay = 10_000
 // age and bytes, so a client that reconnects can ask for what it missed.
 // It is not persisted: after a restart it starts empty, with every floor at
 // the node's clock, and a SINCE from before then is answered "truncated".
-// Until start is called, every SINCE is truncated.
+// Until start is called, every SINCE is truncated. The service's dispatch
+// lock guards it: changes are added, and replays read, under that lock.
 type history struct {
-	mu     sync.Mutex
 	limits HistoryLimits
 	parts  [store.Partitions]partitionLog
 	bytes  int64
@@ -65,8 +61,6 @@ func newHistory(limits HistoryLimits) *history {
 
 // start declares that every change after version from will be added.
 func (h *history) start(from hlc.Timestamp) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	for i := range h.parts {
 		h.parts[i].floor = from
 		h.parts[i].changes = nil
@@ -80,11 +74,9 @@ func (h *history) add(events []store.Event, now time.Time) {
 	if h.limits.PerPartition <= 0 {
 		return
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	for i := range events {
 		e := &events[i]
-		c := change{kind: e.Kind, key: e.Key, value: e.Value, version: e.Version, at: now}
+		c := change{Event: *e, at: now}
 		p := &h.parts[store.Partition(e.Key)]
 		p.changes = append(p.changes, c)
 		h.bytes += c.size()
@@ -108,8 +100,8 @@ func (h *history) trim(p *partitionLog, now time.Time, written bool) {
 		if !over {
 			break
 		}
-		if old.version.Compare(p.floor) > 0 {
-			p.floor = old.version
+		if old.Version.Compare(p.floor) > 0 {
+			p.floor = old.Version
 		}
 		h.bytes -= old.size()
 		p.changes[0] = change{}
@@ -128,18 +120,16 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change,
 	if h.limits.PerPartition <= 0 {
 		return nil, false // nothing is kept
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	var out []change
 	collect := func(p *partitionLog) bool {
 		if p.floor.Compare(v) > 0 {
 			return false
 		}
 		for _, c := range p.changes {
-			if c.version.Compare(v) <= 0 {
+			if c.Version.Compare(v) <= 0 {
 				continue
 			}
-			if m != nil && m.Match(c.key) || m == nil && string(c.key) == string(key) {
+			if m != nil && m.Match(c.Key) || m == nil && string(c.Key) == string(key) {
 				if len(out) == maxReplay {
 					return false
 				}
@@ -159,6 +149,6 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change,
 			return nil, false
 		}
 	}
-	slices.SortFunc(out, func(a, b change) int { return a.version.Compare(b.version) })
+	slices.SortFunc(out, func(a, b change) int { return a.Version.Compare(b.Version) })
 	return out, true
 }

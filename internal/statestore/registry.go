@@ -97,9 +97,6 @@ func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []
 		return true
 	}
 	if max > 0 && o.count() >= max {
-		if o.count() == 0 {
-			delete(r.byClient, clientID)
-		}
 		return false
 	}
 	set[k] = struct{}{}

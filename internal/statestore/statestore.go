@@ -6,7 +6,6 @@
 package statestore
 
 import (
-	"encoding/hex"
 	"log/slog"
 	"math"
 	"strconv"
@@ -21,14 +20,15 @@ import (
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/resp"
 	"github.com/mqkv/mqkv/internal/store"
+	"github.com/mqkv/mqkv/internal/topics"
 )
 
 // Topics of the protocol (spec section 1).
 const (
-	RequestTopic = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+	RequestTopic = topics.Request
 	// NotifyPrefix starts every notification topic; clients may not use
 	// topics under it as response topics.
-	NotifyPrefix = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8"
+	NotifyPrefix = topics.NotifyPrefix
 )
 
 // NotifyTopic returns the topic of a notification about key for clientID:
@@ -40,7 +40,7 @@ func NotifyTopic(clientID string, key []byte) string {
 // NotifyClientPrefix returns the notification topic of clientID up to (and
 // including) the '/' before the key level.
 func NotifyClientPrefix(clientID string) string {
-	return NotifyPrefix + "/" + strings.ToUpper(hex.EncodeToString([]byte(clientID))) + "/command/notify/"
+	return NotifyPrefix + "/" + hexUpper([]byte(clientID)) + "/command/notify/"
 }
 
 // ErrQoS0 answers requests published at QoS 0: the protocol needs QoS 1.
@@ -185,22 +185,22 @@ func (s *Service) Handle(r *Request) {
 		return
 	}
 	r.command = commandName(args[0])
-	switch verb := args[0]; {
-	case equalFold(verb, "GET"):
+	switch r.command {
+	case "GET":
 		s.get(r, args)
-	case equalFold(verb, "SET"):
+	case "SET":
 		s.set(r, args)
-	case equalFold(verb, "DEL"):
+	case "DEL":
 		s.del(r, args, store.OpDel)
-	case equalFold(verb, "VDEL"):
+	case "VDEL":
 		s.del(r, args, store.OpVDel)
-	case equalFold(verb, "KEYNOTIFY"):
+	case "KEYNOTIFY":
 		s.keyNotify(r, args)
-	case equalFold(verb, "PING"):
+	case "PING":
 		s.ping(r, args)
-	case equalFold(verb, "PTTL"):
+	case "PTTL":
 		s.pttl(r, args)
-	case equalFold(verb, "SCAN"):
+	case "SCAN":
 		s.scan(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
@@ -241,8 +241,8 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 
 var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN"}
 
-// commandName names a verb for metrics, from a fixed set so that labels
-// stay bounded.
+// commandName names a verb, for dispatch and metrics, from a fixed set so
+// that labels stay bounded.
 func commandName(verb []byte) string {
 	for _, n := range commandNames {
 		if equalFold(verb, n) {
@@ -587,10 +587,10 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	prefix := NotifyClientPrefix(r.ClientID)
 	for i := range changes {
 		c := &changes[i]
-		if pattern && !r.Grant.CanAccess(c.key, policy.Read) {
+		if pattern && !r.Grant.CanAccess(c.Key, policy.Read) {
 			continue
 		}
-		s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.key), notifyPayload(c.kind, c.value), c.version)
+		s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.Key), notifyPayload(c.Kind, c.Value), c.Version)
 		s.Counters.NotificationsSent.Add(1)
 	}
 	s.dispatch.Unlock()
@@ -668,10 +668,10 @@ func (s *Service) Events(events []store.Event) {
 		keyHex := hexUpper(ev.Key)
 		for _, o := range s.observing {
 			s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version)
-			s.Counters.NotificationsSent.Add(1)
 		}
+		s.Counters.NotificationsSent.Add(int64(len(s.observing)))
 	}
-	clear(s.observing)
+	clear(s.observing[:cap(s.observing)]) // hold no observer past the batch
 }
 
 func notifyPayload(kind store.EventKind, value []byte) []byte {
@@ -681,7 +681,18 @@ func notifyPayload(kind store.EventKind, value []byte) []byte {
 	return resp.AppendNotifyDelete(nil)
 }
 
-func hexUpper(b []byte) string { return strings.ToUpper(hex.EncodeToString(b)) }
+// hexUpper is upper-case hex, in one allocation: it runs for every
+// notification.
+func hexUpper(b []byte) string {
+	const digits = "0123456789ABCDEF"
+	var sb strings.Builder
+	sb.Grow(2 * len(b))
+	for _, c := range b {
+		sb.WriteByte(digits[c>>4])
+		sb.WriteByte(digits[c&0x0f])
+	}
+	return sb.String()
+}
 
 // equalFold compares an argument with an upper-case ASCII word, ignoring
 // case as Redis does, without allocating.

@@ -162,9 +162,6 @@ func New(limits Limits) *Store {
 // SetLimits changes the limits; entries already stored stay.
 func (s *Store) SetLimits(l Limits) { s.limits = l }
 
-// Limits returns the current limits.
-func (s *Store) Limits() Limits { return s.limits }
-
 // Len returns the number of stored keys, expired or not.
 func (s *Store) Len() int { return s.keys.Len() }
 
