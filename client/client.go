@@ -71,7 +71,7 @@ type Client struct {
 	pending map[string]chan *paho.Publish // correlation data → reply
 	ready   chan struct{}                 // closed when the current connection can take requests
 	gen     uint64                        // connections made so far; a stale setup must not open ready
-	watches map[string]*keyWatch          // key → its watchers
+	watches map[watchID]*keyWatch         // key or pattern → its watchers
 	closed  bool
 	done    chan struct{} // closed by Close: ends every wait
 	setup   chan error    // a refused response-topic subscription, for Dial
@@ -110,7 +110,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		log:       cfg.Logger,
 		pending:   map[string]chan *paho.Publish{},
 		ready:     make(chan struct{}),
-		watches:   map[string]*keyWatch{},
+		watches:   map[watchID]*keyWatch{},
 		done:      make(chan struct{}),
 		setup:     make(chan error, 1),
 	}
@@ -120,12 +120,10 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		KeepAlive:                     30,
 		CleanStartOnInitialConnection: true,
 		ConnectRetryDelay:             time.Second,
-		ReconnectBackoff: func(attempt int) time.Duration {
-			return min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)
-		},
-		ConnectTimeout:   10 * time.Second,
-		OnConnectionUp:   c.onConnectionUp,
-		OnConnectionDown: c.onConnectionDown,
+		ReconnectBackoff:              backoff,
+		ConnectTimeout:                10 * time.Second,
+		OnConnectionUp:                c.onConnectionUp,
+		OnConnectionDown:              c.onConnectionDown,
 		ClientConfig: paho.ClientConfig{
 			ClientID:          cfg.ClientID,
 			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.onPublish},
@@ -219,12 +217,7 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 				default:
 				}
 			}
-			select {
-			case <-time.After(min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)):
-			case <-c.done:
-				return
-			}
-			if !c.current(gen) {
+			if !c.pause(attempt) || !c.current(gen) {
 				return
 			}
 		}
@@ -238,20 +231,36 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 		default:
 			close(c.ready)
 		}
-		ids := make([]string, 0, len(c.watches))
-		for id, kw := range c.watches {
-			// Patterns first: a key's resync may deliver to them.
-			if kw.pattern {
-				ids = append([]string{id}, ids...)
+		// Patterns first: a key's resync may deliver to them.
+		var patterns, keys []watchID
+		for id := range c.watches {
+			if id.pattern {
+				patterns = append(patterns, id)
 			} else {
-				ids = append(ids, id)
+				keys = append(keys, id)
 			}
 		}
 		c.mu.Unlock()
-		for _, id := range ids {
+		for _, id := range append(patterns, keys...) {
 			c.resync(id, gen)
 		}
 	}()
+}
+
+// backoff is the wait before retry number attempt+1 (reconnects,
+// subscriptions, re-registrations): growing, at most 5 s.
+func backoff(attempt int) time.Duration {
+	return min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)
+}
+
+// pause waits backoff(attempt); false if the client was closed meanwhile.
+func (c *Client) pause(attempt int) bool {
+	select {
+	case <-time.After(backoff(attempt)):
+		return true
+	case <-c.done:
+		return false
+	}
 }
 
 // current reports whether connection gen is still the client's latest.
@@ -306,7 +315,7 @@ func (c *Client) Close() error {
 	for _, w := range c.watches {
 		w.closeAll()
 	}
-	c.watches = map[string]*keyWatch{}
+	c.watches = map[watchID]*keyWatch{}
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

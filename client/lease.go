@@ -136,11 +136,12 @@ func (l *Lease) KeepAlive(ctx context.Context, ttl, interval time.Duration) <-ch
 		// The server set the lease after the acquiring request was sent:
 		// it lasts at least until then+ttl, clocks running at one rate.
 		l.mu.Lock()
-		expires := l.sent.Add(ttl)
-		if l.sent.IsZero() {
-			expires = time.Now() // never acquired: the first renewal must succeed
-		}
+		since := l.sent
 		l.mu.Unlock()
+		if since.IsZero() {
+			since = time.Now() // never acquired: the first renewal takes it
+		}
+		expires := since.Add(ttl)
 		next := time.NewTimer(interval)
 		defer next.Stop()
 		for {

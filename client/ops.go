@@ -176,16 +176,17 @@ type DelResult struct {
 // Del deletes key. WithFencingToken and IfVersion apply (with IfVersion, a
 // mismatch is Deleted -1 with the key's current version).
 func (c *Client) Del(ctx context.Context, key []byte, opts ...Option) (DelResult, error) {
-	return c.del(ctx, apply(opts).appendVersion([][]byte{[]byte("DEL"), key}), opts)
+	o := apply(opts)
+	return c.del(ctx, o.appendVersion([][]byte{[]byte("DEL"), key}), o)
 }
 
 // VDel deletes key if it holds value. Only WithFencingToken applies.
 func (c *Client) VDel(ctx context.Context, key, value []byte, opts ...Option) (DelResult, error) {
-	return c.del(ctx, [][]byte{[]byte("VDEL"), key, value}, opts)
+	return c.del(ctx, [][]byte{[]byte("VDEL"), key, value}, apply(opts))
 }
 
-func (c *Client) del(ctx context.Context, args [][]byte, opts []Option) (DelResult, error) {
-	r, err := c.request(ctx, args, apply(opts).props()...)
+func (c *Client) del(ctx context.Context, args [][]byte, o options) (DelResult, error) {
+	r, err := c.request(ctx, args, o.props()...)
 	if err != nil {
 		return DelResult{}, err
 	}

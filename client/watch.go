@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
@@ -45,18 +44,15 @@ func (w *Watch) Events() <-chan Event { return w.events }
 
 // keyWatch is the client's state for one watched key or pattern.
 type keyWatch struct {
-	pattern  bool
 	watchers []*Watch
 	last     Version // the last version seen, to resume from
 	deleted  bool
 }
 
 // watchID keys c.watches: keys and patterns are separate registrations.
-func watchID(key string, pattern bool) string {
-	if pattern {
-		return "p:" + key
-	}
-	return "k:" + key
+type watchID struct {
+	key     string // a key or a pattern
+	pattern bool
 }
 
 func (kw *keyWatch) closeAll() {
@@ -83,7 +79,7 @@ func (c *Client) WatchPattern(ctx context.Context, pattern []byte) (*Watch, erro
 
 func (c *Client) watch(ctx context.Context, key []byte, pattern bool) (*Watch, error) {
 	w := &Watch{c: c, key: string(key), pattern: pattern, events: make(chan Event), signal: make(chan struct{}, 1), done: make(chan struct{})}
-	id := watchID(w.key, pattern)
+	id := watchID{w.key, pattern}
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	c.mu.Lock()
@@ -95,7 +91,7 @@ func (c *Client) watch(ctx context.Context, key []byte, pattern bool) (*Watch, e
 	kw := c.watches[id]
 	first := kw == nil
 	if first {
-		kw = &keyWatch{pattern: pattern}
+		kw = &keyWatch{}
 		c.watches[id] = kw
 	}
 	kw.watchers = append(kw.watchers, w)
@@ -135,7 +131,7 @@ func (w *Watch) Stop(ctx context.Context) error {
 
 // unwatch removes w and reports whether it was its key's last watch.
 func (c *Client) unwatch(w *Watch) (last bool) {
-	id := watchID(w.key, w.pattern)
+	id := watchID{w.key, w.pattern}
 	c.mu.Lock()
 	if kw := c.watches[id]; kw != nil {
 		for i, x := range kw.watchers {
@@ -250,7 +246,7 @@ func (c *Client) onNotification(p *paho.Publish) {
 func (c *Client) deliver(key string, e Event) {
 	c.mu.Lock()
 	var ws []*Watch
-	if kw := c.watches[watchID(key, false)]; kw != nil {
+	if kw := c.watches[watchID{key, false}]; kw != nil {
 		if e.Resync || e.Version.Compare(kw.last) > 0 { // a resync is the key's state now
 			kw.last, kw.deleted = e.Version, e.Deleted
 		}
@@ -258,7 +254,7 @@ func (c *Client) deliver(key string, e Event) {
 	}
 	if !e.Resync { // a key's resync is its own; patterns resume by themselves
 		for id, kw := range c.watches {
-			if kw.pattern && glob.Match([]byte(id[2:]), e.Key) {
+			if id.pattern && glob.Match([]byte(id.key), e.Key) {
 				if e.Version.Compare(kw.last) > 0 {
 					kw.last = e.Version
 				}
@@ -278,21 +274,16 @@ func (c *Client) deliver(key string, e Event) {
 // a key, reports its current state as a Resync event when it changed
 // meanwhile. A failure is retried while the connection lasts: a watch
 // must not go silent.
-func (c *Client) resync(id string, gen uint64) {
+func (c *Client) resync(id watchID, gen uint64) {
 	for attempt := 0; c.current(gen); attempt++ {
-		if c.resyncOnce(id) {
-			return
-		}
-		select {
-		case <-time.After(min(time.Duration(attempt+1)*250*time.Millisecond, 5*time.Second)):
-		case <-c.done:
+		if c.resyncOnce(id) || !c.pause(attempt) {
 			return
 		}
 	}
 }
 
 // resyncOnce is one attempt of resync; it reports whether it is done.
-func (c *Client) resyncOnce(id string) bool {
+func (c *Client) resyncOnce(id watchID) bool {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
@@ -300,15 +291,14 @@ func (c *Client) resyncOnce(id string) bool {
 	c.mu.Lock()
 	kw := c.watches[id]
 	var since Version
-	pattern := false
 	if kw != nil {
-		since, pattern = kw.last, kw.pattern
+		since = kw.last
 	}
 	c.mu.Unlock()
 	if kw == nil {
 		return true // stopped meanwhile
 	}
-	key := id[2:]
+	key, pattern := id.key, id.pattern
 	if !since.IsZero() && c.keyNotify(ctx, []byte(key), pattern, false, since) == nil {
 		return true // the server replays what was missed
 	}
