@@ -149,7 +149,13 @@ func uniqueKey(t testing.TB) string {
 // eventually polls cond until it holds, for state no event reports.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	eventuallyWithin(t, 10*time.Second, what, cond)
+}
+
+// eventuallyWithin is eventually with a deadline of its own.
+func eventuallyWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

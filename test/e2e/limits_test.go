@@ -55,10 +55,7 @@ func TestMaxConnections(t *testing.T) {
 	s := startServer(t, inMemory(), withLimits(server.Limits{MaxConnections: 2}))
 	dialRaw(t, s, "one", rawOpts{cleanStart: true, noSubscribe: true})
 	dialRaw(t, s, "two", rawOpts{cleanStart: true, noSubscribe: true})
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, s.Addr())
 	if _, ack, _ := connectRaw(t, "three", rawOpts{conn: conn}); ack == nil || ack.ReasonCode != 0x89 {
 		t.Fatalf("third connection: CONNACK %+v, want 0x89 (server busy)", ack)
 	}
@@ -66,10 +63,7 @@ func TestMaxConnections(t *testing.T) {
 
 func TestMaxPacketSize(t *testing.T) {
 	s := startServer(t, inMemory(), withLimits(server.Limits{MaxPacketSize: 4096}))
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, s.Addr())
 	c, ack, err := connectRaw(t, "big", rawOpts{cleanStart: true, conn: conn})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +73,7 @@ func TestMaxPacketSize(t *testing.T) {
 	}
 	// paho refuses to send what the server said it would not take; bypass
 	// it with raw bytes: a PUBLISH that claims 1 MiB.
-	raw, _ := net.Dial("tcp", s.Addr())
+	raw := dialTCP(t, s.Addr())
 	defer raw.Close()
 	raw.Write(connectPacket("big-raw"))
 	raw.Write([]byte{0x30, 0x80, 0x80, 0x40}) // PUBLISH, remaining length 1 MiB
@@ -94,10 +88,7 @@ func TestMaxPacketSize(t *testing.T) {
 // server reads at most 64 KiB from it, whatever --max-packet-size says.
 func TestOversizedConnectIsRefused(t *testing.T) {
 	s := startServer(t, inMemory())
-	raw, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := dialTCP(t, s.Addr())
 	defer raw.Close()
 	// A well-formed CONNECT of 70 KB: username and password flags set.
 	body := append(mqttString("MQTT"), 5, 0xc2, 0, 60, 0)
@@ -121,10 +112,7 @@ func TestOversizedConnectIsRefused(t *testing.T) {
 // (0x97) instead of making the server queue without bound.
 func TestSlowConsumerIsDisconnected(t *testing.T) {
 	s := startServer(t, inMemory(), withLimits(server.Limits{MaxOutbound: 32}))
-	slow, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	slow := dialTCP(t, s.Addr())
 	defer slow.Close()
 	slow.Write(connectPacket("slow-reader"))
 	slow.Write(subscribePacket("flood/#"))
@@ -210,10 +198,7 @@ func publishPacket(topic string, payload []byte) []byte {
 // --max-queued messages while its client is away.
 func TestOfflineSessionBounds(t *testing.T) {
 	s := startServer(t, inMemory(), withLimits(server.Limits{MaxQueued: 5, MaxSessionExpiry: time.Minute}))
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, s.Addr())
 	sub, ack, err := connectRaw(t, "away", rawOpts{conn: conn, cleanStart: true, sessionExpiry: 1 << 30, noSubscribe: true})
 	if err != nil || ack.ReasonCode != 0 {
 		t.Fatalf("connect: %v %+v", err, ack)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -95,10 +94,7 @@ func TestMQTTWillMessage(t *testing.T) {
 	s := startServer(t, inMemory())
 	watcher := dialRaw(t, s, "will-watcher", rawOpts{cleanStart: true, noSubscribe: true})
 	watcher.subscribe("status/dying", 1)
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, s.Addr())
 	c := paho.NewClient(paho.ClientConfig{ClientID: "dying", Conn: conn, OnClientError: func(error) {}})
 	ctx := ctxFor(t, 5*time.Second)
 	if _, err := c.Connect(ctx, &paho.Connect{ClientID: "dying", CleanStart: true, KeepAlive: 30,
@@ -149,10 +145,7 @@ func TestMQTTSessionsSurviveRestart(t *testing.T) {
 	}
 
 	s = startServerIn(t, dir)
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, s.Addr())
 	inbox := make(chan *paho.Publish, 10)
 	pc := paho.NewClient(paho.ClientConfig{ClientID: "persistent", Conn: conn, OnClientError: func(error) {},
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {

@@ -42,13 +42,21 @@ type rawOpts struct {
 	conn net.Conn
 }
 
+// dialTCP opens a TCP connection to addr, closed when the test ends.
+func dialTCP(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 func dialRaw(t testing.TB, s interface{ Addr() string }, id string, o rawOpts) *rawClient {
 	t.Helper()
 	if o.conn == nil {
-		conn, err := net.Dial("tcp", s.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := dialTCP(t, s.Addr())
 		o.conn = conn
 	}
 	rc, ack, err := connectRaw(t, id, o)

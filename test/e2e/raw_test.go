@@ -154,13 +154,7 @@ func TestRawPX(t *testing.T) {
 	// A short PX really expires.
 	k = uniqueKey(t)
 	expectPayload(t, c.call("SET", k, "v", "PX", "1.5"), "+OK\r\n")
-	deadline := time.Now().Add(3 * time.Second)
-	for string(c.call("GET", k).Payload) != "$-1\r\n" {
-		if time.Now().After(deadline) {
-			t.Fatal("PX 1.5 key never expired")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventuallyWithin(t, 3*time.Second, "the PX 1.5 key's expiry", func() bool { return string(c.call("GET", k).Payload) == "$-1\r\n" })
 }
 
 func TestRawLargeKeyAndValue(t *testing.T) {

@@ -97,10 +97,7 @@ func TestTLSListener(t *testing.T) {
 	c := dialRaw(t, s, "tls-client", rawOpts{cleanStart: true, conn: conn})
 	expectPayload(t, c.call("SET", "k", "over-tls"), "+OK\r\n")
 	// Plain MQTT on the TLS port gets nowhere.
-	plain, err := net.Dial("tcp", s.Addrs()["tls"])
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := dialTCP(t, s.Addrs()["tls"])
 	defer plain.Close()
 	if _, _, err := connectRaw(t, "plain-on-tls", rawOpts{conn: plain}); err == nil {
 		t.Fatal("plain MQTT accepted on the TLS listener")
@@ -179,13 +176,7 @@ func writePasswords(t *testing.T, users ...string) string {
 func TestPasswordAuthentication(t *testing.T) {
 	file := writePasswords(t, "alice", "wonderland")
 	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile = file })
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", s.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	dial := func() net.Conn { return dialTCP(t, s.Addr()) }
 	c, _, err := connectRaw(t, "alice-1", rawOpts{cleanStart: true, conn: dial(), username: "alice", password: "wonderland"})
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +196,7 @@ func TestPasswordAuthentication(t *testing.T) {
 	}
 
 	open := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.AllowAnonymous = file, true })
-	conn, _ := net.Dial("tcp", open.Addr())
+	conn := dialTCP(t, open.Addr())
 	if _, _, err := connectRaw(t, "anon", rawOpts{conn: conn, cleanStart: true}); err != nil {
 		t.Fatalf("anonymous with --allow-anonymous: %v", err)
 	}
@@ -270,10 +261,7 @@ func policyServer(t *testing.T) (s *testServer, connect func(id, user, pass stri
 	os.WriteFile(pol, []byte(testPolicy), 0o600)
 	s = startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
 	return s, func(id, user, pass string) (*rawClient, *paho.Connack) {
-		conn, err := net.Dial("tcp", s.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := dialTCP(t, s.Addr())
 		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: true, conn: conn, username: user, password: pass})
 		return c, ack
 	}
@@ -492,13 +480,7 @@ func TestPolicyReloadOnSIGHUP(t *testing.T) {
 	if err := p.Signal(sigHUP); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for string(c.call("SET", "y/1", "v").Payload) != "+OK\r\n" {
-		if time.Now().After(deadline) {
-			t.Fatal("SIGHUP did not reload the policy")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, "the policy reload on SIGHUP", func() bool { return string(c.call("SET", "y/1", "v").Payload) == "+OK\r\n" })
 	expectPayload(t, c.call("SET", "x/1", "v"), "-ERR not authorized\r\n")
 }
 
@@ -617,11 +599,11 @@ func TestPasswdCommand(t *testing.T) {
 	run("b\n", file, "bob")
 	run("", "--delete", file, "bob")
 	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile = file })
-	conn, _ := net.Dial("tcp", s.Addr())
+	conn := dialTCP(t, s.Addr())
 	if _, _, err := connectRaw(t, "alice", rawOpts{cleanStart: true, conn: conn, username: "alice", password: "second"}); err != nil {
 		t.Fatalf("alice with her new password: %v", err)
 	}
-	conn, _ = net.Dial("tcp", s.Addr())
+	conn = dialTCP(t, s.Addr())
 	if _, ack, _ := connectRaw(t, "bob", rawOpts{conn: conn, username: "bob", password: "b"}); ack == nil || ack.ReasonCode != 0x86 {
 		t.Fatalf("deleted bob: %+v", ack)
 	}
