@@ -46,17 +46,31 @@ var adminHTTP = &http.Client{Transport: &http.Transport{
 	ResponseHeaderTimeout: 30 * time.Second,
 }}
 
+// adminGet fetches path from the admin endpoint at base; any answer but
+// 200 is an error. The caller closes the body.
+func adminGet(ctx context.Context, base, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", baseURL(base)+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := adminHTTP.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	return resp, nil
+}
+
 func fetchStatus(ctx context.Context, base string) (admin.Status, error) {
 	var st admin.Status
-	req, _ := http.NewRequestWithContext(ctx, "GET", baseURL(base)+"/v1/status", nil)
-	resp, err := adminHTTP.Do(req)
+	resp, err := adminGet(ctx, base, "/v1/status")
 	if err != nil {
 		return st, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("%s: %s", req.URL, resp.Status)
-	}
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
@@ -182,18 +196,11 @@ is kept. Restore it with mqkv restore.`,
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		req, err := http.NewRequestWithContext(ctx, "GET", baseURL(*url)+"/v1/backup", nil)
+		resp, err := adminGet(ctx, *url, "/v1/backup")
 		if err != nil {
-			return err
-		}
-		resp, err := adminHTTP.Do(req)
-		if err != nil {
-			return err
+			return fmt.Errorf("backup: %w", err)
 		}
 		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("backup: %s", resp.Status)
-		}
 		tmp, err := os.CreateTemp(filepath.Dir(*out), ".mqkv-backup-*")
 		if err != nil {
 			return err
@@ -219,7 +226,7 @@ is kept. Restore it with mqkv restore.`,
 		if err := os.Rename(tmp.Name(), *out); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "backup: %s, %s keys, %s, up to version %s\n", *out, resp.Header.Get("X-Mqkv-Keys"), size(n), resp.Header.Get(admin.MaxVersionHeader))
+		fmt.Fprintf(os.Stderr, "backup: %s, %s keys, %s, up to version %s\n", *out, resp.Header.Get(admin.KeysHeader), size(n), resp.Header.Get(admin.MaxVersionHeader))
 		return nil
 	}
 	return cmd

@@ -80,29 +80,38 @@ Baselines, measured in the same run:
 		mode := "existing server"
 		baseAddr := *addr
 		if *addr == "" {
-			var extra []string
-			mode = "child server, in memory"
-			if *inMemory {
-				extra = []string{"--in-memory"}
-			} else {
-				dir, err := os.MkdirTemp("", "mqkv-bench-")
-				if err != nil {
-					return err
+			// storage gives a child server its flags: in memory, or a
+			// fresh data directory, removed once the servers have stopped.
+			var dirs []string
+			defer func() {
+				for _, d := range dirs {
+					os.RemoveAll(d)
 				}
-				defer os.RemoveAll(dir)
-				extra = []string{"--data-dir", dir}
-				mode = "child server, durable (fsync), data dir " + dir
+			}()
+			storage := func(prefix string) ([]string, error) {
+				if *inMemory {
+					return []string{"--in-memory"}, nil
+				}
+				dir, err := os.MkdirTemp("", prefix)
+				if err != nil {
+					return nil, err
+				}
+				dirs = append(dirs, dir)
+				return []string{"--data-dir", dir}, nil
+			}
+			extra, err := storage("mqkv-bench-")
+			if err != nil {
+				return err
+			}
+			mode = "child server, in memory"
+			if !*inMemory {
+				mode = "child server, durable (fsync), data dir " + extra[1]
 			}
 			if *baseline == "nopolicy" {
 				// The baseline server: the same, without the policy.
-				dir, err := os.MkdirTemp("", "mqkv-bench-base-")
+				args, err := storage("mqkv-bench-base-")
 				if err != nil {
 					return err
-				}
-				defer os.RemoveAll(dir)
-				args := []string{"--data-dir", dir}
-				if *inMemory {
-					args = []string{"--in-memory"}
 				}
 				p, err := spawnSelf(args...)
 				if err != nil {

@@ -207,13 +207,11 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
 			if px > 0 {
 				opts = append(opts, client.WithTTL(time.Duration(px)*time.Millisecond))
 			}
-			if fence != "" {
-				ft, err := client.ParseVersion(fence)
-				if err != nil {
-					return fmt.Errorf("set: --fencing-token %q: %w", fence, err)
-				}
-				opts = append(opts, client.WithFencingToken(ft))
+			fo, err := fenceOpt(fence)
+			if err != nil {
+				return fmt.Errorf("set: %w", err)
 			}
+			opts = append(opts, fo...)
 			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
 				res, err := cl.Set(ctx, []byte(args[0]), value, opts...)
 				if err != nil {

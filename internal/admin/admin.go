@@ -50,7 +50,6 @@ type Server struct {
 
 	mu      sync.Mutex
 	history []Sample // one per second, the last historyLen
-	lastReq int64
 	stop    chan struct{}
 	done    chan struct{}
 }
@@ -212,6 +211,7 @@ func (s *Server) sample() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	last := time.Now()
+	var lastReq int64
 	for {
 		select {
 		case <-s.stop:
@@ -225,8 +225,8 @@ func (s *Server) sample() {
 				P99Ms:   float64(s.metrics.p99()) / float64(time.Millisecond),
 			}
 			s.mu.Lock()
-			smp.RPS = float64(req-s.lastReq) / now.Sub(last).Seconds()
-			s.lastReq, last = req, now
+			smp.RPS = float64(req-lastReq) / now.Sub(last).Seconds()
+			lastReq, last = req, now
 			s.history = append(s.history, smp)
 			if len(s.history) > historyLen {
 				s.history = s.history[len(s.history)-historyLen:]
@@ -384,8 +384,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// MaxVersionHeader carries the greatest version in a backup.
-const MaxVersionHeader = "X-Mqkv-Max-Version"
+// Headers of a backup: its greatest version and its number of keys.
+const (
+	MaxVersionHeader = "X-Mqkv-Max-Version"
+	KeysHeader       = "X-Mqkv-Keys"
+)
 
 // backup streams a consistent snapshot of the store while writes go on.
 func (s *Server) backup(w http.ResponseWriter, _ *http.Request) {
@@ -393,7 +396,7 @@ func (s *Server) backup(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", `attachment; filename="mqkv-backup.snap"`)
 	w.Header().Set(MaxVersionHeader, snap.MaxVersion().String())
-	w.Header().Set("X-Mqkv-Keys", strconv.Itoa(snap.Len()))
+	w.Header().Set(KeysHeader, strconv.Itoa(snap.Len()))
 	if err := snap.WriteSnapshot(w); err != nil {
 		s.log.Warn("backup interrupted", "error", err)
 	}

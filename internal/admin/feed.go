@@ -40,6 +40,9 @@ func newFeed() *feed { return &feed{subs: map[chan Change]struct{}{}} }
 func (f *feed) Events(events []store.Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.subs) == 0 && len(events) > feedRecent {
+		events = events[len(events)-feedRecent:] // nobody watching: only the kept ones
+	}
 	for i := range events {
 		e := &events[i]
 		c := Change{Op: "SET", Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Version: e.Version.String()}

@@ -4,6 +4,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -90,32 +91,46 @@ type client struct {
 	corr      uint64
 }
 
-func dial(ctx context.Context, addr, id string) (*client, error) {
+// openConn opens an MQTT v5 connection with a clean session as id,
+// subscribed to filter, handing every message received to onPublish.
+func openConn(ctx context.Context, addr, id, filter string, onPublish func(*paho.Client, *paho.Publish)) (*paho.Client, error) {
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	var c *paho.Client
+	c = paho.NewClient(paho.ClientConfig{
+		ClientID: id,
+		Conn:     conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+			onPublish(c, pr.Packet)
+			return true, nil
+		}},
+		OnClientError: func(error) {},
+	})
+	if _, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 60}); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}}); err != nil {
+		c.Disconnect(&paho.Disconnect{})
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	return c, nil
+}
+
+func dial(ctx context.Context, addr, id string) (*client, error) {
 	cl := &client{
 		id: id,
 		// The Rust SDK's response topic shape: a policy need not grant it.
 		respTopic: "clients/" + id + "/services/" + statestore.RequestTopic + "/response",
 		replies:   make(chan *paho.Publish, 16),
 	}
-	cl.c = paho.NewClient(paho.ClientConfig{
-		ClientID: id,
-		Conn:     conn,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-			cl.replies <- pr.Packet
-			return true, nil
-		}},
-		OnClientError: func(error) {},
-	})
-	if _, err := cl.c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 60}); err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
+	c, err := openConn(ctx, addr, id, cl.respTopic, func(_ *paho.Client, p *paho.Publish) { cl.replies <- p })
+	if err != nil {
+		return nil, err
 	}
-	if _, err := cl.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: cl.respTopic, QoS: 1, NoLocal: true}}}); err != nil {
-		return nil, fmt.Errorf("subscribe: %w", err)
-	}
+	cl.c = c
 	return cl, nil
 }
 
@@ -188,7 +203,7 @@ func Prepare(ctx context.Context, cfg Config) error {
 					return
 				}
 				r, err := cl.call(ctx, resp.AppendBulks(nil, []byte("SET"), key(i), value))
-				if err == nil && string(r) != "+OK\r\n" {
+				if err == nil && !bytes.Equal(r, resp.OK) {
 					err = fmt.Errorf("SET answered %q", r)
 				}
 				if err != nil {
@@ -281,13 +296,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					}
 				}
 				topic := statestore.RequestTopic
+				if op == OpEcho {
+					topic = EchoTopic // the same SET, answered by a responder
+				}
 				switch op {
-				case OpEcho:
-					topic = EchoTopic
-					payload = resp.AppendBulks(nil, []byte("SET"), k, value)
 				case OpPing:
 					payload = resp.AppendBulks(nil, []byte("PING"))
-				case OpSet:
+				case OpSet, OpEcho:
 					payload = resp.AppendBulks(nil, []byte("SET"), k, value)
 				case OpGet:
 					payload = resp.AppendBulks(nil, []byte("GET"), k)
@@ -366,45 +381,28 @@ func startResponders(ctx context.Context, addr string, n int) (func(), error) {
 		}
 	}
 	for i := 0; i < n; i++ {
-		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		c, err := openConn(ctx, addr, fmt.Sprintf("bench-echo-%x-%d", run, i), "$share/mqkv-bench/"+EchoTopic, func(c *paho.Client, req *paho.Publish) {
+			if req.Properties == nil || req.Properties.ResponseTopic == "" {
+				return
+			}
+			// Published from a goroutine, as executors do: paho's
+			// receive loop must not wait for its own PUBACK.
+			go c.Publish(ctx, &paho.Publish{
+				Topic:   req.Properties.ResponseTopic,
+				QoS:     1,
+				Payload: resp.OK,
+				Properties: &paho.PublishProperties{
+					CorrelationData: req.Properties.CorrelationData,
+					ContentType:     "application/octet-stream",
+					User:            paho.UserProperties{{Key: "__stat", Value: "200"}},
+				},
+			})
+		})
 		if err != nil {
 			stop()
 			return nil, err
 		}
-		var c *paho.Client
-		c = paho.NewClient(paho.ClientConfig{
-			ClientID: fmt.Sprintf("bench-echo-%x-%d", run, i),
-			Conn:     conn,
-			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-				req := pr.Packet
-				if req.Properties == nil || req.Properties.ResponseTopic == "" {
-					return true, nil
-				}
-				// Published from a goroutine, as executors do: paho's
-				// receive loop must not wait for its own PUBACK.
-				go c.Publish(ctx, &paho.Publish{
-					Topic:   req.Properties.ResponseTopic,
-					QoS:     1,
-					Payload: resp.OK,
-					Properties: &paho.PublishProperties{
-						CorrelationData: req.Properties.CorrelationData,
-						ContentType:     "application/octet-stream",
-						User:            paho.UserProperties{{Key: "__stat", Value: "200"}},
-					},
-				})
-				return true, nil
-			}},
-			OnClientError: func(error) {},
-		})
-		if _, err := c.Connect(ctx, &paho.Connect{ClientID: fmt.Sprintf("bench-echo-%x-%d", run, i), CleanStart: true, KeepAlive: 60}); err != nil {
-			stop()
-			return nil, err
-		}
 		conns = append(conns, c)
-		if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "$share/mqkv-bench/" + EchoTopic, QoS: 1}}}); err != nil {
-			stop()
-			return nil, err
-		}
 	}
 	return stop, nil
 }
@@ -422,7 +420,7 @@ func registerPatterns(ctx context.Context, addr string, n int) ([]*client, error
 	for i := 0; i < n; i++ {
 		pattern := []byte(fmt.Sprintf("tenant-%05d/*/alerts", i))
 		r, err := cls[i/perConn].call(ctx, resp.AppendBulks(nil, []byte("KEYNOTIFY"), pattern, []byte("PATTERN")))
-		if err == nil && string(r) != "+OK\r\n" {
+		if err == nil && !bytes.Equal(r, resp.OK) {
 			err = fmt.Errorf("KEYNOTIFY PATTERN answered %q", r)
 		}
 		if err != nil {

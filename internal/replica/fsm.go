@@ -41,7 +41,6 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
 	events := f.events[:0]
 	expiring := false
-	var maxVersion hlc.Timestamp
 	f.mu.Lock()
 	for i, l := range logs {
 		if l.Type != raft.LogCommand {
@@ -63,15 +62,13 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			if c.Op == store.OpExpire && results[j].Outcome == store.Applied {
 				f.expired.Add(1)
 			}
-			if c.Version.Compare(maxVersion) > 0 {
-				maxVersion = c.Version
-			}
 			if c.Op == store.OpSet && c.TTL > 0 {
 				expiring = true
 			}
 		}
 		out[i] = results
 	}
+	maxVersion := f.st.MaxVersion()
 	f.mu.Unlock()
 	// A new leader must issue versions above every applied one.
 	f.clock.Observe(maxVersion)

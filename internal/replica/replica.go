@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -37,7 +36,6 @@ type Config struct {
 	// SnapshotThreshold is how many log entries trigger a snapshot;
 	// zero picks a default.
 	SnapshotThreshold uint64
-	Logger            *slog.Logger
 	// OnEvents receives the change events of every applied batch, in log
 	// order, on the apply goroutine. It must not block for long and must
 	// not keep the slice (its elements may be kept).
@@ -82,7 +80,6 @@ const (
 // Group is one replica group.
 type Group struct {
 	cfg   Config
-	log   *slog.Logger
 	clock *hlc.Clock
 	fsm   *fsm
 	raft  *raft.Raft
@@ -112,16 +109,12 @@ type pending struct {
 // Open starts the group, creating its state on first use, and returns once
 // it leads and has applied every entry it had on disk.
 func Open(cfg Config) (*Group, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
 	clock, err := hlc.New(cfg.NodeID, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
 	g := &Group{
 		cfg:      cfg,
-		log:      cfg.Logger,
 		clock:    clock,
 		in:       make(chan Proposal, maxBatch),
 		slots:    make(chan struct{}, pipelineDepth),
@@ -147,9 +140,7 @@ func Open(cfg Config) (*Group, error) {
 		rc.SnapshotThreshold = 4096
 	}
 	rc.TrailingLogs = 1024
-	// A lone voter "times out" and elects itself at every start: raft's
-	// warnings are routine here, so only its errors are shown.
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Error, Output: os.Stderr})
+	rc.Logger = raftLogger()
 
 	var (
 		logs   raft.LogStore
@@ -170,7 +161,7 @@ func Open(cfg Config) (*Group, error) {
 		}
 		g.wal = w
 		logs, stable = w, w
-		fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
+		fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, retainSnapshots, rc.Logger)
 		if err != nil {
 			w.Close()
 			return nil, fmt.Errorf("replica: open snapshots: %w", err)
@@ -551,8 +542,7 @@ func Restore(dir, nodeID string, r io.Reader) (hlc.Timestamp, int, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Error, Output: os.Stderr})
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, logger)
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, retainSnapshots, raftLogger())
 	if err != nil {
 		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
 	}
@@ -570,4 +560,14 @@ func Restore(dir, nodeID string, r io.Reader) (hlc.Timestamp, int, error) {
 		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
 	}
 	return st.MaxVersion(), st.Len(), nil
+}
+
+// retainSnapshots is how many snapshots are kept on disk.
+const retainSnapshots = 2
+
+// raftLogger is raft's logger. A lone voter "times out" and elects itself
+// at every start: raft's warnings are routine here, so only its errors are
+// shown.
+func raftLogger() hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Error, Output: os.Stderr})
 }

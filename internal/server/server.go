@@ -145,6 +145,20 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
+	// A failed start releases what it got, newest first.
+	started := false
+	defer func() {
+		if started {
+			return
+		}
+		if s.broker != nil {
+			s.broker.Close()
+		}
+		if s.group != nil {
+			s.group.Close()
+		}
+		s.unlock()
+	}()
 	var raftDir, mqttDir string
 	if cfg.InMemory {
 		s.NodeID = newNodeID()
@@ -163,23 +177,16 @@ func Start(cfg Config) (*Server, error) {
 		}
 		s.lock = lock
 		if s.NodeID, err = loadNodeID(cfg.DataDir); err != nil {
-			s.unlock()
 			return nil, err
 		}
 		raftDir = filepath.Join(cfg.DataDir, "raft")
 		mqttDir = filepath.Join(cfg.DataDir, "mqtt")
 	}
 
-	hist := statestore.DefaultHistory
-	if cfg.History.PerPartition != 0 {
-		hist.PerPartition = cfg.History.PerPartition
-	}
-	if cfg.History.MaxAge != 0 {
-		hist.MaxAge = cfg.History.MaxAge
-	}
-	if cfg.History.MaxBytes != 0 {
-		hist.MaxBytes = cfg.History.MaxBytes
-	}
+	hist, d := cfg.History, statestore.DefaultHistory
+	orDefault(&hist.PerPartition, d.PerPartition)
+	orDefault(&hist.MaxAge, d.MaxAge)
+	orDefault(&hist.MaxBytes, d.MaxBytes)
 	s.service = statestore.New(nil, statestore.Limits{
 		MaxKeyLength:            cfg.Limits.MaxKeyLength,
 		MaxRegistrationsPerConn: cfg.Limits.MaxRegistrations,
@@ -197,17 +204,15 @@ func Start(cfg Config) (*Server, error) {
 			s.admin.Events(ev)
 		}
 	}
-	started := time.Now()
+	startTime := time.Now()
 	g, err := replica.Open(replica.Config{
 		NodeID:   s.NodeID,
 		Dir:      raftDir,
 		Limits:   store.Limits{MaxKeys: cfg.Limits.MaxKeys, MaxBytes: cfg.Limits.MaxBytes},
-		Logger:   cfg.Logger,
 		OnEvents: onEvents,
 		Timings:  timings,
 	})
 	if err != nil {
-		s.unlock()
 		return nil, err
 	}
 	s.group = g
@@ -225,27 +230,19 @@ func Start(cfg Config) (*Server, error) {
 		Logger:           cfg.Logger,
 	}, s.service)
 	if err != nil {
-		g.Close()
-		s.unlock()
 		return nil, err
 	}
 	s.broker = b
 	s.service.SetTransport(b)
 	if err := b.Serve(); err != nil {
-		b.Close()
-		g.Close()
-		s.unlock()
 		return nil, err
 	}
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
-			NodeID: s.NodeID, Version: Version, Started: started,
+			NodeID: s.NodeID, Version: Version, Started: startTime,
 			Group: g, Service: s.service, Broker: b,
 		})
 		if err != nil {
-			b.Close()
-			g.Close()
-			s.unlock()
 			return nil, err
 		}
 	}
@@ -261,6 +258,7 @@ func Start(cfg Config) (*Server, error) {
 		attrs = append(attrs, "admin", s.admin.Addr())
 	}
 	cfg.Logger.Info("mqkv serving", attrs...)
+	started = true
 	return s, nil
 }
 
@@ -283,9 +281,6 @@ func (s *Server) Broker() *broker.Broker { return s.broker }
 
 // Service returns the state store service (for its counters).
 func (s *Server) Service() *statestore.Service { return s.service }
-
-// Group returns the replica group.
-func (s *Server) Group() *replica.Group { return s.group }
 
 // Close stops accepting clients, then stops the log, then releases the data
 // directory.
