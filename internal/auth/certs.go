@@ -3,10 +3,10 @@ package auth
 import (
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/asn1"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -30,18 +30,6 @@ type certEntry struct {
 // pair, never as joined strings: a CN holding ",O=Contoso" must not pass
 // for an O attribute.
 type attr struct{ typ, value string }
-
-func sameSubject(a, b []attr) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
 
 func sortAttrs(a []attr) {
 	sort.Slice(a, func(i, j int) bool {
@@ -115,7 +103,7 @@ func (ca *CertAttributes) CertPrincipal(chain []*x509.Certificate) (string, map[
 		for _, c := range chain {
 			s := subjectOf(c.Subject)
 			for _, e := range ca.entries {
-				if !sameSubject(e.subject, s) {
+				if !slices.Equal(e.subject, s) {
 					continue
 				}
 				if attrs == nil {
@@ -164,7 +152,7 @@ func canonicalSubject(s string) ([]attr, error) {
 			return nil, fmt.Errorf("subject %q: %q is not TYPE=value", s, strings.TrimSpace(p))
 		}
 		k = strings.ToUpper(strings.TrimSpace(k))
-		if _, err := parseOID(k); err != nil && !knownName(k) {
+		if !isOID(k) && !knownName(k) {
 			return nil, fmt.Errorf("subject %q: unknown attribute type %q", s, k)
 		}
 		out = append(out, attr{k, strings.TrimSpace(v)})
@@ -202,17 +190,17 @@ func knownName(k string) bool {
 	return false
 }
 
-func parseOID(s string) (asn1.ObjectIdentifier, error) {
-	var oid asn1.ObjectIdentifier
-	for _, p := range strings.Split(s, ".") {
+// isOID reports whether s is a dotted object identifier (2.5.4.3).
+func isOID(s string) bool {
+	parts := strings.Split(s, ".")
+	if len(parts) < 2 {
+		return false
+	}
+	for _, p := range parts {
 		var n int
 		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || fmt.Sprint(n) != p {
-			return nil, errors.New("not an OID")
+			return false
 		}
-		oid = append(oid, n)
 	}
-	if len(oid) < 2 {
-		return nil, errors.New("not an OID")
-	}
-	return oid, nil
+	return true
 }

@@ -84,8 +84,8 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 // ErrRejectPacket would not, mochi issue #465). Every other message is
 // numbered for in-order resends (see sequencer).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	h.b.seq.stamp(&pk)
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
+		h.b.seq.stamp(&pk)
 		return pk, nil
 	}
 	c := h.b.connOf(cl)

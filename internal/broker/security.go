@@ -90,7 +90,7 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 		id:               b.nextConn.Add(1),
 		principal:        p,
 		responsePrefixes: [2]string{"clients/" + hexID, ""},
-		notifyPrefixes:   [2]string{"", statestore.NotifyPrefix + "/" + hexID + "/command/notify"},
+		notifyPrefixes:   [2]string{"", strings.TrimSuffix(statestore.NotifyClientPrefix(cl.ID), "/")},
 	}
 	if rawIDIsUnambiguous(cl.ID) {
 		// The .NET and Rust SDKs use the raw client id in these topics.
@@ -208,10 +208,7 @@ func (b *Broker) allowed(cl *mqtt.Client, topic string, write bool) bool {
 // disconnected; subscriptions and KEYNOTIFY registrations it may no longer
 // have are removed, the rest stay.
 func (b *Broker) SetPolicy(p *policy.Policy) {
-	old := b.security.Load()
-	sec := *old
-	sec.Policy = p
-	b.security.Store(&sec)
+	b.updateSecurity(func(sec *Security) { sec.Policy = p })
 	b.conns.Range(func(k, v any) bool {
 		cl, c := k.(*mqtt.Client), v.(*conn)
 		if p == nil {
@@ -311,7 +308,13 @@ func (b *Broker) responseAllowed(c *conn, topic string) bool {
 
 // SetPasswords replaces the password file used for new connections.
 func (b *Broker) SetPasswords(p *auth.Passwords) {
+	b.updateSecurity(func(sec *Security) { sec.Passwords = p })
+}
+
+// updateSecurity replaces the security settings with a changed copy:
+// connections being admitted keep the settings they loaded.
+func (b *Broker) updateSecurity(change func(*Security)) {
 	sec := *b.security.Load()
-	sec.Passwords = p
+	change(&sec)
 	b.security.Store(&sec)
 }

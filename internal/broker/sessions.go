@@ -28,9 +28,9 @@ type sessions struct {
 	log *slog.Logger
 
 	mu         sync.Mutex
-	pendingPut map[string]packets.Packet // inflight key → message, not yet written
-	pendingDel map[string]struct{}       // inflight keys to delete
-	inflight   map[string]string         // inflight key → client id, for writing records
+	pendingPut map[inflightID]packets.Packet // messages not yet written
+	pendingDel map[inflightID]struct{}       // records to delete
+	inflight   map[inflightID]struct{}       // messages held, written or not
 
 	stop chan struct{}
 	done chan struct{}
@@ -65,9 +65,9 @@ func openSessions(path string, log *slog.Logger) (*sessions, error) {
 	s := &sessions{
 		db:         db,
 		log:        log,
-		pendingPut: map[string]packets.Packet{},
-		pendingDel: map[string]struct{}{},
-		inflight:   map[string]string{},
+		pendingPut: map[inflightID]packets.Packet{},
+		pendingDel: map[inflightID]struct{}{},
+		inflight:   map[inflightID]struct{}{},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 	}
@@ -252,9 +252,15 @@ func messageRecord(id, kind, client string, pk packets.Packet) *storage.Message 
 	}
 }
 
-func inflightKey(clientID string, id uint16) string {
-	return fmt.Sprintf("%s\x00%05d", clientID, id)
+// inflightID names a message a session holds unacknowledged.
+type inflightID struct {
+	client string
+	packet uint16
 }
+
+// key is the message's record key: formatted only when written, not on
+// every publish and acknowledgement.
+func (id inflightID) key() string { return fmt.Sprintf("%s\x00%05d", id.client, id.packet) }
 
 // OnQosPublish records an outbound message awaiting acknowledgement. Only
 // PUBLISH packets to persistent sessions matter: acks of inbound QoS 1
@@ -268,16 +274,16 @@ func (s *sessions) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ i
 	if held, ok := cl.State.Inflight.Get(pk.PacketID); ok {
 		pk = held
 	}
-	k := inflightKey(cl.ID, pk.PacketID)
+	k := inflightID{cl.ID, pk.PacketID}
 	s.mu.Lock()
 	delete(s.pendingDel, k)
 	s.pendingPut[k] = pk
-	s.inflight[k] = cl.ID
+	s.inflight[k] = struct{}{}
 	s.mu.Unlock()
 }
 
 func (s *sessions) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
-	k := inflightKey(cl.ID, pk.PacketID)
+	k := inflightID{cl.ID, pk.PacketID}
 	s.mu.Lock()
 	if _, ok := s.inflight[k]; ok {
 		delete(s.inflight, k)
@@ -293,17 +299,16 @@ func (s *sessions) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 func (s *sessions) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { s.OnQosComplete(cl, pk) }
 
 func (s *sessions) dropInflight(clientID string) {
-	prefix := clientID + "\x00"
 	s.mu.Lock()
 	for k := range s.inflight {
-		if len(k) > len(prefix) && k[:len(prefix)] == prefix {
+		if k.client == clientID {
 			delete(s.inflight, k)
 			delete(s.pendingPut, k)
 			delete(s.pendingDel, k)
 		}
 	}
 	s.mu.Unlock()
-	s.delPrefix(bucketInflight, prefix)
+	s.delPrefix(bucketInflight, clientID+"\x00")
 }
 
 func (s *sessions) flushLoop() {
@@ -330,25 +335,22 @@ func (s *sessions) flush() {
 		s.mu.Unlock()
 		return
 	}
-	owners := make(map[string]string, len(puts))
-	for k := range puts {
-		owners[k] = s.inflight[k]
-	}
-	s.pendingPut, s.pendingDel = map[string]packets.Packet{}, map[string]struct{}{}
+	s.pendingPut, s.pendingDel = map[inflightID]packets.Packet{}, map[inflightID]struct{}{}
 	s.mu.Unlock()
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketInflight)
 		for k := range dels {
-			if err := b.Delete([]byte(k)); err != nil {
+			if err := b.Delete([]byte(k.key())); err != nil {
 				return err
 			}
 		}
 		for k, pk := range puts {
-			data, err := messageRecord(k, storage.InflightKey, owners[k], pk).MarshalBinary()
+			key := k.key()
+			data, err := messageRecord(key, storage.InflightKey, k.client, pk).MarshalBinary()
 			if err != nil {
 				return err
 			}
-			if err := b.Put([]byte(k), data); err != nil {
+			if err := b.Put([]byte(key), data); err != nil {
 				return err
 			}
 		}
@@ -368,21 +370,17 @@ func (s *sessions) StoredSubscriptions() ([]storage.Subscription, error) {
 }
 
 func (s *sessions) StoredRetainedMessages() ([]storage.Message, error) {
-	return s.messages(bucketRetained)
+	return load[storage.Message](s, bucketRetained)
 }
 
 func (s *sessions) StoredInflightMessages() ([]storage.Message, error) {
-	msgs, err := s.messages(bucketInflight)
+	msgs, err := load[storage.Message](s, bucketInflight)
 	s.mu.Lock()
 	for _, m := range msgs {
-		s.inflight[m.ID] = m.Client
+		s.inflight[inflightID{m.Client, m.PacketID}] = struct{}{}
 	}
 	s.mu.Unlock()
 	return msgs, err
-}
-
-func (s *sessions) messages(bucket []byte) ([]storage.Message, error) {
-	return load[storage.Message](s, bucket)
 }
 
 // load decodes every record of a bucket.

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/mqkv/mqkv/internal/glob"
 )
@@ -10,7 +11,7 @@ import (
 // already substituted. A nil *Grant allows everything: it is what a
 // connection gets when no policy is configured.
 type Grant struct {
-	Connect   bool
+	connect   bool
 	publish   []string
 	subscribe []string
 	read      []keyMatcher
@@ -38,7 +39,7 @@ func (pol *Policy) Grant(p Principal) *Grant {
 		if !r.applies(&p) {
 			continue
 		}
-		g.Connect = g.Connect || r.connect
+		g.connect = g.connect || r.connect
 		for _, f := range r.publish {
 			if s, ok := substitute(f, &p, topicValue); ok {
 				g.publish = append(g.publish, s)
@@ -72,7 +73,7 @@ func (pol *Policy) Grant(p Principal) *Grant {
 }
 
 // CanConnect reports whether the principal may connect.
-func (g *Grant) CanConnect() bool { return g == nil || g.Connect }
+func (g *Grant) CanConnect() bool { return g == nil || g.connect }
 
 // CanPublish reports whether the principal may publish to topic.
 func (g *Grant) CanPublish(topic string) bool {
@@ -122,13 +123,9 @@ func (g *Grant) CanAccess(key []byte, method Method) bool {
 
 // unshare strips "$share/<group>/" from a shared subscription filter.
 func unshare(filter string) string {
-	const prefix = "$share/"
-	if len(filter) > len(prefix) && filter[:len(prefix)] == prefix {
-		rest := filter[len(prefix):]
-		for i := 0; i < len(rest); i++ {
-			if rest[i] == '/' {
-				return rest[i+1:]
-			}
+	if rest, ok := strings.CutPrefix(filter, "$share/"); ok {
+		if _, f, ok := strings.Cut(rest, "/"); ok {
+			return f
 		}
 	}
 	return filter
