@@ -83,6 +83,7 @@ type Counters struct {
 	SlowConsumers        atomic.Int64 // clients disconnected for not reading
 	SubscriptionsRevoked atomic.Int64 // subscriptions removed by a policy change
 	NotificationsDropped atomic.Int64 // notifications a full client queue refused
+	WillsDropped         atomic.Int64 // wills no longer allowed when due
 }
 
 // Traffic is the broker's message counts since start.
@@ -129,6 +130,7 @@ type Broker struct {
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 
 	seq       *sequencer
+	wills     wills
 	stop      chan struct{}
 	closeOnce sync.Once
 }
@@ -177,7 +179,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, maxPacketSize: cfg.MaxPacketSize, seq: newSequencer(), stop: make(chan struct{})}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, seq: newSequencer(), stop: make(chan struct{})}
 	sec := cfg.Security
 	b.security.Store(&sec)
 	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)
@@ -255,7 +257,9 @@ func (b *Broker) Serve() error {
 // flushed and closed.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() { close(b.stop) })
-	return b.srv.Close()
+	err := b.srv.Close()
+	b.dropWills()
+	return err
 }
 
 // sweep forgets connections that ended without mochi reporting it (a

@@ -44,9 +44,10 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 	return h.b.connOf(cl) != nil
 }
 
-// OnSessionEstablished judges the subscriptions a resumed session brought
+// OnSessionEstablished cancels a delayed will of the client and judges the subscriptions a resumed session brought
 // along against the client's current grant.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	h.b.cancelWill(cl.ID)
 	if c := h.b.connOf(cl); c != nil {
 		h.b.pruneSubscriptions(cl, c)
 	}
@@ -131,8 +132,13 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 // reusing the id would inherit them.
 func (h *hook) OnClientExpired(cl *mqtt.Client) { h.b.srv.UnsubscribeClient(cl) }
 
-func (h *hook) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
+// OnDisconnect sends the client's will unless it ended with a normal
+// DISCONNECT (mochi reports that as no error).
+func (h *hook) OnDisconnect(cl *mqtt.Client, err error, _ bool) {
 	if c := h.b.connOf(cl); c != nil {
+		if err != nil {
+			h.b.dueWill(cl, c)
+		}
 		h.b.forget(cl, c)
 	} else {
 		h.b.dropNotifySubscription(cl)

@@ -38,7 +38,8 @@ type conn struct {
 	// ownTopic).
 	responsePrefixes [2]string
 	notifyPrefixes   [2]string
-	slow             atomic.Bool // being disconnected as a slow consumer
+	slow             atomic.Bool          // being disconnected as a slow consumer
+	will             atomic.Pointer[will] // nil: none, or already sent
 }
 
 var errAuthFailed = errors.New("authentication failed")
@@ -104,6 +105,10 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 			return errAuthFailed
 		}
 		c.grant.Store(g)
+	}
+	if !b.takeWill(cl, pk, c) {
+		b.refuse(cl, packets.ErrNotAuthorized)
+		return errAuthFailed
 	}
 	b.conns.Store(cl, c)
 	return nil

@@ -37,6 +37,9 @@ type rawOpts struct {
 	password      string // sent when not empty
 	// receiveMaximum, if set, is sent in CONNECT.
 	receiveMaximum uint16
+	// will and willProps, if set, are the CONNECT's will.
+	will      *paho.WillMessage
+	willProps *paho.WillProperties
 	// conn, if set, is the connection to use (TLS, WebSocket...) instead
 	// of plain TCP to the server's first listener.
 	conn net.Conn
@@ -115,6 +118,7 @@ func connectRaw(t testing.TB, id string, o rawOpts) (*rawClient, *paho.Connack, 
 	if o.receiveMaximum != 0 {
 		cp.Properties.ReceiveMaximum = &o.receiveMaximum
 	}
+	cp.WillMessage, cp.WillProperties = o.will, o.willProps
 	if o.username != "" {
 		cp.UsernameFlag, cp.Username = true, o.username
 	}
