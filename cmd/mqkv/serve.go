@@ -56,15 +56,23 @@ password files; SIGINT or SIGTERM stop the server.`,
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-			for s := range sig {
-				if s == syscall.SIGHUP {
-					if err := srv.Reload(); err != nil {
-						logger.Error("reload failed; the previous configuration stays in force", "error", err)
+		wait:
+			for {
+				select {
+				case <-srv.Failed():
+					logger.Error("stopping: the node cannot go on", "error", srv.Err())
+					srv.Close()
+					return srv.Err()
+				case s := <-sig:
+					if s == syscall.SIGHUP {
+						if err := srv.Reload(); err != nil {
+							logger.Error("reload failed; the previous configuration stays in force", "error", err)
+						}
+						continue
 					}
-					continue
+					logger.Info("shutting down", "signal", s.String())
+					break wait
 				}
-				logger.Info("shutting down", "signal", s.String())
-				break
 			}
 			return srv.Close()
 		},

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,12 @@ type fsm struct {
 	expired       atomic.Int64
 	lastSnapshot  atomic.Int64 // unix ns
 	snapshotBytes atomic.Int64
+
+	// broken is the first log entry that could not be applied. After it
+	// nothing more is: applying later entries without it would build a
+	// state no other replica has. fail is told once.
+	broken error
+	fail   func(error)
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -46,10 +53,15 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Type != raft.LogCommand {
 			continue
 		}
+		if f.broken != nil {
+			out[i] = f.broken
+			continue
+		}
 		limits, cmds, err := store.DecodeBatch(l.Data)
 		if err != nil {
-			// Every replica fails the same entry the same way.
-			out[i] = err
+			f.broken = &DamagedError{What: fmt.Sprintf("raft log entry %d", l.Index), Err: err}
+			out[i] = f.broken
+			f.fail(f.broken)
 			continue
 		}
 		// The limits the leader enforced when it wrote the entry: quota

@@ -67,6 +67,27 @@ type Proposal struct {
 // ErrClosed is reported for proposals made after Close.
 var ErrClosed = errors.New("replica: group closed")
 
+// DamagedError reports a part of the data directory that cannot be read.
+// The node stops (or does not start) rather than serve without writes it
+// acknowledged; the message says how to recover.
+type DamagedError struct {
+	Path string // the file or directory, if known
+	What string // what in it is damaged
+	Err  error
+}
+
+func (e *DamagedError) Error() string {
+	where := e.What
+	if e.Path != "" {
+		where = e.What + " in " + e.Path
+	}
+	return fmt.Sprintf("%s is damaged: %v. The node will not serve without writes it acknowledged. "+
+		"To recover, restore the latest backup into a new data directory (mqkv restore --in FILE --data-dir DIR) and start on it; "+
+		"in a cluster, remove this node's data directory and let the node rejoin: it catches up from its peers", where, e.Err)
+}
+
+func (e *DamagedError) Unwrap() error { return e.Err }
+
 const (
 	maxBatch      = 1024    // commands per log entry
 	maxBatchBytes = 4 << 20 // payload bytes per log entry, unless one command is bigger
@@ -98,6 +119,10 @@ type Group struct {
 	closeOnce sync.Once
 	closing   chan struct{}
 	wg        sync.WaitGroup
+
+	failOnce sync.Once
+	failed   chan struct{} // closed when the group cannot go on
+	failErr  error
 }
 
 type pending struct {
@@ -121,8 +146,9 @@ func Open(cfg Config) (*Group, error) {
 		inflight: make(chan pending, pipelineDepth),
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
+		failed:   make(chan struct{}),
 	}
-	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry, timings: cfg.Timings}
+	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry, timings: cfg.Timings, fail: g.fail}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -157,7 +183,7 @@ func Open(cfg Config) (*Group, error) {
 		}
 		w, err := raftwal.Open(walDir)
 		if err != nil {
-			return nil, fmt.Errorf("replica: open log: %w", err)
+			return nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}
 		}
 		g.wal = w
 		logs, stable = w, w
@@ -167,6 +193,10 @@ func Open(cfg Config) (*Group, error) {
 			return nil, fmt.Errorf("replica: open snapshots: %w", err)
 		}
 		snaps = fss
+		if err := verifyLog(logs, walDir); err != nil {
+			w.Close()
+			return nil, err
+		}
 	}
 
 	if cfg.Timings.Sync != nil {
@@ -192,7 +222,11 @@ func Open(cfg Config) (*Group, error) {
 	}
 	g.raft = r
 
-	if err := g.awaitLeadership(30 * time.Second); err != nil {
+	err = g.awaitLeadership(30 * time.Second)
+	if err == nil {
+		err = g.Err() // an entry that failed in the replay
+	}
+	if err != nil {
 		g.raft.Shutdown().Error()
 		g.closeWAL()
 		return nil, err
@@ -202,6 +236,60 @@ func Open(cfg Config) (*Group, error) {
 	go g.complete()
 	go g.expireLoop()
 	return g, nil
+}
+
+// verifyLog checks every entry of the log before raft replays it: the log
+// store verifies only its newest batch, and an entry damaged further back
+// would otherwise be found only when applied, after the node has started
+// serving.
+func verifyLog(logs raft.LogStore, path string) error {
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return &DamagedError{Path: path, What: "the raft log", Err: err}
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return &DamagedError{Path: path, What: "the raft log", Err: err}
+	}
+	if first == 0 {
+		return nil // empty
+	}
+	var l raft.Log
+	for i := first; i <= last; i++ {
+		if err := logs.GetLog(i, &l); err != nil {
+			return &DamagedError{Path: path, What: fmt.Sprintf("raft log entry %d", i), Err: err}
+		}
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		if err := store.VerifyBatch(l.Data); err != nil {
+			return &DamagedError{Path: path, What: fmt.Sprintf("raft log entry %d", i), Err: err}
+		}
+	}
+	return nil
+}
+
+// fail stops the group for good after an entry could not be applied: it
+// takes no more writes and Failed is closed.
+func (g *Group) fail(err error) {
+	g.failOnce.Do(func() {
+		g.failErr = err
+		close(g.failed)
+	})
+}
+
+// Failed is closed when the group has stopped applying its log (see Err);
+// the node must stop.
+func (g *Group) Failed() <-chan struct{} { return g.failed }
+
+// Err returns why the group failed, or nil.
+func (g *Group) Err() error {
+	select {
+	case <-g.failed:
+		return g.failErr
+	default:
+		return nil
+	}
 }
 
 // awaitLeadership waits until this node leads and has applied everything

@@ -282,6 +282,13 @@ func (s *Server) Broker() *broker.Broker { return s.broker }
 // Service returns the state store service (for its counters).
 func (s *Server) Service() *statestore.Service { return s.service }
 
+// Failed is closed when the node cannot go on (its log could not be
+// applied); Err says why. The process should stop.
+func (s *Server) Failed() <-chan struct{} { return s.group.Failed() }
+
+// Err returns why the node failed, or nil.
+func (s *Server) Err() error { return s.group.Err() }
+
 // Close stops accepting clients, then stops the log, then releases the data
 // directory.
 func (s *Server) Close() error {

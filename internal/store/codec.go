@@ -17,16 +17,27 @@ import (
 // snapshot of the whole store. Both carry a format byte so later releases
 // can read what earlier ones wrote.
 
+// Batch formats, written into the log: a new format takes the next number
+// and the old ones stay readable, since logs written by earlier releases
+// are replayed.
+//
 // Format 2 carries the limits the leader enforces in every batch, so that
 // replaying the log decides every quota as it was decided the first time,
-// whatever the node's flags are now.
-const batchFormat = 2
+// whatever the node's flags are now. Format 3 is format 2 followed by the
+// CRC-32C of everything before it: the log store (raft-wal) checks only
+// the newest batch, so without it a damaged entry further back would be
+// applied as whatever it decodes to, or skipped.
+const (
+	batchFormatV2 = 2
+	batchFormat   = 3
+)
 
 // ErrCorrupt is returned for log entries and snapshots that cannot be read.
 var ErrCorrupt = errors.New("store: corrupt data")
 
 // AppendBatch appends the encoding of cmds, to be applied under limits, to b.
 func AppendBatch(b []byte, limits Limits, cmds []Command) []byte {
+	start := len(b)
 	b = append(b, batchFormat)
 	b = binary.AppendUvarint(b, uint64(limits.MaxKeys))
 	b = binary.AppendVarint(b, limits.MaxBytes)
@@ -42,16 +53,44 @@ func AppendBatch(b []byte, limits Limits, cmds []Command) []byte {
 		b = appendTimestamp(b, c.Fence)
 		b = appendTimestamp(b, c.Expected)
 	}
-	return b
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}
+
+// VerifyBatch checks a log entry's checksum (format 3) or, for entries
+// without one, that it decodes.
+func VerifyBatch(data []byte) error {
+	if len(data) > 0 && data[0] == batchFormatV2 {
+		_, _, err := DecodeBatch(data)
+		return err
+	}
+	_, err := batchBody(data)
+	return err
+}
+
+// batchBody returns the part of a format 3 batch its checksum covers.
+func batchBody(data []byte) ([]byte, error) {
+	if len(data) < 5 || data[0] != batchFormat {
+		return nil, fmt.Errorf("%w: unknown batch format", ErrCorrupt)
+	}
+	body := data[:len(data)-4]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(data[len(body):]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
+	}
+	return body, nil
 }
 
 // DecodeBatch decodes a batch written by AppendBatch. Keys and values alias
 // data; Apply copies what it keeps.
 func DecodeBatch(data []byte) (Limits, []Command, error) {
-	d := decoder{b: data}
-	if d.byte() != batchFormat {
-		return Limits{}, nil, fmt.Errorf("%w: unknown batch format", ErrCorrupt)
+	if len(data) == 0 || data[0] != batchFormatV2 {
+		body, err := batchBody(data)
+		if err != nil {
+			return Limits{}, nil, err
+		}
+		data = body
 	}
+	d := decoder{b: data}
+	d.byte() // the format
 	maxKeys := d.uvarint()
 	limits := Limits{MaxKeys: int(min(maxKeys, 1<<62)), MaxBytes: d.varint()}
 	n := d.uvarint()
