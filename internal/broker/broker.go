@@ -130,6 +130,7 @@ type Broker struct {
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 
 	seq       *sequencer
+	ids       idSpace
 	wills     wills
 	stop      chan struct{}
 	closeOnce sync.Once

@@ -30,6 +30,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnPublishDropped,
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
+		mqtt.OnPacketRead,
 		mqtt.OnClientExpired,
 	}, []byte{b})
 }
@@ -65,7 +66,13 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 //
 // It also renumbers a resumed session's messages before mochi resends
 // them, right after the CONNACK (see sequencer).
+//
+// And it gives acknowledgements of the client's packets back the ids the
+// client used (see idSpace).
 func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if cl == nil {
+		return pk
+	}
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
@@ -73,11 +80,19 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 		// mochi enforces its maximum packet size but does not tell
 		// clients (MQTT 5, 3.2.2.3.6).
 		pk.Properties.MaximumPacketSize = h.b.maxPacketSize
-		if pk.SessionPresent && cl != nil {
+		if pk.SessionPresent {
 			h.b.seq.renumber(cl)
 		}
+	default:
+		pk = h.b.ids.write(cl, pk)
 	}
 	return pk
+}
+
+// OnPacketRead keeps the client's packet ids apart from the server's (see
+// idSpace).
+func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	return h.b.ids.read(cl, pk), nil
 }
 
 // OnPublish hands requests to the state store. They are not routed to
@@ -130,11 +145,17 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 // OnClientExpired ends an expired session's subscriptions: mochi forgets
 // the client but leaves them in the topic index, where a later client
 // reusing the id would inherit them.
-func (h *hook) OnClientExpired(cl *mqtt.Client) { h.b.srv.UnsubscribeClient(cl) }
+func (h *hook) OnClientExpired(cl *mqtt.Client) {
+	h.b.srv.UnsubscribeClient(cl)
+	h.b.ids.forget(cl.ID)
+}
 
 // OnDisconnect sends the client's will unless it ended with a normal
 // DISCONNECT (mochi reports that as no error).
-func (h *hook) OnDisconnect(cl *mqtt.Client, err error, _ bool) {
+func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	if expire && !cl.IsTakenOver() {
+		h.b.ids.forget(cl.ID)
+	}
 	if c := h.b.connOf(cl); c != nil {
 		if err != nil {
 			h.b.dueWill(cl, c)
