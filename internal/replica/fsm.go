@@ -20,9 +20,9 @@ type fsm struct {
 	mu         sync.RWMutex
 	st         *store.Store
 	clock      *hlc.Clock
-	onEvents   func([]store.Event)
+	onEvents   func(Batch)
 	wakeExpiry func()
-	events     []store.Event // reused between batches; only the apply goroutine touches it
+	batch      Batch // reused between batches; only the apply goroutine touches it
 	timings    Timings
 
 	expired       atomic.Int64
@@ -46,7 +46,7 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 // a []store.Result (one per command) or an error if it cannot be decoded.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
-	events := f.events[:0]
+	events, marks := f.batch.Events[:0], f.batch.Marks[:0]
 	expiring := false
 	f.mu.Lock()
 	for i, l := range logs {
@@ -67,6 +67,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		// The limits the leader enforced when it wrote the entry: quota
 		// decisions replay identically on every node and every restart.
 		f.st.SetLimits(limits)
+		start := len(events)
 		results := make([]store.Result, len(cmds))
 		for j := range cmds {
 			c := &cmds[j]
@@ -78,17 +79,20 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				expiring = true
 			}
 		}
+		if len(events) > start {
+			marks = append(marks, Mark{Index: l.Index, End: len(events)})
+		}
 		out[i] = results
 	}
 	maxVersion := f.st.MaxVersion()
 	f.mu.Unlock()
 	// A new leader must issue versions above every applied one.
 	f.clock.Observe(maxVersion)
-	if len(events) > 0 && f.onEvents != nil {
-		f.onEvents(events)
+	if f.onEvents != nil && len(logs) > 0 {
+		f.onEvents(Batch{Events: events, Marks: marks, First: logs[0].Index, Last: logs[len(logs)-1].Index})
 	}
 	clear(events) // drop references to values
-	f.events = events[:0]
+	f.batch = Batch{Events: events[:0], Marks: marks[:0]}
 	if expiring {
 		f.wakeExpiry()
 	}
@@ -111,6 +115,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.st = next
 	f.mu.Unlock()
+	if f.onEvents != nil {
+		f.onEvents(Batch{Reset: true})
+	}
 	f.clock.Observe(next.MaxVersion())
 	f.wakeExpiry()
 	return nil

@@ -28,7 +28,7 @@ import (
 
 // Config configures a group.
 type Config struct {
-	NodeID string // stable id of this node; becomes the HLC node id
+	NodeID string // stable id of this node; the group's raft server id
 	// Dir holds the log and snapshots. Empty means in memory: nothing
 	// survives the process.
 	Dir    string
@@ -38,12 +38,44 @@ type Config struct {
 	SnapshotThreshold uint64
 	// OnEvents receives the change events of every applied batch, in log
 	// order, on the apply goroutine. It must not block for long and must
-	// not keep the slice (its elements may be kept).
-	OnEvents func([]store.Event)
-	// Now is the wall clock; nil means time.Now.
-	Now func() time.Time
+	// not keep the Batch (its events may be kept).
+	OnEvents func(Batch)
+	// Clock issues the versions; the groups of one node share it. Nil: the
+	// group makes its own from NodeID.
+	Clock *hlc.Clock
+	// Transport carries raft traffic to the other voters. Nil: the group
+	// has one voter, this node, and needs none.
+	Transport raft.Transport
+	// Bootstrap, if set, is the configuration a group with no state on
+	// disk starts with. Nil: with a Transport, wait to be added by the
+	// group's leader (a replica that joins); without, one voter (this
+	// node).
+	Bootstrap *raft.Configuration
 	// Timings, if set, receives durations for metrics.
 	Timings Timings
+}
+
+// Batch is what one batch of applied log entries changed: the events in
+// log order, and for each entry that changed something its index and where
+// its events end in Events. Replicas apply the same entries to the same
+// state, so an entry's events are the same on every replica: a reader can
+// follow a group's changes from any replica and resume by log index.
+//
+// First and Last are the indexes of the batch's first and last entries
+// (every batch is reported, with or without events). A Batch with Reset
+// set carries nothing else: the state was replaced by a snapshot, and the
+// changes up to the next batch's First are not known here.
+type Batch struct {
+	Events      []store.Event
+	Marks       []Mark
+	First, Last uint64
+	Reset       bool
+}
+
+// Mark ends the events of one log entry within a Batch.
+type Mark struct {
+	Index uint64
+	End   int // Events[previous End:End] are this entry's
 }
 
 // Timings are callbacks for metrics; any may be nil. They must be cheap.
@@ -66,6 +98,24 @@ type Proposal struct {
 
 // ErrClosed is reported for proposals made after Close.
 var ErrClosed = errors.New("replica: group closed")
+
+// ErrOutcomeUnknown is reported for a write whose log entry was proposed
+// but whose fate this replica cannot know: leadership was lost before it
+// committed. It may yet be applied (by the next leader) or not.
+var ErrOutcomeUnknown = errors.New("replica: leadership lost while the write was in flight; it may or may not have been applied")
+
+// NotLeaderError is reported for a write or read this replica cannot serve
+// because it does not lead its group. Nothing was applied.
+type NotLeaderError struct {
+	Leader string // the node id of the leader, if known
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == "" {
+		return "replica: not the leader, and no leader is known"
+	}
+	return "replica: not the leader; " + e.Leader + " leads"
+}
 
 // DamagedError reports a part of the data directory that cannot be read.
 // The node stops (or does not start) rather than serve without writes it
@@ -123,6 +173,8 @@ type Group struct {
 	failOnce sync.Once
 	failed   chan struct{} // closed when the group cannot go on
 	failErr  error
+
+	readyTerm atomic.Uint64 // the term in which this leader applied all before it
 }
 
 type pending struct {
@@ -131,12 +183,15 @@ type pending struct {
 	start  time.Time
 }
 
-// Open starts the group, creating its state on first use, and returns once
-// it leads and has applied every entry it had on disk.
+// Open starts the group, creating its state on first use. It returns
+// once raft runs; AwaitLeader waits until the group can serve.
 func Open(cfg Config) (*Group, error) {
-	clock, err := hlc.New(cfg.NodeID, cfg.Now)
-	if err != nil {
-		return nil, err
+	clock := cfg.Clock
+	if clock == nil {
+		var err error
+		if clock, err = hlc.New(cfg.NodeID, nil); err != nil {
+			return nil, err
+		}
 	}
 	g := &Group{
 		cfg:      cfg,
@@ -150,67 +205,28 @@ func Open(cfg Config) (*Group, error) {
 	}
 	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry, timings: cfg.Timings, fail: g.fail}
 
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
-	// One voter: nobody else can start an election, so short timeouts only
-	// shorten startup.
-	rc.HeartbeatTimeout = 50 * time.Millisecond
-	rc.ElectionTimeout = 50 * time.Millisecond
-	rc.LeaderLeaseTimeout = 50 * time.Millisecond
-	rc.CommitTimeout = 5 * time.Millisecond
-	rc.BatchApplyCh = true
-	rc.MaxAppendEntries = 256
-	rc.NoLegacyTelemetry = true
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	if rc.SnapshotThreshold == 0 {
-		rc.SnapshotThreshold = 4096
+	rc := raftConfig(cfg)
+	logs, stable, snaps, err := g.openStores(cfg, rc)
+	if err != nil {
+		return nil, err
 	}
-	rc.TrailingLogs = 1024
-	rc.Logger = raftLogger()
-
-	var (
-		logs   raft.LogStore
-		stable raft.StableStore
-		snaps  raft.SnapshotStore
-	)
-	if cfg.Dir == "" {
-		mem := raft.NewInmemStore()
-		logs, stable, snaps = mem, mem, raft.NewInmemSnapshotStore()
-	} else {
-		walDir := filepath.Join(cfg.Dir, "wal")
-		if err := os.MkdirAll(walDir, 0o700); err != nil {
-			return nil, fmt.Errorf("replica: %w", err)
-		}
-		w, err := raftwal.Open(walDir)
-		if err != nil {
-			return nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}
-		}
-		g.wal = w
-		logs, stable = w, w
-		fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, retainSnapshots, rc.Logger)
-		if err != nil {
-			w.Close()
-			return nil, fmt.Errorf("replica: open snapshots: %w", err)
-		}
-		snaps = fss
-		if err := verifyLog(logs, walDir); err != nil {
-			w.Close()
-			return nil, err
-		}
-	}
-
 	if cfg.Timings.Sync != nil {
 		logs = timedLogs{logs, cfg.Timings.Sync}
 	}
-	addr, trans := raft.NewInmemTransport(raft.ServerAddress(cfg.NodeID))
+	trans := cfg.Transport
+	boot := cfg.Bootstrap
+	if trans == nil {
+		var addr raft.ServerAddress
+		addr, trans = raft.NewInmemTransport(raft.ServerAddress(cfg.NodeID))
+		boot = &raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}
+	}
 	exists, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		g.closeWAL()
 		return nil, fmt.Errorf("replica: %w", err)
 	}
-	if !exists {
-		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}
-		if err := raft.BootstrapCluster(rc, logs, stable, snaps, trans, boot); err != nil {
+	if !exists && boot != nil {
+		if err := raft.BootstrapCluster(rc, logs, stable, snaps, trans, *boot); err != nil {
 			g.closeWAL()
 			return nil, fmt.Errorf("replica: bootstrap: %w", err)
 		}
@@ -221,21 +237,86 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("replica: start raft: %w", err)
 	}
 	g.raft = r
-
-	err = g.awaitLeadership(30 * time.Second)
-	if err == nil {
-		err = g.Err() // an entry that failed in the replay
-	}
-	if err != nil {
-		g.raft.Shutdown().Error()
-		g.closeWAL()
-		return nil, err
-	}
 	g.wg.Add(3)
 	go g.propose()
 	go g.complete()
 	go g.expireLoop()
 	return g, nil
+}
+
+// raftConfig tunes raft for a group of one (nobody else can start an
+// election, so short timeouts only shorten startup) or of several (long
+// enough that a loaded two-core machine does not depose healthy leaders,
+// short enough that a dead one is replaced within a few seconds).
+func raftConfig(cfg Config) *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	if cfg.Transport == nil {
+		rc.HeartbeatTimeout = 50 * time.Millisecond
+		rc.ElectionTimeout = 50 * time.Millisecond
+		rc.LeaderLeaseTimeout = 50 * time.Millisecond
+	} else {
+		rc.HeartbeatTimeout = 1000 * time.Millisecond
+		rc.ElectionTimeout = 1000 * time.Millisecond
+		rc.LeaderLeaseTimeout = 500 * time.Millisecond
+	}
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 256
+	rc.NoLegacyTelemetry = true
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	if rc.SnapshotThreshold == 0 {
+		rc.SnapshotThreshold = 4096
+	}
+	rc.TrailingLogs = 1024
+	rc.Logger = raftLogger()
+	return rc
+}
+
+// openStores opens the log, stable and snapshot stores: on disk under
+// cfg.Dir (the log verified entry by entry), or in memory.
+func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.StableStore, raft.SnapshotStore, error) {
+	if cfg.Dir == "" {
+		mem := raft.NewInmemStore()
+		return mem, mem, raft.NewInmemSnapshotStore(), nil
+	}
+	walDir := filepath.Join(cfg.Dir, "wal")
+	if err := os.MkdirAll(walDir, 0o700); err != nil {
+		return nil, nil, nil, fmt.Errorf("replica: %w", err)
+	}
+	w, err := raftwal.Open(walDir)
+	if err != nil {
+		return nil, nil, nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}
+	}
+	g.wal = w
+	fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, retainSnapshots, rc.Logger)
+	if err != nil {
+		g.closeWAL()
+		return nil, nil, nil, fmt.Errorf("replica: open snapshots: %w", err)
+	}
+	if err := verifyLog(w, walDir); err != nil {
+		g.closeWAL()
+		return nil, nil, nil, err
+	}
+	return w, w, fss, nil
+}
+
+// AwaitLeader waits until this replica leads its group and has applied
+// everything committed before, so reads see every write acknowledged
+// before a restart. For a group of one, that is the end of its start.
+func (g *Group) AwaitLeader(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for g.raft.State() != raft.Leader {
+		if time.Now().After(deadline) {
+			return errors.New("replica: no leadership")
+		}
+		select {
+		case <-g.failed:
+			return g.failErr
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return g.LeaderReady(timeout)
 }
 
 // verifyLog checks every entry of the log before raft replays it: the log
@@ -292,27 +373,12 @@ func (g *Group) Err() error {
 	}
 }
 
-// awaitLeadership waits until this node leads and has applied everything
-// committed before, so reads see every write acknowledged before a restart.
-func (g *Group) awaitLeadership(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for g.raft.State() != raft.Leader {
-		if time.Now().After(deadline) {
-			return errors.New("replica: no leadership")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if err := g.raft.Barrier(timeout).Error(); err != nil {
-		return fmt.Errorf("replica: barrier: %w", err)
-	}
-	return nil
-}
-
 // Clock returns the group's hybrid logical clock.
 func (g *Group) Clock() *hlc.Clock { return g.clock }
 
 // Submit queues a write. It blocks only while the queue is full, which
-// slows the caller down when the log cannot keep up.
+// slows the caller down when the log cannot keep up. A replica that does
+// not lead fails it at once with a *NotLeaderError.
 func (g *Group) Submit(p Proposal) {
 	g.submitMu.RLock()
 	if g.closed {
@@ -320,9 +386,93 @@ func (g *Group) Submit(p Proposal) {
 		p.Done(store.Result{}, ErrClosed)
 		return
 	}
+	if g.raft.State() != raft.Leader {
+		g.submitMu.RUnlock()
+		p.Done(store.Result{}, g.notLeader())
+		return
+	}
 	g.in <- p
 	g.submitMu.RUnlock()
 }
+
+func (g *Group) notLeader() error {
+	_, id := g.raft.LeaderWithID()
+	return &NotLeaderError{Leader: string(id)}
+}
+
+// Leader returns the node id of the group's leader as this replica knows
+// it ("" if none), and whether that is this replica.
+func (g *Group) Leader() (string, bool) {
+	_, id := g.raft.LeaderWithID()
+	return string(id), g.raft.State() == raft.Leader
+}
+
+// VerifyLeader confirms that this replica still leads its group: a quorum
+// answered after the call began, so no other leader has committed anything
+// this replica has not applied... once it has applied its commit index. A
+// read served after VerifyLeader and Barrier-free apply wait is
+// linearizable. raft batches concurrent calls into one round of
+// heartbeats.
+func (g *Group) VerifyLeader() error {
+	if err := g.raft.VerifyLeader().Error(); err != nil {
+		return g.notLeader()
+	}
+	return nil
+}
+
+// LeaderReady returns nil once this replica leads its group and has
+// applied every entry committed before its term: only then are its reads
+// current and the versions it stamps above every committed one (the clock
+// observes versions as entries apply). Right after an election that takes
+// one round of the log (a barrier); after that it costs two atomic loads.
+func (g *Group) LeaderReady(timeout time.Duration) error {
+	if g.raft.State() != raft.Leader {
+		return g.notLeader()
+	}
+	term := g.raft.CurrentTerm()
+	if g.readyTerm.Load() == term {
+		return nil
+	}
+	if err := g.raft.Barrier(timeout).Error(); err != nil {
+		if errors.Is(err, raft.ErrEnqueueTimeout) {
+			return fmt.Errorf("replica: %w", err)
+		}
+		return g.notLeader()
+	}
+	if g.raft.CurrentTerm() == term {
+		g.readyTerm.Store(term)
+	}
+	return g.Err()
+}
+
+// ReadReady returns nil when a read of this replica's state is
+// linearizable: it leads, has applied everything before its term, and (with
+// other voters) a quorum still follows it, so no newer leader can have
+// committed a write it has not applied. A lone voter cannot be deposed and
+// skips the quorum round.
+func (g *Group) ReadReady(timeout time.Duration) error {
+	if err := g.LeaderReady(timeout); err != nil {
+		return err
+	}
+	if g.Voters() <= 1 {
+		return nil
+	}
+	return g.VerifyLeader()
+}
+
+// Voters counts the voters of the group's latest configuration.
+func (g *Group) Voters() int {
+	n := 0
+	for _, s := range g.raft.GetConfiguration().Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			n++
+		}
+	}
+	return n
+}
+
+// Raft returns the group's raft instance, for membership changes.
+func (g *Group) Raft() *raft.Raft { return g.raft }
 
 // Get returns a copy of the live entry under key.
 func (g *Group) Get(key []byte) (store.Entry, bool) {
@@ -334,6 +484,30 @@ func (g *Group) Get(key []byte) (store.Entry, bool) {
 		return store.Entry{}, false
 	}
 	return *e, true
+}
+
+// Ascend calls fn with the live entries whose keys start with prefix,
+// from the first at or after from, in key order, until fn returns false or
+// limit entries were given; it reports whether it ran out of entries
+// (rather than stopping for fn or limit). Entries are immutable: fn may keep
+// them. It holds the store's read lock: fn must not block.
+func (g *Group) Ascend(from, prefix []byte, limit int, fn func(*store.Entry) bool) (exhausted bool) {
+	exhausted = true
+	g.View(func(s *store.Store, now int64) {
+		n := 0
+		s.Ascend(from, now, func(e *store.Entry) bool {
+			if len(e.Key) < len(prefix) || string(e.Key[:len(prefix)]) != string(prefix) {
+				return false // past every key with the prefix
+			}
+			if n == limit || !fn(e) {
+				exhausted = false
+				return false
+			}
+			n++
+			return true
+		})
+	})
+	return exhausted
 }
 
 // View calls fn with the store under a read lock. fn must not keep the
@@ -509,6 +683,13 @@ func (g *Group) complete() {
 		err := p.future.Error()
 		if g.cfg.Timings.Commit != nil {
 			g.cfg.Timings.Commit(time.Since(p.start))
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout):
+			err = g.notLeader() // never entered the log
+		default:
+			err = ErrOutcomeUnknown // raft.ErrLeadershipLost, shutdown...
 		}
 		var results []store.Result
 		if err == nil {

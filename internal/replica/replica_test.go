@@ -12,8 +12,15 @@ import (
 
 func open(t *testing.T, dir string, onEvents func([]store.Event)) *Group {
 	t.Helper()
-	g, err := Open(Config{NodeID: "n1", Dir: dir, OnEvents: onEvents})
+	cfg := Config{NodeID: "n1", Dir: dir}
+	if onEvents != nil {
+		cfg.OnEvents = func(b Batch) { onEvents(b.Events) }
+	}
+	g, err := Open(cfg)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AwaitLeader(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return g
@@ -175,6 +182,9 @@ func TestQuotaDecisionsReplayIdentically(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := g.AwaitLeader(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		if r := write(t, g, store.Command{Op: store.OpSet, Key: []byte(k), Value: []byte("v")}, hlc.Timestamp{}); r.Outcome != store.Applied {
 			t.Fatalf("%s: %v", k, r.Outcome)
@@ -183,6 +193,9 @@ func TestQuotaDecisionsReplayIdentically(t *testing.T) {
 	g.Close()
 	g, err = Open(Config{NodeID: "n1", Dir: dir, Limits: store.Limits{MaxKeys: 2}})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AwaitLeader(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	defer g.Close()

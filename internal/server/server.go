@@ -14,11 +14,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
@@ -56,6 +59,10 @@ type Config struct {
 	// AdminAllowedHosts are host names, besides IP addresses and
 	// localhost, by which browsers may reach the admin endpoint.
 	AdminAllowedHosts []string
+
+	// Cluster, if ClusterListen is set, makes the node a member of a
+	// cluster; without it the node is on its own, as single-node releases.
+	Cluster ClusterConfig
 
 	Limits Limits
 	// History bounds the change history KEYNOTIFY ... SINCE replays from;
@@ -119,7 +126,8 @@ func orDefault[T comparable](v *T, def T) {
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
-	group   *replica.Group
+	node    *cluster.Node
+	link    *peer.Link
 	service *statestore.Service
 	broker  *broker.Broker
 	admin   *admin.Server
@@ -154,8 +162,11 @@ func Start(cfg Config) (*Server, error) {
 		if s.broker != nil {
 			s.broker.Close()
 		}
-		if s.group != nil {
-			s.group.Close()
+		if s.node != nil {
+			s.node.Close()
+		}
+		if s.link != nil {
+			s.link.Close()
 		}
 		s.unlock()
 	}()
@@ -176,47 +187,72 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.lock = lock
-		if s.NodeID, err = loadNodeID(cfg.DataDir); err != nil {
+		if s.NodeID, err = loadNodeID(cfg.DataDir, cfg.Cluster.NodeID); err != nil {
 			return nil, err
 		}
 		raftDir = filepath.Join(cfg.DataDir, "raft")
+		if cfg.Cluster.Listen != "" {
+			raftDir = filepath.Join(cfg.DataDir, "cluster")
+		}
 		mqttDir = filepath.Join(cfg.DataDir, "mqtt")
 	}
+	if cfg.InMemory && cfg.Cluster.NodeID != "" {
+		s.NodeID = cfg.Cluster.NodeID
+	}
 
-	hist, d := cfg.History, statestore.DefaultHistory
+	hist, d := cfg.History, statestore.DefaultHistory // see below
 	orDefault(&hist.PerPartition, d.PerPartition)
 	orDefault(&hist.MaxAge, d.MaxAge)
 	orDefault(&hist.MaxBytes, d.MaxBytes)
-	s.service = statestore.New(nil, statestore.Limits{
-		MaxKeyLength:            cfg.Limits.MaxKeyLength,
-		MaxRegistrationsPerConn: cfg.Limits.MaxRegistrations,
-		History:                 hist,
-	}, cfg.Logger)
-	onEvents := s.service.Events
+	// The service is built after the node (it routes through it), and the
+	// node may apply entries (expiries found at start) before: until then
+	// their events are nobody's.
+	var service atomic.Pointer[statestore.Service]
+	onEvents := func(ev []store.Event) {
+		if svc := service.Load(); svc != nil {
+			svc.Events(ev)
+		}
+	}
 	var timings replica.Timings
+	var metrics *admin.Metrics
 	if cfg.AdminListen != "" {
-		metrics := admin.NewMetrics()
+		metrics = admin.NewMetrics()
 		s.admin = admin.New(metrics, cfg.AdminAllowedHosts, cfg.Logger)
 		timings = metrics.Timings()
-		s.service.OnReply = metrics.ObserveReply
+		toService := onEvents
 		onEvents = func(ev []store.Event) {
-			s.service.Events(ev)
+			toService(ev)
 			s.admin.Events(ev)
 		}
 	}
 	startTime := time.Now()
-	g, err := replica.Open(replica.Config{
+	if s.link, err = startLink(cfg, s.NodeID); err != nil {
+		return nil, err
+	}
+	s.node, err = cluster.Start(cluster.Config{
 		NodeID:   s.NodeID,
 		Dir:      raftDir,
+		Link:     s.link,
+		Join:     cfg.Cluster.Join,
+		Groups:   cfg.Cluster.Groups,
+		RF:       cfg.Cluster.Replicas,
 		Limits:   store.Limits{MaxKeys: cfg.Limits.MaxKeys, MaxBytes: cfg.Limits.MaxBytes},
 		OnEvents: onEvents,
 		Timings:  timings,
+		Logger:   cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.group = g
-	s.service.Attach(g)
+	s.service = statestore.New(s.node, nil, statestore.Limits{
+		MaxKeyLength:            cfg.Limits.MaxKeyLength,
+		MaxRegistrationsPerConn: cfg.Limits.MaxRegistrations,
+		History:                 hist,
+	}, cfg.Logger)
+	if metrics != nil {
+		s.service.OnReply = metrics.ObserveReply
+	}
+	service.Store(s.service)
 
 	b, err := broker.New(broker.Config{
 		Listeners:        listeners,
@@ -240,7 +276,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
-			Group: g, Service: s.service, Broker: b,
+			Group: s.node.Groups()[0], Service: s.service, Broker: b,
 		})
 		if err != nil {
 			return nil, err
@@ -284,10 +320,10 @@ func (s *Server) Service() *statestore.Service { return s.service }
 
 // Failed is closed when the node cannot go on (its log could not be
 // applied); Err says why. The process should stop.
-func (s *Server) Failed() <-chan struct{} { return s.group.Failed() }
+func (s *Server) Failed() <-chan struct{} { return s.node.Failed() }
 
 // Err returns why the node failed, or nil.
-func (s *Server) Err() error { return s.group.Err() }
+func (s *Server) Err() error { return s.node.Err() }
 
 // Close stops accepting clients, then stops the log, then releases the data
 // directory.
@@ -297,8 +333,11 @@ func (s *Server) Close() error {
 			s.admin.Close()
 		}
 		s.closeErr = s.broker.Close()
-		if err := s.group.Close(); s.closeErr == nil {
+		if err := s.node.Close(); s.closeErr == nil {
 			s.closeErr = err
+		}
+		if s.link != nil {
+			s.link.Close()
 		}
 		s.unlock()
 	})
@@ -329,7 +368,7 @@ func lockDir(dir string) (*os.File, error) {
 // loadNodeID reads the node id kept in the data directory, creating it on
 // first start. It is part of every version the node issues, so it must
 // never change.
-func loadNodeID(dir string) (string, error) {
+func loadNodeID(dir, want string) (string, error) {
 	path := filepath.Join(dir, "node-id")
 	b, err := os.ReadFile(path)
 	if err == nil {
@@ -337,12 +376,18 @@ func loadNodeID(dir string) (string, error) {
 		if id == "" || strings.Contains(id, ":") {
 			return "", fmt.Errorf("%s: invalid node id %q", path, id)
 		}
+		if want != "" && want != id {
+			return "", fmt.Errorf("%s says this data directory is node %q, not %q: a node keeps its id for life (use another data directory for another node)", path, id, want)
+		}
 		return id, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
 	id := newNodeID()
+	if want != "" {
+		id = want
+	}
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -399,7 +444,7 @@ func Restore(dataDir string, r io.Reader) (maxVersion string, keys int, err erro
 			os.RemoveAll(filepath.Join(dataDir, e.Name()))
 		}
 	}
-	id, err := loadNodeID(dataDir)
+	id, err := loadNodeID(dataDir, "")
 	if err != nil {
 		undo()
 		return "", 0, err

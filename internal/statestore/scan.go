@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
@@ -78,24 +79,28 @@ func (s *Service) scan(r *Request, args [][]byte) {
 	var keys [][]byte
 	var last []byte // the last key examined: the next page starts after it
 	more := false
-	s.group.View(func(st *store.Store, now int64) {
-		examined := 0
-		st.Ascend(from, now, func(e *store.Entry) bool {
-			if len(e.Key) < len(prefix) || string(e.Key[:len(prefix)]) != string(prefix) {
-				return false // past every key the pattern can match
-			}
-			if len(keys) == count || examined == scanMaxExamined {
-				more = true
-				return false
-			}
-			examined++
-			last = e.Key
-			if m.Match(e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
-				keys = append(keys, e.Key) // entries are immutable: no copy
-			}
-			return true
-		})
+	examined := 0
+	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	defer cancel()
+	exhausted, err := s.router.Ascend(ctx, from, prefix, scanMaxExamined+1, func(e *store.Entry) bool {
+		if len(keys) == count || examined == scanMaxExamined {
+			more = true
+			return false
+		}
+		examined++
+		last = e.Key
+		if m.Match(e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
+			keys = append(keys, e.Key) // entries are immutable: no copy
+		}
+		return true
 	})
+	if err != nil {
+		s.fail(r, errUnavailable)
+		return
+	}
+	if !exhausted && last != nil {
+		more = true // the router stopped early: go on after the last key seen
+	}
 	var token []byte
 	if more {
 		token = encodeToken(last)

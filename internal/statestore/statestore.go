@@ -6,6 +6,8 @@
 package statestore
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"strconv"
@@ -46,8 +48,44 @@ func NotifyClientPrefix(clientID string) string {
 // ErrQoS0 answers requests published at QoS 0: the protocol needs QoS 1.
 const ErrQoS0 resp.Error = "requests must be published with QoS 1"
 
-// errUnavailable answers writes that could not reach the log.
+// errUnavailable answers requests that could not reach the log: no leader
+// for the key's group within the request timeout (a group without quorum),
+// or a node shutting down. Nothing was written.
 const errUnavailable resp.Error = "the state store is unavailable; retry the request"
+
+// errUnknownOutcome answers a write whose log entry was proposed but whose
+// leader was deposed before it committed: it may or may not take effect,
+// and saying "not applied" could be a lie.
+const errUnknownOutcome resp.Error = "the outcome of the write is unknown (the key's leader changed while it was in flight); read the key to learn it"
+
+// RequestTimeout bounds how long a request waits for the key's group: a
+// group that has lost its quorum answers errUnavailable after it instead
+// of hanging.
+const RequestTimeout = 5 * time.Second
+
+// Router is how the service reaches the keyspace: the replica group that
+// owns a key, on this node or another. A single node routes every key to
+// its one group; a cluster node forwards to the leader of the key's group.
+//
+// Threading: Submit, Get and Ascend are called from many goroutines at
+// once (every MQTT connection reads its own requests). Submit may block
+// only for back-pressure; it calls p.Done exactly once, later, from another
+// goroutine, and Done must not block. Errors are replica.ErrOutcomeUnknown
+// (maybe applied), or anything else (not applied). Get and Ascend block
+// until answered or ctx ends; their answers are linearizable: they reflect
+// every write acknowledged before they were called.
+type Router interface {
+	Submit(ctx context.Context, p replica.Proposal)
+	// Get returns the live entry under key.
+	Get(ctx context.Context, key []byte) (store.Entry, bool, error)
+	// Ascend calls fn with live entries whose keys start with prefix, in
+	// key order over the whole keyspace, from the first at or after from,
+	// until fn returns false or limit entries were given; exhausted says
+	// it ran out of entries. fn must not block.
+	Ascend(ctx context.Context, from, prefix []byte, limit int, fn func(*store.Entry) bool) (exhausted bool, err error)
+	// Clock is this node's hybrid logical clock.
+	Clock() *hlc.Clock
+}
 
 // ReasonTopicNameInvalid is the MQTT reason code (0x90) a client is
 // disconnected with when it names a forbidden response topic.
@@ -71,6 +109,12 @@ type Request struct {
 
 	start   time.Time // when Handle took it, for latency metrics
 	command string    // the verb, for metrics
+}
+
+// follower is a Router whose change events must be asked for: Follow
+// returns once every change applied after it will reach Events.
+type follower interface {
+	Follow(ctx context.Context) error
 }
 
 // Transport is what the service needs from the broker.
@@ -107,9 +151,9 @@ type Limits struct {
 	History                 HistoryLimits
 }
 
-// Service serves the protocol for one replica group.
+// Service serves the protocol over a Router.
 type Service struct {
-	group     *replica.Group
+	router    Router
 	transport Transport
 	log       *slog.Logger
 	observers *registry
@@ -129,33 +173,24 @@ type Service struct {
 	OnReply func(command, result string, d time.Duration)
 }
 
-// New returns a service. Call Attach, and SetTransport if t is nil, before
-// Handle.
-func New(t Transport, limits Limits, log *slog.Logger) *Service {
+// New returns a service over router. Call SetTransport (if t is nil)
+// before Handle. The router's change events must be passed to Events.
+func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
 	if limits.History == (HistoryLimits{}) {
 		limits.History = DefaultHistory
 	}
-	s := &Service{transport: t, log: log, limits: limits, history: newHistory(limits.History)}
+	s := &Service{router: router, transport: t, log: log, limits: limits, history: newHistory(limits.History)}
 	s.observers = newRegistry(&s.Counters.RegistrationsActive)
+	// Nothing before this moment is in the history.
+	s.history.start(router.Clock().Now())
 	return s
 }
 
 // SetTransport sets the transport; the broker is built after the service.
 func (s *Service) SetTransport(t Transport) { s.transport = t }
-
-// Attach connects the service to its replica group. The group's OnEvents
-// must call s.Events.
-func (s *Service) Attach(g *replica.Group) {
-	s.group = g
-	// Nothing before this moment is in the history. Events may already be
-	// flowing (expiries found at start): take the lock they take.
-	s.dispatch.Lock()
-	s.history.start(g.Clock().Now())
-	s.dispatch.Unlock()
-}
 
 // Handle serves one request. Reads are answered before it returns; writes
 // are answered when their log entry has been applied.
@@ -309,7 +344,7 @@ func (s *Service) parseHLC(v string, present bool, skewErr resp.Error) (hlc.Time
 	if err != nil {
 		return hlc.Timestamp{}, resp.ErrTimestampMalformed
 	}
-	if s.group.Clock().CheckSkew(ts) != nil {
+	if s.router.Clock().CheckSkew(ts) != nil {
 		return hlc.Timestamp{}, skewErr
 	}
 	return ts, ""
@@ -337,7 +372,14 @@ func (s *Service) readKey(r *Request, args [][]byte) (e store.Entry, found, ok b
 		s.fail(r, err)
 		return e, false, false
 	}
-	e, found = s.group.Get(args[1])
+	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	defer cancel()
+	e, found, err := s.router.Get(ctx, args[1])
+	if err != nil {
+		s.log.Debug("state store read failed", "client", r.ClientID, "error", err)
+		s.fail(r, errUnavailable)
+		return e, false, false
+	}
 	return e, found, true
 }
 
@@ -465,8 +507,15 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 		return
 	}
 	op := cmd.Op
-	s.group.Submit(replica.Proposal{Cmd: cmd, After: ts, Done: func(res store.Result, err error) {
-		if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Done: func(res store.Result, err error) {
+		cancel()
+		switch {
+		case errors.Is(err, replica.ErrOutcomeUnknown):
+			s.log.Warn("state store write outcome unknown", "client", r.ClientID, "error", err)
+			s.fail(r, errUnknownOutcome)
+			return
+		case err != nil:
 			s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
 			s.fail(r, errUnavailable)
 			return
@@ -553,6 +602,17 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	} else if _, e := s.checkKey(r, key, policy.Read); e != "" {
 		s.fail(r, e)
 		return
+	}
+	if f, ok := s.router.(follower); ok && !stop {
+		// A cluster node follows the groups' changes only once somebody
+		// watches; every change after this returns is delivered.
+		ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+		err := f.Follow(ctx)
+		cancel()
+		if err != nil {
+			s.fail(r, errUnavailable)
+			return
+		}
 	}
 	if stop {
 		if s.observers.remove(r.ClientID, r.Conn, key, pattern) {
@@ -647,7 +707,7 @@ func (s *Service) pttl(r *Request, args [][]byte) {
 	case e.ExpiresAt == 0:
 		s.reply(r, resp.AppendInt(nil, -1), e.Version)
 	default:
-		s.reply(r, resp.AppendInt(nil, max(0, e.ExpiresAt-s.group.Clock().WallMillis())), e.Version)
+		s.reply(r, resp.AppendInt(nil, max(0, e.ExpiresAt-s.router.Clock().WallMillis())), e.Version)
 	}
 }
 

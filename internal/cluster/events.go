@@ -1,0 +1,350 @@
+package cluster
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Change events in a cluster. Every replica applies the same entries and so
+// produces the same events per log entry; each keeps the recent ones in a
+// ring, by log index. A node that has clients watching keys (KEYNOTIFY)
+// follows every group: from its own replica's ring when it has one, else
+// over a stream from another replica's, and resumes by log index when it
+// switches source (a leader change, a replica that moves, a broken
+// stream), so its clients get every change once, in log order per group.
+// A node nobody watches through follows nothing: notifications cost
+// nothing per write on it.
+//
+// A node on its own delivers events straight from its group's apply.
+
+// entryEvents are the events of one log entry. Wire format.
+type entryEvents struct {
+	Index  uint64
+	Events []store.Event
+}
+
+// Ring bounds: the entries and bytes of events one replica keeps.
+const (
+	ringEntries = 4096
+	ringBytes   = 8 << 20
+)
+
+// ring is a replica's recent events.
+type ring struct {
+	mu      sync.Mutex
+	entries []entryEvents
+	bytes   int
+	floor   uint64 // every entry after floor that had events is here
+	known   bool   // floor is meaningful (false after a snapshot install, until the next batch)
+	last    uint64 // the last index applied
+	wake    chan struct{}
+}
+
+func newRing() *ring { return &ring{wake: make(chan struct{})} }
+
+func (r *ring) add(b replica.Batch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b.Reset {
+		r.entries, r.bytes, r.known = nil, 0, false
+		return
+	}
+	if !r.known {
+		r.floor, r.known = b.First-1, true
+	}
+	start := 0
+	for _, m := range b.Marks {
+		evs := make([]store.Event, m.End-start)
+		copy(evs, b.Events[start:m.End])
+		for _, e := range evs {
+			r.bytes += len(e.Key) + len(e.Value)
+		}
+		r.entries = append(r.entries, entryEvents{Index: m.Index, Events: evs})
+		start = m.End
+	}
+	for len(r.entries) > ringEntries || r.bytes > ringBytes && len(r.entries) > 1 {
+		for _, e := range r.entries[0].Events {
+			r.bytes -= len(e.Key) + len(e.Value)
+		}
+		r.floor = r.entries[0].Index
+		r.entries = r.entries[1:]
+	}
+	r.last = b.Last
+	close(r.wake)
+	r.wake = make(chan struct{})
+}
+
+// since returns the entries after index, the last index applied, and a
+// channel closed at the next change; ok is false if the ring no longer
+// (or not yet) holds everything after index.
+func (r *ring) since(index uint64) (out []entryEvents, last uint64, wake <-chan struct{}, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.known || index < r.floor {
+		return nil, r.last, r.wake, false
+	}
+	for i := len(r.entries) - 1; i >= 0 && r.entries[i].Index > index; i-- {
+		out = r.entries[i:]
+	}
+	return append([]entryEvents(nil), out...), max(r.last, index), r.wake, true
+}
+
+// follower delivers the node's change events to its OnEvents.
+type follower struct {
+	n         *Node
+	mu        sync.Mutex
+	rings     map[int]*ring
+	following map[int]chan struct{} // group → closed once it has a position
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func newFollower(n *Node) *follower {
+	return &follower{n: n, rings: map[int]*ring{}, following: map[int]chan struct{}{}, stop: make(chan struct{})}
+}
+
+// local returns the OnEvents of this node's replica of g.
+func (f *follower) local(g int) func(replica.Batch) {
+	if f.n.link == nil { // on its own: straight through, on the apply goroutine
+		return func(b replica.Batch) {
+			if len(b.Events) > 0 && f.n.cfg.OnEvents != nil {
+				f.n.cfg.OnEvents(b.Events)
+			}
+		}
+	}
+	r := newRing()
+	f.mu.Lock()
+	f.rings[g] = r
+	f.mu.Unlock()
+	return r.add
+}
+
+func (f *follower) replicaOpened(int) {}
+
+func (f *follower) replicaClosed(g int) {
+	f.mu.Lock()
+	delete(f.rings, g)
+	f.mu.Unlock()
+}
+
+func (f *follower) ringOf(g int) *ring {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rings[g]
+}
+
+// Follow makes the node follow every group's changes (once it has clients
+// that watch) and returns when it does: every change applied after Follow
+// returns is delivered. A node on its own always does.
+func (n *Node) Follow(ctx context.Context) error {
+	if n.link == nil {
+		return nil
+	}
+	f := n.events
+	var waits []chan struct{}
+	f.mu.Lock()
+	for g := 0; g < n.groupCount(); g++ {
+		ch := f.following[g]
+		if ch == nil {
+			ch = make(chan struct{})
+			f.following[g] = ch
+			f.wg.Add(1)
+			go f.follow(g, ch)
+		}
+		waits = append(waits, ch)
+	}
+	f.mu.Unlock()
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ErrNoLeader
+		}
+	}
+	return nil
+}
+
+// follow delivers group g's events, from wherever they can be had.
+// positioned is closed once it knows where it starts.
+func (f *follower) follow(g int, positioned chan struct{}) {
+	defer f.wg.Done()
+	var cursor uint64 // the last index delivered; 0: start from now
+	once := sync.Once{}
+	mark := func(c uint64) {
+		cursor = c
+		once.Do(func() { close(positioned) })
+	}
+	for {
+		select {
+		case <-f.stop:
+			return
+		default:
+		}
+		if r := f.ringOf(g); r != nil && f.fromRing(r, g, &cursor, mark) {
+			continue
+		}
+		f.fromPeers(g, &cursor, mark)
+		select {
+		case <-f.stop:
+			return
+		case <-time.After(waitStep):
+		}
+	}
+}
+
+// fromRing delivers from this node's own replica while it can; it reports
+// false when the ring cannot serve the cursor (a replica that started from
+// a snapshot, or fell behind a stream).
+func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) bool {
+	served := false
+	for {
+		since := *cursor
+		if since == 0 {
+			_, last, _, _ := r.since(^uint64(0))
+			since = last
+		}
+		entries, last, wake, ok := r.since(since)
+		if !ok {
+			return served
+		}
+		served = true
+		f.deliver(entries)
+		mark(last)
+		select {
+		case <-wake:
+		case <-f.stop:
+			return true
+		case <-time.After(time.Second):
+			if f.ringOf(g) != r {
+				return true // the replica is gone: go on elsewhere
+			}
+		}
+	}
+}
+
+// fromPeers follows g from another replica's ring over the link, until the
+// stream breaks or this node's own replica can take over.
+func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64)) {
+	n := f.n
+	var candidates []string
+	if l := n.leaderOf(g); l != "" && l != n.cfg.NodeID {
+		candidates = append(candidates, l)
+	}
+	if st := n.state.Load(); st != nil {
+		if t := st.Placement(); g < len(t) {
+			for _, id := range t[g] {
+				if id != n.cfg.NodeID {
+					candidates = append(candidates, id)
+				}
+			}
+		}
+	}
+	for _, id := range candidates {
+		if f.stream(g, id, cursor, mark) {
+			return
+		}
+	}
+}
+
+// stream follows g from member id; it reports whether it got anywhere.
+func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) bool {
+	n := f.n
+	addr := n.addrOf(id)
+	if addr == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	s, err := n.link.Open(ctx, addr, peer.KindCall, nil)
+	cancel()
+	if err != nil {
+		return false
+	}
+	c := peer.NewConn(s)
+	defer c.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() { // unblock the read when the node stops
+		select {
+		case <-f.stop:
+			c.Close()
+		case <-done:
+		}
+	}()
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor}) != nil {
+		return false
+	}
+	got := false
+	switchAt := time.Now().Add(10 * time.Second)
+	for {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var resp callResp
+		if err := c.Receive(&resp); err != nil || resp.Kind != errNone {
+			return got
+		}
+		got = true
+		f.deliver(resp.Events)
+		mark(resp.Last)
+		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) {
+			if _, _, _, ok := r.since(*cursor); ok {
+				return true // this node's replica has caught up: use it
+			}
+			switchAt = time.Now().Add(10 * time.Second)
+		}
+	}
+}
+
+func (f *follower) deliver(entries []entryEvents) {
+	if f.n.cfg.OnEvents == nil {
+		return
+	}
+	for _, e := range entries {
+		if len(e.Events) > 0 {
+			f.n.cfg.OnEvents(e.Events)
+		}
+	}
+}
+
+// serve streams this node's ring of g to a follower on another node.
+func (f *follower) serve(c *peer.Conn, g int, since uint64) {
+	r := f.ringOf(g)
+	if r == nil {
+		c.Send(callResp{Kind: errNotLeader})
+		return
+	}
+	if since == 0 {
+		_, since, _, _ = r.since(^uint64(0))
+	}
+	for {
+		entries, last, wake, ok := r.since(since)
+		if !ok {
+			c.Send(callResp{Kind: errOther, Err: "events truncated"})
+			return
+		}
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if err := c.Send(callResp{Events: entries, Last: last}); err != nil {
+			return
+		}
+		since = last
+		select {
+		case <-wake:
+		case <-f.stop:
+			return
+		case <-time.After(2 * time.Second): // a heartbeat frame tells a dead follower
+		}
+		if f.ringOf(g) != r {
+			c.Send(callResp{Kind: errOther, Err: "replica moved"})
+			return
+		}
+	}
+}
+
+func (f *follower) close() {
+	close(f.stop)
+	f.wg.Wait()
+}

@@ -1,0 +1,515 @@
+// Package cluster runs one node's share of the keyspace and offers the
+// state store a Router over all of it. Keys hash into the fixed 4,096
+// partitions; partition p belongs to replica group p mod Groups; each group
+// is a hashicorp/raft group whose replicas live on the nodes package
+// placement assigns from the membership kept in the metadata group
+// (package meta). A request for a key is served by the leader of its group:
+// here if this node leads it, else forwarded over the node link (package
+// peer) and answered back through this node.
+//
+// A node on its own (no node link) is the same thing with one group, held
+// here, and no metadata group: the single-node mqkv.
+//
+// Goroutines: the Router methods are called concurrently by the state
+// store; each group runs its own raft goroutines; the node runs one
+// reconciler (membership and placement), one goroutine per forwarded call
+// it serves, and one per event stream it follows or serves.
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftwal "github.com/hashicorp/raft-wal"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/meta"
+	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Defaults for a new cluster.
+const (
+	DefaultGroups = 16
+	DefaultRF     = 3
+)
+
+// metaGroup is the stream layer id of the metadata group (replica groups
+// are numbered from 0).
+const metaGroup = 1<<32 - 1
+
+// Config configures a node.
+type Config struct {
+	NodeID string
+	// Dir holds the node's groups and metadata; empty keeps everything in
+	// memory. A node on its own keeps its one group directly in Dir (the
+	// layout of the single-node releases).
+	Dir string
+	// Link is the node link; nil runs the node on its own.
+	Link *peer.Link
+	// Join lists link addresses of members to join through. Empty, a node
+	// without state creates a new cluster.
+	Join []string
+	// Groups and RF shape a new cluster; zero takes the defaults.
+	Groups, RF int
+	Limits     store.Limits
+	// OnEvents receives the change events of the groups this node follows
+	// (see Follow), in log order per group, one goroutine per group.
+	OnEvents func([]store.Event)
+	Timings  replica.Timings
+	Logger   *slog.Logger
+}
+
+// Node is a running node.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	clock *hlc.Clock
+	link  *peer.Link
+
+	// metadata (nil on a node on its own)
+	meta    *raft.Raft
+	metaFSM *meta.FSM
+	metaWAL io.Closer
+	state   atomic.Pointer[meta.State]
+	changed chan struct{} // the metadata changed: reconcile now
+
+	mu     sync.Mutex
+	groups map[int]*replica.Group // the replicas held here
+	nGroup int                    // groups of the keyspace
+	hints  sync.Map               // group → *string: the leader's node id as last heard
+
+	events *follower
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	failOnce  sync.Once
+	failed    chan struct{}
+	failErr   error
+}
+
+// Start starts a node: on its own, it opens its group and returns once it
+// serves; in a cluster, it opens the metadata group, creates or joins the
+// cluster, and returns once it knows the membership.
+func Start(cfg Config) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = DefaultGroups
+	}
+	if cfg.RF == 0 {
+		cfg.RF = DefaultRF
+	}
+	clock, err := hlc.New(cfg.NodeID, nil)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, clock: clock, link: cfg.Link, groups: map[int]*replica.Group{},
+		changed: make(chan struct{}, 1), stop: make(chan struct{}), failed: make(chan struct{})}
+	n.events = newFollower(n)
+	if n.link == nil {
+		return n, n.startAlone()
+	}
+	n.link.Handle(n.serve)
+	if err := n.startMeta(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	n.wg.Add(1)
+	go n.reconcileLoop()
+	return n, nil
+}
+
+// startAlone opens the one group of a node on its own.
+func (n *Node) startAlone() error {
+	g, err := replica.Open(replica.Config{
+		NodeID: n.cfg.NodeID, Dir: n.cfg.Dir, Limits: n.cfg.Limits, Clock: n.clock,
+		OnEvents: n.events.local(0), Timings: n.cfg.Timings,
+	})
+	if err != nil {
+		return err
+	}
+	if err := g.AwaitLeader(30 * time.Second); err != nil {
+		g.Close()
+		return err
+	}
+	n.nGroup = 1
+	n.groups[0] = g
+	n.watchFailure(g)
+	return nil
+}
+
+// watchFailure stops the node when a group cannot go on.
+func (n *Node) watchFailure(g *replica.Group) {
+	go func() {
+		select {
+		case <-g.Failed():
+			n.fail(g.Err())
+		case <-n.stop:
+		}
+	}()
+}
+
+func (n *Node) fail(err error) {
+	n.failOnce.Do(func() {
+		n.failErr = err
+		close(n.failed)
+	})
+}
+
+// Failed is closed when the node cannot go on (a group's log could not be
+// applied); Err says why.
+func (n *Node) Failed() <-chan struct{} { return n.failed }
+
+// Err returns why the node failed, or nil.
+func (n *Node) Err() error {
+	select {
+	case <-n.failed:
+		return n.failErr
+	default:
+		return nil
+	}
+}
+
+// Clock is the node's hybrid logical clock, shared by its groups.
+func (n *Node) Clock() *hlc.Clock { return n.clock }
+
+// ID is the node's id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// groupOf returns the group that owns key.
+func (n *Node) groupOf(key []byte) int {
+	return int(store.Partition(key)) % n.groupCount()
+}
+
+func (n *Node) groupCount() int {
+	if n.link == nil {
+		return 1
+	}
+	if st := n.state.Load(); st != nil && st.Groups > 0 {
+		return st.Groups
+	}
+	return 1
+}
+
+// local returns this node's replica of group g, or nil.
+func (n *Node) local(g int) *replica.Group {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.groups[g]
+}
+
+// Groups returns the node's replicas by group.
+func (n *Node) Groups() map[int]*replica.Group {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[int]*replica.Group, len(n.groups))
+	for g, r := range n.groups {
+		out[g] = r
+	}
+	return out
+}
+
+// State returns the cluster metadata as this node knows it (nil on a node
+// on its own).
+func (n *Node) State() *meta.State { return n.state.Load() }
+
+// addrOf returns the link address of a member.
+func (n *Node) addrOf(id string) string {
+	if st := n.state.Load(); st != nil {
+		if m, ok := st.Node(id); ok {
+			return m.Addr
+		}
+	}
+	return ""
+}
+
+// Close stops the node: its groups, metadata group and followers. The link
+// is the caller's.
+func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() {
+		close(n.stop)
+		n.wg.Wait()
+		n.events.close()
+		n.mu.Lock()
+		groups := n.groups
+		n.groups = map[int]*replica.Group{}
+		n.mu.Unlock()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, g := range groups {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if e := g.Close(); e != nil {
+					mu.Lock()
+					err = errors.Join(err, e)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if n.meta != nil {
+			n.meta.Shutdown().Error()
+		}
+		if n.metaWAL != nil {
+			n.metaWAL.Close()
+		}
+	})
+	return err
+}
+
+// transport builds the raft transport of a group over the link.
+func (n *Node) transport(g uint32) raft.Transport {
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  n.link.StreamLayer(g),
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  hclog.NewNullLogger(),
+	})
+}
+
+// groupDir is where replica g lives ("" in memory).
+func (n *Node) groupDir(g int) string {
+	if n.cfg.Dir == "" {
+		return ""
+	}
+	return filepath.Join(n.cfg.Dir, "groups", strconv.Itoa(g))
+}
+
+// openGroup opens (creating if needed) this node's replica of group g;
+// boot, if set, is the configuration of a group being created.
+func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error) {
+	n.mu.Lock()
+	if r := n.groups[g]; r != nil {
+		n.mu.Unlock()
+		return r, nil
+	}
+	n.mu.Unlock()
+	r, err := replica.Open(replica.Config{
+		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Limits: n.cfg.Limits, Clock: n.clock,
+		Transport: n.transport(uint32(g)), Bootstrap: boot,
+		OnEvents: n.events.local(g), Timings: n.cfg.Timings,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("group %d: %w", g, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if old := n.groups[g]; old != nil { // opened meanwhile
+		go r.Close()
+		return old, nil
+	}
+	n.groups[g] = r
+	n.watchFailure(r)
+	n.events.replicaOpened(g)
+	return r, nil
+}
+
+// dropGroup closes this node's replica of g and deletes its data: the group
+// no longer has it as a member.
+func (n *Node) dropGroup(g int) {
+	n.mu.Lock()
+	r := n.groups[g]
+	delete(n.groups, g)
+	n.mu.Unlock()
+	if r == nil {
+		return
+	}
+	n.events.replicaClosed(g)
+	r.Close()
+	if dir := n.groupDir(g); dir != "" {
+		os.RemoveAll(dir)
+	}
+	n.log.Info("replica removed", "group", g)
+}
+
+// startMeta opens the metadata group and creates or joins the cluster.
+func (n *Node) startMeta() error {
+	n.metaFSM = meta.NewFSM(func(st *meta.State) {
+		n.state.Store(st)
+		select {
+		case n.changed <- struct{}{}:
+		default:
+		}
+	})
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(n.cfg.NodeID)
+	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
+	rc.SnapshotThreshold = 1024
+	rc.TrailingLogs = 256
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft-meta", Level: hclog.Error, Output: os.Stderr})
+	var (
+		logs   raft.LogStore
+		stable raft.StableStore
+		snaps  raft.SnapshotStore
+	)
+	if n.cfg.Dir == "" {
+		mem := raft.NewInmemStore()
+		logs, stable, snaps = mem, mem, raft.NewInmemSnapshotStore()
+	} else {
+		dir := filepath.Join(n.cfg.Dir, "meta")
+		if err := os.MkdirAll(filepath.Join(dir, "wal"), 0o700); err != nil {
+			return err
+		}
+		w, err := raftwal.Open(filepath.Join(dir, "wal"))
+		if err != nil {
+			return &replica.DamagedError{Path: filepath.Join(dir, "wal"), What: "the metadata log", Err: err}
+		}
+		n.metaWAL = w
+		fss, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, rc.Logger)
+		if err != nil {
+			return err
+		}
+		logs, stable, snaps = w, w, fss
+	}
+	trans := n.transport(metaGroup)
+	exists, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return err
+	}
+	creating := !exists && len(n.cfg.Join) == 0
+	if creating {
+		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: raft.ServerAddress(n.link.Addr())}}}
+		if err := raft.BootstrapCluster(rc, logs, stable, snaps, trans, boot); err != nil {
+			return err
+		}
+	}
+	r, err := raft.NewRaft(rc, n.metaFSM, logs, stable, snaps, trans)
+	if err != nil {
+		return err
+	}
+	n.meta = r
+	switch {
+	case creating:
+		if err := n.create(); err != nil {
+			return err
+		}
+	case !exists:
+		if err := n.join(); err != nil {
+			return err
+		}
+	default:
+		if err := n.reopen(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// create makes this node the first member of a new cluster: it leads the
+// metadata group and every replica group, alone, until others join.
+func (n *Node) create() error {
+	deadline := time.Now().Add(30 * time.Second)
+	for n.meta.State() != raft.Leader {
+		if time.Now().After(deadline) {
+			return errors.New("cluster: the new metadata group elected no leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Node: meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}}
+	if err := n.applyMeta(op); err != nil {
+		return err
+	}
+	n.nGroup = n.cfg.Groups
+	boot := &raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(n.cfg.NodeID), Address: raft.ServerAddress(n.link.Addr())}}}
+	for g := 0; g < n.cfg.Groups; g++ {
+		if _, err := n.openGroup(g, boot); err != nil {
+			return err
+		}
+	}
+	for g := 0; g < n.cfg.Groups; g++ {
+		if err := n.local(g).AwaitLeader(30 * time.Second); err != nil {
+			return fmt.Errorf("group %d: %w", g, err)
+		}
+	}
+	n.log.Info("cluster created", "node", n.cfg.NodeID, "groups", n.cfg.Groups, "replicas", n.cfg.RF, "link", n.link.Addr())
+	return nil
+}
+
+// reopen restarts a member: its replicas are where it left them.
+func (n *Node) reopen() error {
+	if err := n.awaitState(30*time.Second, func(st *meta.State) bool { return st.Groups > 0 }); err != nil {
+		return err
+	}
+	entries, _ := os.ReadDir(filepath.Join(n.cfg.Dir, "groups"))
+	for _, e := range entries {
+		g, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, err := n.openGroup(g, nil); err != nil {
+			return err
+		}
+	}
+	n.wakeReconciler()
+	return nil
+}
+
+// awaitState waits until the metadata this node has applied satisfies ok.
+func (n *Node) awaitState(timeout time.Duration, ok func(*meta.State) bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if st := n.state.Load(); st != nil && ok(st) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("cluster: timed out waiting for the cluster metadata")
+		}
+		select {
+		case <-n.stop:
+			return errors.New("cluster: node closed")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// applyMeta proposes a metadata change on this node, the metadata leader.
+func (n *Node) applyMeta(op meta.Op) error {
+	f := n.meta.Apply(meta.EncodeOp(op), 10*time.Second)
+	if err := f.Error(); err != nil {
+		return err
+	}
+	if err, _ := f.Response().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// metaLeader returns the link address of the metadata leader, if known.
+func (n *Node) metaLeader() string {
+	addr, _ := n.meta.LeaderWithID()
+	return string(addr)
+}
+
+func (n *Node) wakeReconciler() {
+	select {
+	case n.changed <- struct{}{}:
+	default:
+	}
+}
+
+// memberIDs returns the member ids, sorted.
+func memberIDs(st *meta.State) []string {
+	var ids []string
+	for _, m := range st.Nodes {
+		ids = append(ids, m.ID)
+	}
+	sort.Strings(ids)
+	return ids
+}

@@ -1,0 +1,241 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/meta"
+)
+
+// The reconciler moves the cluster toward its placement, one raft
+// membership change at a time per group, the way a migration is done
+// without new machinery: add the new replica as a non-voter, let it catch
+// up by snapshot and log, make it a voter, then remove the replica it
+// replaces. It runs on every node; each acts only on the groups it leads
+// (and on its own replicas), so two nodes never change the same group.
+
+const (
+	reconcileEvery = 250 * time.Millisecond
+	// catchUpSlack is how many entries a new replica may lag the leader
+	// and still be made a voter.
+	catchUpSlack = 64
+	// maxMigrations bounds the non-voters one leader is catching up at
+	// once, so moving replicas does not starve foreground traffic.
+	maxMigrations = 2
+	// balanceAfter is how long a leader keeps leadership before handing it
+	// to the placement's preferred leader (avoids ping-pong after
+	// elections).
+	balanceAfter = 3 * time.Second
+)
+
+// reconciler state, touched only by the reconcile goroutine.
+type reconciler struct {
+	leaderSince map[int]time.Time
+	checked     map[int]time.Time // last time a stray replica asked its leader
+}
+
+func (n *Node) reconcileLoop() {
+	defer n.wg.Done()
+	rc := &reconciler{leaderSince: map[int]time.Time{}, checked: map[int]time.Time{}}
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		case <-n.changed:
+		}
+		n.reconcile(rc)
+	}
+}
+
+func (n *Node) reconcile(rc *reconciler) {
+	st := n.state.Load()
+	if st == nil || st.Groups == 0 {
+		return
+	}
+	if n.meta.State() == raft.Leader {
+		n.fitMetaMembers()
+		n.removeDrained(st)
+	}
+	table := st.Placement()
+	migrating := 0
+	var wg sync.WaitGroup
+	for g := range table {
+		r := n.local(g)
+		want := slices.Contains(table[g], n.cfg.NodeID)
+		if r == nil {
+			if want {
+				// A replica placed here: open it empty; the group's
+				// leader adds it and sends it a snapshot.
+				if _, err := n.openGroup(g, nil); err != nil {
+					n.log.Warn("cannot open replica", "group", g, "error", err)
+				}
+			}
+			continue
+		}
+		if r.Raft().State() != raft.Leader {
+			delete(rc.leaderSince, g)
+			if !want && time.Since(rc.checked[g]) > 2*time.Second {
+				rc.checked[g] = time.Now()
+				wg.Add(1)
+				go func() { defer wg.Done(); n.dropIfRemoved(g) }()
+			}
+			continue
+		}
+		if _, ok := rc.leaderSince[g]; !ok {
+			rc.leaderSince[g] = time.Now()
+		}
+		if n.reconcileGroup(rc, st, g, table[g], &migrating) {
+			delete(rc.leaderSince, g)
+		}
+	}
+	wg.Wait()
+}
+
+// reconcileGroup makes one change to group g, which this node leads, if it
+// differs from its placement. It reports a leadership transfer.
+func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []string, migrating *int) bool {
+	r := n.local(g)
+	cfg := r.Raft().GetConfiguration().Configuration()
+	suffrage := map[string]raft.ServerSuffrage{}
+	for _, s := range cfg.Servers {
+		suffrage[string(s.ID)] = s.Suffrage
+		if s.Suffrage == raft.Nonvoter {
+			*migrating++
+		}
+	}
+	addr := func(id string) raft.ServerAddress { return raft.ServerAddress(n.addrOf(id)) }
+	// 1. A replica placed here but missing: add it as a non-voter.
+	for _, id := range want {
+		if _, ok := suffrage[id]; !ok && n.addrOf(id) != "" {
+			if *migrating >= maxMigrations {
+				return false
+			}
+			*migrating++
+			n.log.Info("adding replica", "group", g, "node", id)
+			r.Raft().AddNonvoter(raft.ServerID(id), addr(id), 0, 5*time.Second).Error()
+			return false
+		}
+	}
+	// 2. A non-voter that has caught up: make it a voter.
+	for _, id := range want {
+		if suffrage[id] == raft.Nonvoter {
+			if n.caughtUp(id, g, r.Raft().AppliedIndex()) {
+				n.log.Info("replica caught up; now a voter", "group", g, "node", id)
+				r.Raft().AddVoter(raft.ServerID(id), addr(id), 0, 5*time.Second).Error()
+			}
+			return false
+		}
+	}
+	// 3. A replica no longer placed here: remove it (hand leadership
+	// over first if it is this node).
+	for _, s := range cfg.Servers {
+		id := string(s.ID)
+		if slices.Contains(want, id) {
+			continue
+		}
+		if id == n.cfg.NodeID {
+			n.log.Info("handing over leadership before leaving the group", "group", g, "to", want[0])
+			r.Raft().LeadershipTransferToServer(raft.ServerID(want[0]), addr(want[0])).Error()
+			return true
+		}
+		n.log.Info("removing replica", "group", g, "node", id)
+		r.Raft().RemoveServer(raft.ServerID(id), 0, 5*time.Second).Error()
+		return false
+	}
+	// 4. Balance leadership: the placement's preferred leader leads.
+	if pref := want[0]; pref != n.cfg.NodeID && suffrage[pref] == raft.Voter && time.Since(rc.leaderSince[g]) > balanceAfter {
+		if n.caughtUp(pref, g, r.Raft().AppliedIndex()) {
+			r.Raft().LeadershipTransferToServer(raft.ServerID(pref), addr(pref)).Error()
+			return true
+		}
+	}
+	return false
+}
+
+// caughtUp asks a member whether its replica of g has applied nearly
+// everything up to index.
+func (n *Node) caughtUp(id string, g int, index uint64) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var resp callResp
+	if err := n.call(ctx, id, callReq{Op: opStatus}, &resp); err != nil || resp.Kind != errNone {
+		return false
+	}
+	applied, ok := resp.Applied[g]
+	return ok && applied+catchUpSlack >= index
+}
+
+// dropIfRemoved closes this node's replica of g once the group's leader no
+// longer counts it as a member. A removed replica is not told: it learns
+// by asking.
+func (n *Node) dropIfRemoved(g int) {
+	leader := n.leaderOf(g)
+	if leader == "" || leader == n.cfg.NodeID {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var resp callResp
+	if err := n.call(ctx, leader, callReq{Op: opConfig, Group: g}, &resp); err != nil || resp.Kind != errNone {
+		return
+	}
+	for _, s := range resp.Servers {
+		if s.ID == n.cfg.NodeID {
+			return
+		}
+	}
+	n.dropGroup(g)
+}
+
+// removeDrained forgets leaving members that no longer hold a replica
+// (on the metadata leader).
+func (n *Node) removeDrained(st *meta.State) {
+	for _, m := range st.Nodes {
+		if m.State != meta.Leaving {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		var resp callResp
+		err := n.call(ctx, m.ID, callReq{Op: opStatus}, &resp)
+		cancel()
+		if err == nil && resp.Kind == errNone && len(resp.Applied) == 0 {
+			n.log.Info("member drained; removing it", "node", m.ID)
+			if n.applyMeta(meta.Op{Kind: meta.OpRemove, Node: meta.Node{ID: m.ID}}) == nil {
+				n.fitMetaMembers()
+			}
+		}
+	}
+}
+
+// Leave asks the cluster to drain this node (or id, if not empty): it is
+// placed nowhere, its replicas move to the other nodes, and it is removed
+// from the membership once it holds none.
+func (n *Node) Leave(ctx context.Context, id string) error {
+	if id == "" {
+		id = n.cfg.NodeID
+	}
+	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpLeave, Node: meta.Node{ID: id}}, n.memberAddrs())
+}
+
+// Remove forgets a member at once (a dead node): its replicas are replaced
+// from the survivors.
+func (n *Node) Remove(ctx context.Context, id string) error {
+	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpRemove, Node: meta.Node{ID: id}}, n.memberAddrs())
+}
+
+func (n *Node) memberAddrs() []string {
+	var out []string
+	if st := n.state.Load(); st != nil {
+		for _, m := range st.Nodes {
+			out = append(out, m.Addr)
+		}
+	}
+	return out
+}

@@ -1,0 +1,260 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// ErrNoLeader is reported when a key's group has no reachable leader before
+// the request's deadline (a group without quorum). Nothing was applied.
+var ErrNoLeader = errors.New("cluster: no leader for the key's group; retry when the cluster has a quorum again")
+
+// waitStep is how long a request waits for an election before trying
+// again: about one election timeout.
+const waitStep = 100 * time.Millisecond
+
+// Submit implements statestore.Router: the write goes to the leader of its
+// key's group, here or on another node.
+func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
+	g := n.groupOf(p.Cmd.Key)
+	if r := n.local(g); r != nil && r.LeaderReady(readyTimeout(ctx)) == nil {
+		done := p.Done
+		p.Done = func(res store.Result, err error) {
+			var nl *replica.NotLeaderError
+			if errors.As(err, &nl) { // never logged: try where the leader is
+				go n.submitRemote(ctx, g, p.Cmd, p.After, done)
+				return
+			}
+			done(res, err)
+		}
+		r.Submit(p)
+		return
+	}
+	go n.submitRemote(ctx, g, p.Cmd, p.After, p.Done)
+}
+
+func readyTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return time.Until(d)
+	}
+	return 5 * time.Second
+}
+
+// submitRemote sends a write to its group's leader and waits for the
+// outcome, following leader hints until ctx ends.
+func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, done func(store.Result, error)) {
+	for {
+		leader := n.leaderOf(g)
+		if leader == n.cfg.NodeID {
+			if r := n.local(g); r != nil {
+				if err := r.LeaderReady(readyTimeout(ctx)); err == nil {
+					ch := make(chan struct{})
+					var res store.Result
+					var err error
+					r.Submit(replica.Proposal{Cmd: cmd, After: after, Done: func(rs store.Result, e error) { res, err = rs, e; close(ch) }})
+					<-ch
+					var nl *replica.NotLeaderError
+					if !errors.As(err, &nl) {
+						done(res, err)
+						return
+					}
+				}
+			}
+		} else if leader != "" {
+			var resp callResp
+			err := n.call(ctx, leader, callReq{Op: opSubmit, Group: g, Cmd: cmd, After: after}, &resp)
+			switch {
+			case err == nil && resp.Kind == errNone:
+				done(resp.Result, nil)
+				return
+			case err == nil && resp.Kind == errUnknown:
+				done(store.Result{}, replica.ErrOutcomeUnknown)
+				return
+			case err == nil && resp.Kind == errNotLeader:
+				n.hint(g, resp.Leader)
+			case err == nil:
+				done(store.Result{}, errors.New(resp.Err))
+				return
+			case !errors.Is(err, errNotSent):
+				// The request may have reached the leader: its fate is
+				// unknown, and retrying could apply it twice.
+				done(store.Result{}, replica.ErrOutcomeUnknown)
+				return
+			default:
+				n.hint(g, "") // unreachable: look elsewhere
+			}
+		}
+		select {
+		case <-ctx.Done():
+			done(store.Result{}, ErrNoLeader)
+			return
+		case <-time.After(waitStep):
+		}
+	}
+}
+
+// Get implements statestore.Router: a linearizable read at the leader of
+// the key's group.
+func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
+	g := n.groupOf(key)
+	if r := n.local(g); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
+		e, ok := r.Get(key)
+		return e, ok, nil
+	}
+	var resp callResp
+	err := n.onLeader(ctx, g, callReq{Op: opGet, Group: g, Key: key}, &resp, func(r *replica.Group) {
+		resp.Entry, resp.Found = r.Get(key)
+	})
+	return resp.Entry, resp.Found, err
+}
+
+// onLeader runs a read on the leader of g: locally (local) if this node
+// leads, else as a call; it retries on leader changes until ctx ends.
+func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp, local func(*replica.Group)) error {
+	for {
+		leader := n.leaderOf(g)
+		if leader == n.cfg.NodeID {
+			if r := n.local(g); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
+				local(r)
+				return nil
+			}
+		} else if leader != "" {
+			err := n.call(ctx, leader, req, resp)
+			switch {
+			case err == nil && resp.Kind == errNone:
+				return nil
+			case err == nil && resp.Kind == errNotLeader:
+				n.hint(g, resp.Leader)
+			case err == nil:
+				return errors.New(resp.Err)
+			default:
+				n.hint(g, "")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ErrNoLeader
+		case <-time.After(waitStep):
+		}
+	}
+}
+
+// Ascend implements statestore.Router: every group is read at its leader,
+// and the pages are merged in key order. Each group gives at most limit
+// entries; the merge is exact up to the smallest last key of the groups
+// that had more, and stops there.
+func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn func(*store.Entry) bool) (bool, error) {
+	count := n.groupCount()
+	if count == 1 {
+		if r := n.local(0); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
+			return r.Ascend(from, prefix, limit, fn), nil
+		}
+	}
+	type page struct {
+		entries   []store.Entry
+		exhausted bool
+		err       error
+	}
+	pages := make([]page, count)
+	done := make(chan struct{}, count)
+	for g := 0; g < count; g++ {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			var resp callResp
+			err := n.onLeader(ctx, g, callReq{Op: opAscend, Group: g, From: from, Prefix: prefix, Limit: limit}, &resp, func(r *replica.Group) {
+				resp.Exhausted = r.Ascend(from, prefix, limit, func(e *store.Entry) bool {
+					resp.Entries = append(resp.Entries, *e)
+					return true
+				})
+			})
+			pages[g] = page{resp.Entries, resp.Exhausted, err}
+		}()
+	}
+	for range count {
+		<-done
+	}
+	var bound []byte // entries after it may be missing from a page
+	for _, p := range pages {
+		if p.err != nil {
+			return false, p.err
+		}
+		if !p.exhausted && len(p.entries) > 0 {
+			last := p.entries[len(p.entries)-1].Key
+			if bound == nil || bytes.Compare(last, bound) < 0 {
+				bound = last
+			}
+		}
+	}
+	exhausted := bound == nil
+	next := make([]int, count)
+	for {
+		best := -1
+		for g, p := range pages {
+			if next[g] < len(p.entries) && (best < 0 || bytes.Compare(p.entries[next[g]].Key, pages[best].entries[next[best]].Key) < 0) {
+				best = g
+			}
+		}
+		if best < 0 {
+			return exhausted, nil
+		}
+		e := &pages[best].entries[next[best]]
+		if bound != nil && bytes.Compare(e.Key, bound) > 0 {
+			return false, nil
+		}
+		next[best]++
+		if !fn(e) {
+			return false, nil
+		}
+	}
+}
+
+// leaderOf returns the node id of g's leader as this node knows it: from
+// its own replica, else the last hint, else the preferred leader of the
+// placement.
+func (n *Node) leaderOf(g int) string {
+	if r := n.local(g); r != nil {
+		if id, _ := r.Leader(); id != "" {
+			return id
+		}
+	}
+	if v, ok := n.hints.Load(g); ok && *v.(*string) != "" {
+		return *v.(*string)
+	}
+	if st := n.state.Load(); st != nil {
+		if t := st.Placement(); g < len(t) && len(t[g]) > 0 {
+			// Rotate through the replicas so that an unreachable one
+			// is not asked forever.
+			return t[g][int(time.Now().UnixNano()/int64(waitStep))%len(t[g])]
+		}
+	}
+	return ""
+}
+
+// hint records who leads g ("" forgets).
+func (n *Node) hint(g int, leader string) { n.hints.Store(g, &leader) }
+
+// errNotSent marks a call that never left this node: safe to retry.
+var errNotSent = errors.New("cluster: not sent")
+
+// call sends a request to a member.
+func (n *Node) call(ctx context.Context, id string, req callReq, resp *callResp) error {
+	addr := n.addrOf(id)
+	if addr == "" {
+		return fmt.Errorf("%w: unknown member %s", errNotSent, id)
+	}
+	*resp = callResp{}
+	err := n.link.Call(ctx, addr, req, resp)
+	var ne *peer.NotSentError
+	if errors.As(err, &ne) {
+		return fmt.Errorf("%w: %v", errNotSent, err)
+	}
+	return err
+}

@@ -1,0 +1,281 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/meta"
+	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Calls between nodes. Wire format (msgpack by field name): new ops take
+// new numbers at the end; fields may be added, never renamed.
+type callOp uint8
+
+const (
+	opSubmit  callOp = 1 // a write, at the group's leader
+	opGet     callOp = 2 // a linearizable read, at the group's leader
+	opAscend  callOp = 3 // a page of a group, at its leader
+	opMeta    callOp = 4 // a metadata change, at the metadata leader
+	opStatus  callOp = 5 // this node's replicas: applied index per group
+	opConfig  callOp = 6 // a group's configuration, at its leader
+	opEvents  callOp = 7 // follow a group's change events (a stream)
+	opCluster callOp = 8 // the cluster as this node sees it (mqkv cluster status)
+)
+
+type callReq struct {
+	Op     callOp
+	Group  int
+	Cmd    store.Command
+	After  hlc.Timestamp
+	Key    []byte
+	From   []byte
+	Prefix []byte
+	Limit  int
+	Meta   meta.Op
+	Since  uint64 // opEvents: the last index already seen
+}
+
+// Error kinds of a reply.
+type errKind uint8
+
+const (
+	errNone      errKind = 0
+	errNotLeader errKind = 1 // nothing done; Leader is the hint
+	errUnknown   errKind = 2 // a write's outcome is unknown
+	errOther     errKind = 3 // Err says what; nothing done
+)
+
+type callResp struct {
+	Kind       errKind
+	Err        string
+	Leader     string
+	LeaderAddr string // opMeta: for a node that knows no member yet
+	Result    store.Result
+	Entry     store.Entry
+	Found     bool
+	Entries   []store.Entry
+	Exhausted bool
+	Applied   map[int]uint64
+	Servers   []server
+	Status    *Status
+	Events    []entryEvents // opEvents frames
+	Last      uint64        // opEvents: the index the frame leaves its reader at
+}
+
+type server struct {
+	ID    string
+	Voter bool
+}
+
+// serve answers a call from another node (the link's Handler).
+func (n *Node) serve(from string, s net.Conn) {
+	c := peer.NewConn(s)
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var req callReq
+	if err := c.Receive(&req); err != nil {
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	if req.Op == opEvents {
+		n.events.serve(c, req.Group, req.Since)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp := n.answer(ctx, req)
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	c.Send(resp)
+}
+
+func (n *Node) answer(ctx context.Context, req callReq) callResp {
+	var resp callResp
+	switch req.Op {
+	case opSubmit, opGet, opAscend, opConfig:
+		r := n.local(req.Group)
+		if r == nil {
+			return callResp{Kind: errNotLeader, Leader: n.leaderOf(req.Group)}
+		}
+		ready := r.LeaderReady
+		if req.Op == opGet || req.Op == opAscend {
+			ready = r.ReadReady
+		}
+		if err := ready(5 * time.Second); err != nil {
+			var nl *replica.NotLeaderError
+			if errors.As(err, &nl) {
+				return callResp{Kind: errNotLeader, Leader: nl.Leader}
+			}
+			return callResp{Kind: errOther, Err: err.Error()}
+		}
+		switch req.Op {
+		case opSubmit:
+			return n.submitHere(r, req)
+		case opGet:
+			resp.Entry, resp.Found = r.Get(req.Key)
+		case opAscend:
+			resp.Exhausted = r.Ascend(req.From, req.Prefix, req.Limit, func(e *store.Entry) bool {
+				resp.Entries = append(resp.Entries, *e)
+				return true
+			})
+		case opConfig:
+			for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
+				resp.Servers = append(resp.Servers, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})
+			}
+		}
+	case opMeta:
+		return n.metaHere(req.Meta)
+	case opStatus:
+		resp.Applied = map[int]uint64{}
+		for g, r := range n.Groups() {
+			resp.Applied[g] = r.Raft().AppliedIndex()
+		}
+	case opCluster:
+		st := n.Status()
+		resp.Status = &st
+	default:
+		return callResp{Kind: errOther, Err: "unknown call"}
+	}
+	return resp
+}
+
+// submitHere applies a forwarded write on this leader.
+func (n *Node) submitHere(r *replica.Group, req callReq) callResp {
+	ch := make(chan callResp, 1)
+	r.Submit(replica.Proposal{Cmd: req.Cmd, After: req.After, Done: func(res store.Result, err error) {
+		var nl *replica.NotLeaderError
+		switch {
+		case err == nil:
+			ch <- callResp{Result: res}
+		case errors.As(err, &nl):
+			ch <- callResp{Kind: errNotLeader, Leader: nl.Leader}
+		case errors.Is(err, replica.ErrOutcomeUnknown):
+			ch <- callResp{Kind: errUnknown, Err: err.Error()}
+		default:
+			ch <- callResp{Kind: errOther, Err: err.Error()}
+		}
+	}})
+	return <-ch
+}
+
+// metaHere applies a metadata change if this node leads the metadata
+// group, and changes the metadata group's membership to match.
+func (n *Node) metaHere(op meta.Op) callResp {
+	if n.meta == nil {
+		return callResp{Kind: errOther, Err: "not a cluster member"}
+	}
+	if n.meta.State() != raft.Leader {
+		addr, id := n.meta.LeaderWithID()
+		return callResp{Kind: errNotLeader, Leader: string(id), LeaderAddr: string(addr)}
+	}
+	if err := n.applyMeta(op); err != nil {
+		return callResp{Kind: errOther, Err: err.Error()}
+	}
+	if err := n.fitMetaMembers(); err != nil {
+		return callResp{Kind: errOther, Err: err.Error()}
+	}
+	return callResp{}
+}
+
+// metaVoters is how many members vote in the metadata group; the others
+// follow it as non-voters, so every node has the metadata locally.
+const metaVoters = 3
+
+// fitMetaMembers makes the metadata group's raft membership match the
+// member list: the first metaVoters members (by id, among the active ones)
+// vote, everyone else follows.
+func (n *Node) fitMetaMembers() error {
+	st := n.state.Load()
+	if st == nil {
+		return nil
+	}
+	cfg := n.meta.GetConfiguration().Configuration()
+	have := map[string]raft.ServerSuffrage{}
+	for _, s := range cfg.Servers {
+		have[string(s.ID)] = s.Suffrage
+	}
+	voters := 0
+	for _, s := range cfg.Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	for _, m := range st.Nodes {
+		suffrage, ok := have[m.ID]
+		switch {
+		case !ok && voters < metaVoters && m.State == meta.Active:
+			if err := n.meta.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.Addr), 0, 10*time.Second).Error(); err != nil {
+				return err
+			}
+			voters++
+		case !ok:
+			if err := n.meta.AddNonvoter(raft.ServerID(m.ID), raft.ServerAddress(m.Addr), 0, 10*time.Second).Error(); err != nil {
+				return err
+			}
+		case suffrage != raft.Voter && voters < metaVoters && m.State == meta.Active:
+			if err := n.meta.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.Addr), 0, 10*time.Second).Error(); err != nil {
+				return err
+			}
+			voters++
+		}
+	}
+	for id := range have {
+		if _, ok := st.Node(id); !ok {
+			if err := n.meta.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// proposeMeta sends a metadata change to the metadata leader, through any
+// of addrs (members' link addresses) until one answers.
+func (n *Node) proposeMeta(ctx context.Context, op meta.Op, addrs []string) error {
+	tried := map[string]bool{}
+	for {
+		for _, addr := range addrs {
+			var resp callResp
+			err := n.link.Call(ctx, addr, callReq{Op: opMeta, Meta: op}, &resp)
+			if err == nil && resp.Kind == errNone {
+				return nil
+			}
+			if err == nil && resp.Kind == errOther {
+				return errors.New(resp.Err)
+			}
+			if err == nil && resp.LeaderAddr != "" && !tried[resp.LeaderAddr] {
+				tried[resp.LeaderAddr] = true
+				addrs = append(addrs, resp.LeaderAddr)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return errors.New("cluster: no metadata leader answered: is a quorum of the first members up?")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// join adds this node to the cluster through the members in cfg.Join and
+// waits until the metadata reached it.
+func (n *Node) join() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	self := meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}
+	if err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Node: self}, n.cfg.Join); err != nil {
+		return err
+	}
+	if err := n.awaitState(60*time.Second, func(st *meta.State) bool { _, ok := st.Node(n.cfg.NodeID); return ok }); err != nil {
+		return err
+	}
+	n.log.Info("joined the cluster", "node", n.cfg.NodeID, "members", len(n.state.Load().Nodes))
+	n.wakeReconciler()
+	return nil
+}

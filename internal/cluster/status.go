@@ -1,0 +1,114 @@
+package cluster
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Status is the cluster as one node sees it (mqkv cluster status).
+type Status struct {
+	Node   string        `json:"node"`
+	Nodes  []NodeStatus  `json:"nodes"`
+	Groups []GroupStatus `json:"groups"`
+}
+
+// NodeStatus is one member. State is alive (answered just now), suspect
+// (not for a few seconds), dead (not for longer) or leaving (draining).
+type NodeStatus struct {
+	ID       string `json:"id"`
+	Addr     string `json:"addr"`
+	State    string `json:"state"`
+	Leads    int    `json:"leads"`
+	Replicas int    `json:"replicas"`
+}
+
+// GroupStatus is one replica group.
+type GroupStatus struct {
+	ID         int      `json:"id"`
+	Leader     string   `json:"leader"`
+	Replicas   []string `json:"replicas"`
+	Placement  []string `json:"placement"`
+	Partitions int      `json:"partitions"`
+	Migrating  bool     `json:"migrating"`
+}
+
+// Status reports what this node knows: the membership, where each group's
+// replicas are, who leads them, and whether each member answers.
+func (n *Node) Status() Status {
+	st := n.state.Load()
+	out := Status{Node: n.cfg.NodeID}
+	if st == nil {
+		return out
+	}
+	table := st.Placement()
+	leads, holds := map[string]int{}, map[string]int{}
+	for g := 0; g < st.Groups; g++ {
+		gs := GroupStatus{ID: g, Placement: table[g], Partitions: partitionsOf(g, st.Groups)}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		gs.Leader = n.leaderOf(g)
+		var resp callResp
+		if r := n.local(g); r != nil && r.Raft().State() == raft.Leader {
+			for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
+				resp.Servers = append(resp.Servers, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})
+			}
+		} else if gs.Leader != "" {
+			n.call(ctx, gs.Leader, callReq{Op: opConfig, Group: g}, &resp)
+		}
+		cancel()
+		for _, s := range resp.Servers {
+			gs.Replicas = append(gs.Replicas, s.ID)
+			holds[s.ID]++
+			if !s.Voter {
+				gs.Migrating = true
+			}
+		}
+		if len(gs.Replicas) != len(table[g]) {
+			gs.Migrating = true
+		}
+		leads[gs.Leader]++
+		out.Groups = append(out.Groups, gs)
+	}
+	for _, m := range st.Nodes {
+		ns := NodeStatus{ID: m.ID, Addr: m.Addr, State: m.State.String(), Leads: leads[m.ID], Replicas: holds[m.ID]}
+		if ns.State == "active" {
+			ns.State = n.liveness(m.ID)
+		}
+		out.Nodes = append(out.Nodes, ns)
+	}
+	sort.Slice(out.Nodes, func(a, b int) bool { return out.Nodes[a].ID < out.Nodes[b].ID })
+	return out
+}
+
+// liveness asks a member whether it is there.
+func (n *Node) liveness(id string) string {
+	if id == n.cfg.NodeID {
+		return "alive"
+	}
+	for i, wait := range []time.Duration{500 * time.Millisecond, 2 * time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		var resp callResp
+		err := n.call(ctx, id, callReq{Op: opStatus}, &resp)
+		cancel()
+		if err == nil {
+			if i == 0 {
+				return "alive"
+			}
+			return "suspect"
+		}
+	}
+	return "dead"
+}
+
+// partitionsOf counts the partitions of group g.
+func partitionsOf(g, groups int) int {
+	n := store.Partitions / groups
+	if g < store.Partitions%groups {
+		n++
+	}
+	return n
+}

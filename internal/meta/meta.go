@@ -1,0 +1,169 @@
+// Package meta is the cluster's metadata: which nodes are members, at which
+// addresses, whether they are leaving, and the shape of the keyspace (the
+// number of replica groups and the replication factor). It is the state
+// machine of the small metadata raft group every node follows; placement of
+// the groups on the nodes is derived from it (package placement), never
+// stored, so every node computes the same table from the same state.
+//
+// State is pure: Apply is a deterministic function of the ops, with no I/O
+// and no clock. The raft FSM around it is in fsm.go.
+package meta
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/mqkv/mqkv/internal/placement"
+)
+
+// NodeState is what the cluster knows of a member.
+type NodeState uint8
+
+// Node states. Wire format (logged and snapshotted): new states take new
+// numbers at the end.
+const (
+	Active  NodeState = 1 // holds replicas as placement says
+	Leaving NodeState = 2 // draining: placed nowhere, removed once empty
+)
+
+func (s NodeState) String() string {
+	switch s {
+	case Active:
+		return "active"
+	case Leaving:
+		return "leaving"
+	}
+	return fmt.Sprintf("state(%d)", s)
+}
+
+// Node is one member.
+type Node struct {
+	ID    string
+	Addr  string // node link address
+	State NodeState
+}
+
+// State is the whole metadata.
+type State struct {
+	Groups int // replica groups the 4096 partitions are spread over; fixed at creation
+	RF     int // replicas per group
+	Nodes  []Node
+}
+
+// OpKind names an operation. Wire format: written into the metadata log;
+// new kinds take new numbers at the end, old ones keep their meaning.
+type OpKind uint8
+
+const (
+	OpInit   OpKind = 1 // Groups, RF and the first node
+	OpJoin   OpKind = 2 // add Node (or update its address)
+	OpLeave  OpKind = 3 // mark Node.ID leaving
+	OpRemove OpKind = 4 // forget Node.ID
+)
+
+// Op is one metadata change.
+type Op struct {
+	Kind   OpKind
+	Node   Node
+	Groups int
+	RF     int
+}
+
+// Errors of Apply; the state is unchanged when one is returned.
+var (
+	ErrInitialized  = errors.New("meta: the cluster already exists")
+	ErrUnknownNode  = errors.New("meta: no such node")
+	ErrLastNode     = errors.New("meta: the last active node cannot leave")
+	ErrNotInitiated = errors.New("meta: the cluster does not exist yet")
+)
+
+// Apply applies op.
+func (s *State) Apply(op Op) error {
+	if op.Kind != OpInit && s.Groups == 0 {
+		return ErrNotInitiated
+	}
+	switch op.Kind {
+	case OpInit:
+		if s.Groups != 0 {
+			return ErrInitialized
+		}
+		if op.Groups <= 0 || op.RF <= 0 || op.Node.ID == "" {
+			return fmt.Errorf("meta: bad init %+v", op)
+		}
+		s.Groups, s.RF = op.Groups, op.RF
+		s.Nodes = []Node{{ID: op.Node.ID, Addr: op.Node.Addr, State: Active}}
+	case OpJoin:
+		if op.Node.ID == "" || op.Node.Addr == "" {
+			return fmt.Errorf("meta: bad join %+v", op.Node)
+		}
+		if i := s.index(op.Node.ID); i >= 0 {
+			s.Nodes[i].Addr = op.Node.Addr // a restarted node may move
+			return nil
+		}
+		s.Nodes = append(s.Nodes, Node{ID: op.Node.ID, Addr: op.Node.Addr, State: Active})
+		sort.Slice(s.Nodes, func(a, b int) bool { return s.Nodes[a].ID < s.Nodes[b].ID })
+	case OpLeave:
+		i := s.index(op.Node.ID)
+		if i < 0 {
+			return ErrUnknownNode
+		}
+		if s.Nodes[i].State == Active && len(s.Active()) == 1 {
+			return ErrLastNode
+		}
+		s.Nodes[i].State = Leaving
+	case OpRemove:
+		i := s.index(op.Node.ID)
+		if i < 0 {
+			return ErrUnknownNode
+		}
+		if s.Nodes[i].State == Active && len(s.Active()) == 1 {
+			return ErrLastNode
+		}
+		s.Nodes = slices.Delete(s.Nodes, i, i+1)
+	default:
+		return fmt.Errorf("meta: unknown op %d", op.Kind)
+	}
+	return nil
+}
+
+func (s *State) index(id string) int {
+	for i, n := range s.Nodes {
+		if n.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// Node returns the member with id.
+func (s *State) Node(id string) (Node, bool) {
+	if i := s.index(id); i >= 0 {
+		return s.Nodes[i], true
+	}
+	return Node{}, false
+}
+
+// Active returns the ids of the members that hold replicas.
+func (s *State) Active() []string {
+	var out []string
+	for _, n := range s.Nodes {
+		if n.State == Active {
+			out = append(out, n.ID)
+		}
+	}
+	return out
+}
+
+// Placement is where every group's replicas belong now.
+func (s *State) Placement() placement.Table {
+	return placement.Plan(s.Active(), s.Groups, s.RF)
+}
+
+// Clone returns a deep copy.
+func (s *State) Clone() *State {
+	c := *s
+	c.Nodes = slices.Clone(s.Nodes)
+	return &c
+}

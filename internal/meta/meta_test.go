@@ -1,0 +1,62 @@
+package meta
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestLifecycle(t *testing.T) {
+	var s State
+	steps := []struct {
+		op      Op
+		err     error
+		active  []string
+		members int
+	}{
+		{Op{Kind: OpJoin, Node: Node{ID: "n2", Addr: "b"}}, ErrNotInitiated, nil, 0},
+		{Op{Kind: OpInit, Groups: 8, RF: 3, Node: Node{ID: "n1", Addr: "a"}}, nil, []string{"n1"}, 1},
+		{Op{Kind: OpInit, Groups: 8, RF: 3, Node: Node{ID: "n9", Addr: "z"}}, ErrInitialized, []string{"n1"}, 1},
+		{Op{Kind: OpLeave, Node: Node{ID: "n1"}}, ErrLastNode, []string{"n1"}, 1},
+		{Op{Kind: OpJoin, Node: Node{ID: "n3", Addr: "c"}}, nil, []string{"n1", "n3"}, 2},
+		{Op{Kind: OpJoin, Node: Node{ID: "n2", Addr: "b"}}, nil, []string{"n1", "n2", "n3"}, 3},
+		{Op{Kind: OpJoin, Node: Node{ID: "n2", Addr: "b2"}}, nil, []string{"n1", "n2", "n3"}, 3},
+		{Op{Kind: OpLeave, Node: Node{ID: "n2"}}, nil, []string{"n1", "n3"}, 3},
+		{Op{Kind: OpRemove, Node: Node{ID: "n2"}}, nil, []string{"n1", "n3"}, 2},
+		{Op{Kind: OpRemove, Node: Node{ID: "n2"}}, ErrUnknownNode, []string{"n1", "n3"}, 2},
+		{Op{Kind: OpRemove, Node: Node{ID: "n3"}}, nil, []string{"n1"}, 1},
+		{Op{Kind: OpRemove, Node: Node{ID: "n1"}}, ErrLastNode, []string{"n1"}, 1},
+	}
+	for i, st := range steps {
+		if err := s.Apply(st.op); !errors.Is(err, st.err) {
+			t.Fatalf("step %d %+v: error %v, want %v", i, st.op, err, st.err)
+		}
+		if !slices.Equal(s.Active(), st.active) || len(s.Nodes) != st.members {
+			t.Fatalf("step %d: active %v members %d, want %v %d", i, s.Active(), len(s.Nodes), st.active, st.members)
+		}
+	}
+	if n, _ := s.Node("n1"); n.Addr != "a" {
+		t.Fatalf("n1 %+v", n)
+	}
+}
+
+func TestPlacementFollowsMembership(t *testing.T) {
+	var s State
+	s.Apply(Op{Kind: OpInit, Groups: 16, RF: 3, Node: Node{ID: "n1", Addr: "a"}})
+	if p := s.Placement(); len(p) != 16 || len(p[0]) != 1 {
+		t.Fatalf("one node: %v", p)
+	}
+	s.Apply(Op{Kind: OpJoin, Node: Node{ID: "n2", Addr: "b"}})
+	s.Apply(Op{Kind: OpJoin, Node: Node{ID: "n3", Addr: "c"}})
+	for g, r := range s.Placement() {
+		if len(r) != 3 {
+			t.Fatalf("group %d: %v", g, r)
+		}
+	}
+	s.Apply(Op{Kind: OpLeave, Node: Node{ID: "n3"}})
+	for g, r := range s.Placement() {
+		if slices.Contains(r, "n3") {
+			t.Fatalf("group %d placed on a leaving node: %v", g, r)
+		}
+	}
+}

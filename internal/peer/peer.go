@@ -1,0 +1,544 @@
+// Package peer is the node link: the one TCP port a node listens on for
+// all traffic from the other nodes. Each connection is authenticated (a
+// shared secret, or TLS with a cluster CA), then carries a yamux session
+// whose streams are opened with a small header naming what they are for:
+// the raft traffic of one replica group (a raft.StreamLayer per group, so
+// each group keeps hashicorp/raft's stock NetworkTransport), or a call to
+// the node's Handler (forwarded requests, change streams).
+//
+// Concurrency: a Link is safe for use by many goroutines. Streams are
+// net.Conns owned by whoever opened or accepted them; a stream that fails
+// a write or times out is closed (yamux advisory GHSA-29qp-crvh-w22m: a
+// timed-out write can leave the peer's read hanging).
+package peer
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hashicorp/yamux"
+)
+
+// Stream kinds, the first byte of every stream. Wire format: new kinds
+// take new numbers.
+const (
+	KindRaft byte = 1 // followed by the group, uint32 big-endian
+	KindCall byte = 2 // served by the Handler
+)
+
+// Config configures a Link.
+type Config struct {
+	NodeID string
+	// Listen is the address to listen on; Advertise, if set, is the one
+	// other nodes dial (default: the listener's).
+	Listen, Advertise string
+	// Secret authenticates nodes to each other (both must know it); TLS,
+	// if set, is used instead or as well: the config must verify peers
+	// (ClientAuth RequireAndVerifyClientCert, RootCAs for dialing).
+	Secret    []byte
+	TLSServer *tls.Config
+	TLSClient *tls.Config
+	// Handler serves KindCall streams; it owns the stream. It may also be
+	// set later, with Handle.
+	Handler func(from string, s net.Conn)
+	Logger  *slog.Logger
+}
+
+// Link is this node's end of the node link.
+type Link struct {
+	cfg  Config
+	ln   net.Listener
+	addr string
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*yamux.Session // outgoing, by address
+	inbound  map[*yamux.Session]struct{}
+	layers   map[uint32]*StreamLayer
+	closed   bool
+
+	handler atomic.Pointer[func(from string, s net.Conn)]
+
+	// isolated drops every connection and refuses new ones: the fault a
+	// test uses to cut this node off the network.
+	isolated atomic.Bool
+	wg       sync.WaitGroup
+}
+
+// ErrClosed is returned once the link is closed.
+var ErrClosed = errors.New("peer: link closed")
+
+// Listen starts the link.
+func Listen(cfg Config) (*Link, error) {
+	if len(cfg.Secret) == 0 && cfg.TLSServer == nil {
+		return nil, errors.New("peer: no secret and no TLS: the node link would admit anyone")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("cluster listener: %w", err)
+	}
+	l := &Link{cfg: cfg, ln: ln, addr: cfg.Advertise, log: cfg.Logger,
+		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}}
+	if l.addr == "" {
+		l.addr = ln.Addr().String()
+	}
+	if cfg.Handler != nil {
+		l.Handle(cfg.Handler)
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Addr is the address other nodes dial to reach this one.
+func (l *Link) Addr() string { return l.addr }
+
+func yamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.LogOutput = io.Discard
+	c.EnableKeepAlive = true
+	c.KeepAliveInterval = 5 * time.Second
+	c.ConnectionWriteTimeout = 5 * time.Second
+	c.StreamOpenTimeout = 5 * time.Second
+	c.StreamCloseTimeout = 5 * time.Second
+	c.AcceptBacklog = 1024
+	c.MaxStreamWindowSize = 1 << 20 // snapshots move faster with a larger window
+	return c
+}
+
+func (l *Link) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if l.isolated.Load() {
+			c.Close()
+			continue
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.serveConn(c)
+		}()
+	}
+}
+
+// serveConn authenticates an incoming connection and serves its streams.
+func (l *Link) serveConn(c net.Conn) {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if l.cfg.TLSServer != nil {
+		tc := tls.Server(c, l.cfg.TLSServer)
+		if err := tc.Handshake(); err != nil {
+			l.log.Warn("node link: TLS handshake refused", "remote", c.RemoteAddr(), "error", err)
+			c.Close()
+			return
+		}
+		c = tc
+	}
+	from, err := l.answerHandshake(c)
+	if err != nil {
+		l.log.Warn("node link: connection refused", "remote", c.RemoteAddr(), "error", err)
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	sess, err := yamux.Server(c, yamuxConfig())
+	if err != nil {
+		c.Close()
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		sess.Close()
+		return
+	}
+	l.inbound[sess] = struct{}{}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.inbound, sess)
+		l.mu.Unlock()
+		sess.Close()
+	}()
+	for {
+		s, err := sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		go l.dispatch(from, s)
+	}
+}
+
+// dispatch reads a stream's header and hands it to its owner.
+func (l *Link) dispatch(from string, s *yamux.Stream) {
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var kind [1]byte
+	if _, err := io.ReadFull(s, kind[:]); err != nil {
+		s.Close()
+		return
+	}
+	switch kind[0] {
+	case KindRaft:
+		var g [4]byte
+		if _, err := io.ReadFull(s, g[:]); err != nil {
+			s.Close()
+			return
+		}
+		s.SetReadDeadline(time.Time{})
+		l.mu.Lock()
+		layer := l.layers[binary.BigEndian.Uint32(g[:])]
+		l.mu.Unlock()
+		if layer == nil {
+			s.Close() // no replica of that group here (yet)
+			return
+		}
+		select {
+		case layer.accept <- s:
+		case <-layer.done:
+			s.Close()
+		case <-time.After(5 * time.Second):
+			s.Close()
+		}
+	case KindCall:
+		s.SetReadDeadline(time.Time{})
+		h := l.handler.Load()
+		if h == nil {
+			s.Close()
+			return
+		}
+		(*h)(from, s)
+	default:
+		s.Close()
+	}
+}
+
+// Handle sets the handler of KindCall streams.
+func (l *Link) Handle(h func(from string, s net.Conn)) { l.handler.Store(&h) }
+
+// Open opens a stream of the given kind to the node at addr; header
+// follows the kind byte.
+func (l *Link) Open(ctx context.Context, addr string, kind byte, header []byte) (net.Conn, error) {
+	if l.isolated.Load() {
+		return nil, errors.New("peer: isolated")
+	}
+	sess, err := l.session(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	s, err := sess.OpenStream()
+	if err != nil {
+		l.dropSession(addr, sess)
+		return nil, fmt.Errorf("peer: open stream to %s: %w", addr, err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		s.SetWriteDeadline(d)
+	}
+	if _, err := s.Write(append([]byte{kind}, header...)); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.SetWriteDeadline(time.Time{})
+	return s, nil
+}
+
+// session returns the outgoing session to addr, dialing it if needed.
+func (l *Link) session(ctx context.Context, addr string) (*yamux.Session, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if s := l.sessions[addr]; s != nil && !s.IsClosed() {
+		l.mu.Unlock()
+		return s, nil
+	}
+	l.mu.Unlock()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("peer: dial %s: %w", addr, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	} else {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+	}
+	if l.cfg.TLSClient != nil {
+		tc := tls.Client(c, l.cfg.TLSClient)
+		if err := tc.Handshake(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("peer: TLS to %s: %w", addr, err)
+		}
+		c = tc
+	}
+	if err := l.handshake(c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("peer: %s: %w", addr, err)
+	}
+	c.SetDeadline(time.Time{})
+	sess, err := yamux.Client(c, yamuxConfig())
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		sess.Close()
+		return nil, ErrClosed
+	}
+	if old := l.sessions[addr]; old != nil && !old.IsClosed() {
+		sess.Close() // another dial won
+		return old, nil
+	}
+	l.sessions[addr] = sess
+	return sess, nil
+}
+
+func (l *Link) dropSession(addr string, s *yamux.Session) {
+	l.mu.Lock()
+	if l.sessions[addr] == s {
+		delete(l.sessions, addr)
+	}
+	l.mu.Unlock()
+	s.Close()
+}
+
+// The handshake proves that both ends know the secret without sending it:
+// each side sends a random challenge and answers the other's with
+// HMAC-SHA256(secret, role | its challenge | the other's | node id). With
+// TLS and no secret, the certificates did the proving and the handshake
+// only exchanges node ids.
+const handshakeMagic = "MQKV-LINK-1"
+
+func (l *Link) mac(role string, a, b []byte, id string) []byte {
+	m := hmac.New(sha256.New, l.cfg.Secret)
+	m.Write([]byte(role))
+	m.Write(a)
+	m.Write(b)
+	m.Write([]byte(id))
+	return m.Sum(nil)
+}
+
+// handshake is the dialing side.
+func (l *Link) handshake(c net.Conn) error {
+	// Reads are unbuffered: the yamux session starts right after the
+	// handshake, and a buffered reader would swallow its first bytes.
+	w, r := bufio.NewWriter(c), c
+	mine := make([]byte, 32)
+	rand.Read(mine)
+	writeFrame(w, []byte(handshakeMagic))
+	writeFrame(w, mine)
+	writeFrame(w, []byte(l.cfg.NodeID))
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	theirs, err := readFrame(r, 64)
+	if err != nil {
+		return err
+	}
+	theirID, err := readFrame(r, 256)
+	if err != nil {
+		return err
+	}
+	proof, err := readFrame(r, 64)
+	if err != nil {
+		return fmt.Errorf("refused by the peer (wrong cluster secret?): %w", err)
+	}
+	if !hmac.Equal(proof, l.mac("server", mine, theirs, string(theirID))) {
+		return errors.New("the peer does not know the cluster secret")
+	}
+	writeFrame(w, l.mac("client", theirs, mine, l.cfg.NodeID))
+	return w.Flush()
+}
+
+// answerHandshake is the accepting side; it returns the peer's node id.
+func (l *Link) answerHandshake(c net.Conn) (string, error) {
+	w, r := bufio.NewWriter(c), c // unbuffered reads: see handshake
+	magic, err := readFrame(r, 64)
+	if err != nil || string(magic) != handshakeMagic {
+		return "", errors.New("not an mqkv node")
+	}
+	theirs, err := readFrame(r, 64)
+	if err != nil {
+		return "", err
+	}
+	id, err := readFrame(r, 256)
+	if err != nil {
+		return "", err
+	}
+	mine := make([]byte, 32)
+	rand.Read(mine)
+	writeFrame(w, mine)
+	writeFrame(w, []byte(l.cfg.NodeID))
+	writeFrame(w, l.mac("server", theirs, mine, l.cfg.NodeID))
+	if err := w.Flush(); err != nil {
+		return "", err
+	}
+	proof, err := readFrame(r, 64)
+	if err != nil {
+		return "", err
+	}
+	if !hmac.Equal(proof, l.mac("client", mine, theirs, string(id))) {
+		return "", errors.New("wrong cluster secret")
+	}
+	return string(id), nil
+}
+
+// writeFrame writes a length-prefixed frame (errors surface at Flush).
+func writeFrame(w *bufio.Writer, b []byte) {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	w.Write(n[:])
+	w.Write(b)
+}
+
+// readFrame reads a frame of at most max bytes.
+func readFrame(r io.Reader, max int) ([]byte, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if int64(size) > int64(max) {
+		return nil, fmt.Errorf("peer: frame of %d bytes, at most %d", size, max)
+	}
+	b := make([]byte, size)
+	_, err := io.ReadFull(r, b)
+	return b, err
+}
+
+// Isolate cuts this node off the network (true) or reconnects it: every
+// session is closed and, while isolated, no stream is opened or accepted.
+// It is the network partition of fault tests.
+func (l *Link) Isolate(on bool) {
+	l.isolated.Store(on)
+	if !on {
+		return
+	}
+	l.mu.Lock()
+	var all []*yamux.Session
+	for a, s := range l.sessions {
+		all = append(all, s)
+		delete(l.sessions, a)
+	}
+	for s := range l.inbound {
+		all = append(all, s)
+	}
+	l.mu.Unlock()
+	for _, s := range all {
+		s.Close()
+	}
+}
+
+// Close stops the link and closes every session.
+func (l *Link) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	var all []*yamux.Session
+	for _, s := range l.sessions {
+		all = append(all, s)
+	}
+	for s := range l.inbound {
+		all = append(all, s)
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	for _, s := range all {
+		s.Close()
+	}
+	l.wg.Wait()
+	return err
+}
+
+// StreamLayer returns the raft stream layer of group g: raft connections
+// of that group, to and from the same group on other nodes.
+func (l *Link) StreamLayer(g uint32) *StreamLayer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.layers[g]; s != nil {
+		return s
+	}
+	s := &StreamLayer{link: l, group: g, accept: make(chan net.Conn), done: make(chan struct{})}
+	l.layers[g] = s
+	return s
+}
+
+// StreamLayer carries one replica group's raft traffic over the link.
+type StreamLayer struct {
+	link      *Link
+	group     uint32
+	accept    chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var _ raft.StreamLayer = (*StreamLayer)(nil)
+
+// Accept waits for a raft connection from another replica of the group.
+func (s *StreamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.accept:
+		return c, nil
+	case <-s.done:
+		return nil, ErrClosed
+	}
+}
+
+// Close stops accepting for the group (raft calls it at shutdown).
+func (s *StreamLayer) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.done)
+		s.link.mu.Lock()
+		if s.link.layers[s.group] == s {
+			delete(s.link.layers, s.group)
+		}
+		s.link.mu.Unlock()
+	})
+	return nil
+}
+
+// Addr is this node's link address (raft's address for this server).
+func (s *StreamLayer) Addr() net.Addr { return addr(s.link.addr) }
+
+// Dial opens a raft connection to the group's replica at address.
+func (s *StreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var g [4]byte
+	binary.BigEndian.PutUint32(g[:], s.group)
+	return s.link.Open(ctx, string(address), KindRaft, g[:])
+}
+
+type addr string
+
+func (a addr) Network() string { return "tcp" }
+func (a addr) String() string  { return string(a) }

@@ -1,0 +1,132 @@
+package peer
+
+import (
+	"context"
+	"github.com/hashicorp/raft"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+type echoReq struct{ Text string }
+type echoResp struct {
+	Text string
+	From string
+}
+
+func listen(t *testing.T, id string, secret string) *Link {
+	t.Helper()
+	var l *Link
+	l, err := Listen(Config{NodeID: id, Listen: "127.0.0.1:0", Secret: []byte(secret),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: func(from string, s net.Conn) {
+			c := NewConn(s)
+			defer c.Close()
+			var req echoReq
+			if c.Receive(&req) != nil {
+				return
+			}
+			c.Send(echoResp{Text: strings.ToUpper(req.Text), From: from})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestCallAuthenticatesBothEnds(t *testing.T) {
+	a, b := listen(t, "a", "s3cret"), listen(t, "b", "s3cret")
+	var resp echoResp
+	if err := a.Call(ctx(t), b.Addr(), echoReq{"hi"}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Text != "HI" || resp.From != "a" {
+		t.Fatalf("%+v", resp)
+	}
+	// A node with another secret is refused, in both directions.
+	x := listen(t, "x", "other")
+	if err := x.Call(ctx(t), b.Addr(), echoReq{"hi"}, &resp); err == nil {
+		t.Fatal("a node with the wrong secret was served")
+	}
+	if err := b.Call(ctx(t), x.Addr(), echoReq{"hi"}, &resp); err == nil {
+		t.Fatal("a node answered a peer with the wrong secret")
+	}
+	// Something that is not a node gets nothing: raw bytes are refused.
+	c, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("\x00\x00\x00\x0bMQKV-LINK-1\x00\x00\x00\x20" + strings.Repeat("x", 32) + "\x00\x00\x00\x01z\x00\x00\x00\x20" + strings.Repeat("y", 32)))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	n, _ := io.ReadAtLeast(c, buf, 1)
+	for {
+		m, err := c.Read(buf[n:])
+		n += m
+		if err != nil {
+			break
+		}
+	}
+	if strings.Contains(string(buf[:n]), "HI") {
+		t.Fatal("an unauthenticated connection was served")
+	}
+}
+
+func TestIsolateCutsTheLink(t *testing.T) {
+	a, b := listen(t, "a", "k"), listen(t, "b", "k")
+	var resp echoResp
+	if err := a.Call(ctx(t), b.Addr(), echoReq{"1"}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	b.Isolate(true)
+	if err := a.Call(ctx(t), b.Addr(), echoReq{"2"}, &resp); err == nil {
+		t.Fatal("call through an isolated node")
+	}
+	b.Isolate(false)
+	if err := a.Call(ctx(t), b.Addr(), echoReq{"3"}, &resp); err != nil {
+		t.Fatalf("after healing: %v", err)
+	}
+}
+
+func TestRaftStreamsByGroup(t *testing.T) {
+	a, b := listen(t, "a", "k"), listen(t, "b", "k")
+	l1, l2 := b.StreamLayer(1), b.StreamLayer(2)
+	defer l1.Close()
+	defer l2.Close()
+	for _, g := range []uint32{2, 1} {
+		c, err := a.StreamLayer(g).Dial(ServerAddress(b.Addr()), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte{byte(g)})
+		layer := l1
+		if g == 2 {
+			layer = l2
+		}
+		s, err := layer.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 1)
+		io.ReadFull(s, got)
+		if got[0] != byte(g) {
+			t.Fatalf("group %d's stream carried %d", g, got[0])
+		}
+		c.Close()
+		s.Close()
+	}
+}
+
+// ServerAddress is raft's address type, for the test's Dial.
+type ServerAddress = raft.ServerAddress

@@ -1,0 +1,119 @@
+package server
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/mqkv/mqkv/internal/peer"
+)
+
+// ClusterConfig makes a node a cluster member.
+type ClusterConfig struct {
+	NodeID    string   // this node's id; default: the data directory's, or a new one
+	Listen    string   // node link address; empty: the node is on its own
+	Advertise string   // the address other nodes dial, if not Listen's
+	Join      []string // link addresses of members to join through; empty creates a cluster
+	Replicas  int      // replicas per group of a new cluster (default 3)
+	Groups    int      // replica groups of a new cluster (default 16)
+
+	SecretFile string // shared secret nodes authenticate each other with
+	TLSCert    string // node certificate and key for the link (mTLS with TLSCA)
+	TLSKey     string
+	TLSCA      string
+	// Insecure allows a link without secret or TLS on a non-loopback
+	// address.
+	Insecure bool
+}
+
+// startLink starts the node link, or returns nil for a node on its own.
+func startLink(cfg Config, nodeID string) (*peer.Link, error) {
+	cc := cfg.Cluster
+	if cc.Listen == "" {
+		if len(cc.Join) > 0 {
+			return nil, errors.New("cluster: --join needs --cluster-listen")
+		}
+		return nil, nil
+	}
+	if strings.Contains(nodeID, ":") || nodeID == "" {
+		return nil, fmt.Errorf("cluster: invalid node id %q", nodeID)
+	}
+	pc := peer.Config{NodeID: nodeID, Listen: cc.Listen, Advertise: cc.Advertise, Logger: cfg.Logger}
+	if cc.SecretFile != "" {
+		b, err := os.ReadFile(cc.SecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("cluster secret: %w", err)
+		}
+		secret := []byte(strings.TrimSpace(string(b)))
+		if len(secret) < 16 {
+			return nil, fmt.Errorf("cluster secret %s: at least 16 characters, please (openssl rand -hex 32 > %s)", cc.SecretFile, cc.SecretFile)
+		}
+		pc.Secret = secret
+	}
+	if cc.TLSCert != "" || cc.TLSKey != "" || cc.TLSCA != "" {
+		srv, cli, err := clusterTLS(cc)
+		if err != nil {
+			return nil, err
+		}
+		pc.TLSServer, pc.TLSClient = srv, cli
+	}
+	if pc.Secret == nil && pc.TLSServer == nil {
+		host, _, err := net.SplitHostPort(cc.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("cluster listen address %q: %w", cc.Listen, err)
+		}
+		ip := net.ParseIP(host)
+		if !cc.Insecure && (ip == nil || !ip.IsLoopback()) {
+			return nil, errors.New("cluster: the node link needs --cluster-secret-file or --cluster-tls-* (nodes must authenticate each other); on loopback, or with --cluster-insecure, it runs without")
+		}
+		cfg.Logger.Warn("the node link is not authenticated: any process that reaches it can join the cluster and read its data", "listen", cc.Listen)
+		pc.Secret = []byte("mqkv-insecure-link") // a well-known secret: no protection
+	}
+	return peer.Listen(pc)
+}
+
+// clusterTLS builds the link's mutual TLS from a node certificate and the
+// cluster CA.
+func clusterTLS(cc ClusterConfig) (*tls.Config, *tls.Config, error) {
+	if cc.TLSCert == "" || cc.TLSKey == "" || cc.TLSCA == "" {
+		return nil, nil, errors.New("cluster: --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca go together")
+	}
+	cert, err := tls.LoadX509KeyPair(cc.TLSCert, cc.TLSKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster TLS certificate: %w", err)
+	}
+	pem, err := os.ReadFile(cc.TLSCA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("cluster CA %s: no certificate in it", cc.TLSCA)
+	}
+	srv := &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	// Nodes dial each other by address: the certificate must chain to the
+	// cluster CA; its names are not checked against the address.
+	cli := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12, InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return errors.New("no certificate")
+			}
+			leaf, err := x509.ParseCertificate(raw[0])
+			if err != nil {
+				return err
+			}
+			inter := x509.NewCertPool()
+			for _, r := range raw[1:] {
+				if c, err := x509.ParseCertificate(r); err == nil {
+					inter.AddCert(c)
+				}
+			}
+			_, err = leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+			return err
+		}}
+	return srv, cli, nil
+}
