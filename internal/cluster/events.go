@@ -79,6 +79,13 @@ func (r *ring) add(b replica.Batch) {
 	r.wake = make(chan struct{})
 }
 
+// position is the last index applied.
+func (r *ring) position() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
 // since returns the entries after index, the last index applied, and a
 // channel closed at the next change; ok is false if the ring no longer
 // (or not yet) holds everything after index.
@@ -205,8 +212,7 @@ func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) b
 	for {
 		since := *cursor
 		if since == 0 {
-			_, last, _, _ := r.since(^uint64(0))
-			since = last
+			since = r.position()
 		}
 		entries, last, wake, ok := r.since(since)
 		if !ok {
@@ -318,7 +324,7 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 		return
 	}
 	if since == 0 {
-		_, since, _, _ = r.since(^uint64(0))
+		since = r.position()
 	}
 	for {
 		entries, last, wake, ok := r.since(since)

@@ -64,7 +64,17 @@ func (n *Node) reconcile(rc *reconciler) {
 		n.removeDrained(st)
 	}
 	table := st.Placement()
-	migrating := 0
+	migrating := 0 // non-voters being caught up by groups this node leads
+	for _, r := range n.Groups() {
+		if r.Raft().State() != raft.Leader {
+			continue
+		}
+		for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
+			if s.Suffrage == raft.Nonvoter {
+				migrating++
+			}
+		}
+	}
 	var wg sync.WaitGroup
 	for g := range table {
 		r := n.local(g)
@@ -106,16 +116,32 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 	suffrage := map[string]raft.ServerSuffrage{}
 	for _, s := range cfg.Servers {
 		suffrage[string(s.ID)] = s.Suffrage
-		if s.Suffrage == raft.Nonvoter {
-			*migrating++
-		}
 	}
 	addr := func(id string) raft.ServerAddress { return raft.ServerAddress(n.addrOf(id)) }
-	// 1. A replica placed here but missing: add it as a non-voter.
+	// 1. A non-voter placed here that has caught up becomes a voter; one
+	// no longer placed here is dropped before it costs anything more.
+	for _, s := range cfg.Servers {
+		id := string(s.ID)
+		if s.Suffrage != raft.Nonvoter {
+			continue
+		}
+		if !slices.Contains(want, id) {
+			n.log.Info("dropping a replica no longer placed here", "group", g, "node", id)
+			r.Raft().RemoveServer(s.ID, 0, 5*time.Second).Error()
+			return false
+		}
+		if n.caughtUp(id, g, r.Raft().AppliedIndex()) {
+			n.log.Info("replica caught up; now a voter", "group", g, "node", id)
+			r.Raft().AddVoter(s.ID, addr(id), 0, 5*time.Second).Error()
+			return false
+		}
+	}
+	// 2. A replica placed here but missing: add it as a non-voter, within
+	// the node's migration budget.
 	for _, id := range want {
 		if _, ok := suffrage[id]; !ok && n.addrOf(id) != "" {
 			if *migrating >= maxMigrations {
-				return false
+				break
 			}
 			*migrating++
 			n.log.Info("adding replica", "group", g, "node", id)
@@ -123,27 +149,27 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 			return false
 		}
 	}
-	// 2. A non-voter that has caught up: make it a voter.
+	// 3. A voter no longer placed here: remove it once the group has its
+	// placed replicas as voters (hand leadership over first if it is this
+	// node).
+	voters := 0
 	for _, id := range want {
-		if suffrage[id] == raft.Nonvoter {
-			if n.caughtUp(id, g, r.Raft().AppliedIndex()) {
-				n.log.Info("replica caught up; now a voter", "group", g, "node", id)
-				r.Raft().AddVoter(raft.ServerID(id), addr(id), 0, 5*time.Second).Error()
-			}
-			return false
+		if suffrage[id] == raft.Voter {
+			voters++
 		}
 	}
-	// 3. A replica no longer placed here: remove it (hand leadership
-	// over first if it is this node).
 	for _, s := range cfg.Servers {
 		id := string(s.ID)
-		if slices.Contains(want, id) {
+		if slices.Contains(want, id) || voters < len(want) && len(cfg.Servers) <= len(want) {
 			continue
 		}
 		if id == n.cfg.NodeID {
-			n.log.Info("handing over leadership before leaving the group", "group", g, "to", want[0])
-			r.Raft().LeadershipTransferToServer(raft.ServerID(want[0]), addr(want[0])).Error()
-			return true
+			if suffrage[want[0]] == raft.Voter {
+				n.log.Info("handing over leadership before leaving the group", "group", g, "to", want[0])
+				r.Raft().LeadershipTransferToServer(raft.ServerID(want[0]), addr(want[0])).Error()
+				return true
+			}
+			continue
 		}
 		n.log.Info("removing replica", "group", g, "node", id)
 		r.Raft().RemoveServer(raft.ServerID(id), 0, 5*time.Second).Error()
@@ -166,9 +192,11 @@ func (n *Node) caughtUp(id string, g int, index uint64) bool {
 	defer cancel()
 	var resp callResp
 	if err := n.call(ctx, id, callReq{Op: opStatus}, &resp); err != nil || resp.Kind != errNone {
+		n.log.Debug("catch-up check failed", "group", g, "node", id, "error", err, "resp", resp.Err)
 		return false
 	}
 	applied, ok := resp.Applied[g]
+	n.log.Debug("catch-up", "group", g, "node", id, "applied", applied, "leader", index, "ok", ok)
 	return ok && applied+catchUpSlack >= index
 }
 

@@ -58,16 +58,16 @@ type callResp struct {
 	Err        string
 	Leader     string
 	LeaderAddr string // opMeta: for a node that knows no member yet
-	Result    store.Result
-	Entry     store.Entry
-	Found     bool
-	Entries   []store.Entry
-	Exhausted bool
-	Applied   map[int]uint64
-	Servers   []server
-	Status    *Status
-	Events    []entryEvents // opEvents frames
-	Last      uint64        // opEvents: the index the frame leaves its reader at
+	Result     store.Result
+	Entry      store.Entry
+	Found      bool
+	Entries    []store.Entry
+	Exhausted  bool
+	Applied    map[int]uint64
+	Servers    []server
+	Status     *Status
+	Events     []entryEvents // opEvents frames
+	Last       uint64        // opEvents: the index the frame leaves its reader at
 }
 
 type server struct {

@@ -16,10 +16,12 @@ const format = 1
 var mh = &codec.MsgpackHandle{}
 
 // EncodeOp is the log entry of op.
-func EncodeOp(op Op) []byte {
-	b := []byte{format}
-	codec.NewEncoderBytes(&b, mh).MustEncode(op)
-	return b
+func EncodeOp(op Op) []byte { return encode(op) }
+
+func encode(v any) []byte {
+	var b []byte
+	codec.NewEncoderBytes(&b, mh).MustEncode(v)
+	return append([]byte{format}, b...)
 }
 
 func decode(b []byte, v any) error {
@@ -94,9 +96,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 type snapshot struct{ st *State }
 
 func (s snapshot) Persist(sink raft.SnapshotSink) error {
-	b := []byte{format}
-	codec.NewEncoderBytes(&b, mh).MustEncode(s.st)
-	if _, err := sink.Write(b); err != nil {
+	if _, err := sink.Write(encode(s.st)); err != nil {
 		sink.Cancel()
 		return err
 	}

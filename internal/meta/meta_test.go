@@ -2,6 +2,7 @@ package meta
 
 import (
 	"errors"
+	"github.com/hashicorp/raft"
 	"slices"
 	"testing"
 )
@@ -58,5 +59,20 @@ func TestPlacementFollowsMembership(t *testing.T) {
 		if slices.Contains(r, "n3") {
 			t.Fatalf("group %d placed on a leaving node: %v", g, r)
 		}
+	}
+}
+
+func TestFSMRoundTrip(t *testing.T) {
+	var got *State
+	f := NewFSM(func(s *State) { got = s })
+	op := Op{Kind: OpInit, Groups: 4, RF: 3, Node: Node{ID: "n1", Addr: "a:1"}}
+	if err := f.Apply(&raft.Log{Type: raft.LogCommand, Data: EncodeOp(op)}); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.Groups != 4 || len(got.Nodes) != 1 || got.Nodes[0].Addr != "a:1" {
+		t.Fatalf("%+v", got)
+	}
+	if err := f.Apply(&raft.Log{Type: raft.LogCommand, Data: []byte{9, 9}}); err == nil {
+		t.Fatal("garbage applied")
 	}
 }

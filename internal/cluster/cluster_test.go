@@ -1,0 +1,277 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// harness runs nodes in this process, on real links over loopback.
+type harness struct {
+	t      *testing.T
+	nodes  []*Node
+	links  []*peer.Link
+	dirs   []string
+	events []chan []store.Event
+	groups int
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newHarness(t *testing.T, n, groups int) *harness {
+	h := &harness{t: t, groups: groups}
+	for i := 0; i < n; i++ {
+		h.start(i)
+	}
+	t.Cleanup(func() {
+		for i := range h.nodes {
+			h.stop(i)
+		}
+	})
+	h.awaitReplicas(min(n, 3))
+	return h
+}
+
+// start starts node i (again, on its directory, if it ran before).
+func (h *harness) start(i int) {
+	h.t.Helper()
+	for len(h.nodes) <= i {
+		h.nodes = append(h.nodes, nil)
+		h.links = append(h.links, nil)
+		h.dirs = append(h.dirs, h.t.TempDir())
+		h.events = append(h.events, make(chan []store.Event, 10000))
+	}
+	id := fmt.Sprintf("n%d", i+1)
+	listen := "127.0.0.1:0"
+	if h.links[i] != nil {
+		listen = h.links[i].Addr() // a restart keeps its address
+	}
+	link, err := peer.Listen(peer.Config{NodeID: id, Listen: listen, Secret: []byte("test-secret-0123456789"), Logger: quiet()})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var join []string
+	if i > 0 {
+		join = []string{h.links[0].Addr()}
+		if i == 0 || h.nodes[0] == nil {
+			join = []string{h.links[1].Addr()}
+		}
+	}
+	ev := h.events[i]
+	node, err := Start(Config{NodeID: id, Dir: h.dirs[i], Link: link, Join: join, Groups: h.groups, RF: 3, Logger: quiet(),
+		OnEvents: func(e []store.Event) { ev <- append([]store.Event(nil), e...) }})
+	if err != nil {
+		link.Close()
+		h.t.Fatalf("start %s: %v", id, err)
+	}
+	h.nodes[i], h.links[i] = node, link
+}
+
+func (h *harness) stop(i int) {
+	if h.nodes[i] == nil {
+		return
+	}
+	h.nodes[i].Close()
+	h.links[i].Close()
+	h.nodes[i] = nil
+}
+
+// awaitReplicas waits until every group has rf voters, led by the
+// placement's preferred leader.
+func (h *harness) awaitReplicas(rf int) {
+	h.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if h.settled(rf) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.t.Fatalf("groups did not reach %d replicas: %+v", rf, h.any().Status())
+}
+
+func (h *harness) any() *Node {
+	for _, n := range h.nodes {
+		if n != nil {
+			return n
+		}
+	}
+	return nil
+}
+
+func (h *harness) settled(rf int) bool {
+	st := h.any().Status()
+	if len(st.Groups) != h.groups {
+		return false
+	}
+	for _, g := range st.Groups {
+		if g.Migrating || len(g.Replicas) != rf || g.Leader != g.Placement[0] {
+			return false
+		}
+	}
+	return true
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func set(t *testing.T, n *Node, key, value string) (store.Result, error) {
+	ch := make(chan struct{})
+	var res store.Result
+	var err error
+	n.Submit(ctx(t), replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(value)}, Done: func(r store.Result, e error) {
+		res, err = r, e
+		close(ch)
+	}})
+	<-ch
+	return res, err
+}
+
+func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {
+	h := newHarness(t, 3, 6)
+	// Leadership is spread: no node leads everything.
+	leads := map[string]int{}
+	for _, g := range h.any().Status().Groups {
+		leads[g.Leader]++
+	}
+	if len(leads) < 2 {
+		t.Fatalf("leaders %v: not balanced", leads)
+	}
+	var last hlc.Timestamp
+	for i := 0; i < 60; i++ {
+		key := fmt.Sprintf("key-%d", i)
+		res, err := set(t, h.nodes[i%3], key, fmt.Sprint(i))
+		if err != nil || res.Outcome != store.Applied {
+			t.Fatalf("set %s via n%d: %+v %v", key, i%3+1, res, err)
+		}
+		last = res.Version
+		for j := 0; j < 3; j++ { // read your write through every node
+			e, ok, err := h.nodes[j].Get(ctx(t), []byte(key))
+			if err != nil || !ok || string(e.Value) != fmt.Sprint(i) || e.Version != res.Version {
+				t.Fatalf("get %s via n%d: %+v %v %v", key, j+1, e, ok, err)
+			}
+		}
+	}
+	_ = last
+	// Ascend merges the groups in key order.
+	var keys []string
+	exhausted, err := h.nodes[1].Ascend(ctx(t), []byte("key-"), []byte("key-"), 1000, func(e *store.Entry) bool {
+		keys = append(keys, string(e.Key))
+		return true
+	})
+	if err != nil || !exhausted || len(keys) != 60 {
+		t.Fatalf("ascend: %d keys, exhausted %v, %v", len(keys), exhausted, err)
+	}
+	for i := 1; i < len(keys); i++ {
+		if keys[i-1] >= keys[i] {
+			t.Fatalf("out of order: %s before %s", keys[i-1], keys[i])
+		}
+	}
+}
+
+func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {
+	h := newHarness(t, 3, 4)
+	acked := map[string]string{}
+	var mu sync.Mutex
+	for i := 0; i < 40; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if res, err := set(t, h.nodes[1], k, "v1"); err != nil || res.Outcome != store.Applied {
+			t.Fatal(err)
+		}
+		acked[k] = "v1"
+	}
+	h.stop(0) // n1 dies (it led some groups)
+	for i := 0; i < 40; i++ {
+		k := fmt.Sprintf("k%d", i)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			res, err := set(t, h.nodes[2], k, "v2")
+			if err == nil && res.Outcome == store.Applied {
+				mu.Lock()
+				acked[k] = "v2"
+				mu.Unlock()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("write %s after failover: %v", k, err)
+			}
+		}
+	}
+	for k, v := range acked {
+		e, ok, err := h.nodes[1].Get(ctx(t), []byte(k))
+		if err != nil || !ok || string(e.Value) != v {
+			t.Fatalf("%s: %+v %v %v, want %s", k, e, ok, err, v)
+		}
+	}
+}
+
+// TestEventsReachEveryFollowingNode: a node that follows gets every change
+// made through any node, once, in order per key, across a leader change.
+func TestEventsReachEveryFollowingNode(t *testing.T) {
+	// Four nodes, RF 3: the follower (n4) holds some groups and streams
+	// the others from other nodes.
+	h := newHarness(t, 4, 4)
+	if len(h.nodes[3].Groups()) == 4 {
+		t.Fatal("n4 holds every group: the test needs it to stream some")
+	}
+	if err := h.nodes[3].Follow(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{}
+	write := func(via int, k, v string) {
+		t.Helper()
+		for {
+			res, err := set(t, h.nodes[via], k, v)
+			if err == nil && res.Outcome == store.Applied {
+				want[k] = append(want[k], v)
+				return
+			}
+		}
+	}
+	for i := 0; i < 30; i++ {
+		write(i%2, fmt.Sprintf("w%d", i%5), fmt.Sprint(i))
+	}
+	// A leader change: every group's leader hands over.
+	for _, r := range h.nodes[0].Groups() {
+		r.Raft().LeadershipTransfer().Error()
+	}
+	for i := 30; i < 60; i++ {
+		write(i%2, fmt.Sprintf("w%d", i%5), fmt.Sprint(i))
+	}
+	got := map[string][]string{}
+	total := 0
+	deadline := time.After(10 * time.Second)
+	for total < 60 {
+		select {
+		case evs := <-h.events[3]:
+			for _, e := range evs {
+				got[string(e.Key)] = append(got[string(e.Key)], string(e.Value))
+				total++
+			}
+		case <-deadline:
+			t.Fatalf("%d of 60 events: %v", total, got)
+		}
+	}
+	select {
+	case evs := <-h.events[3]:
+		t.Fatalf("extra events %+v", evs)
+	case <-time.After(300 * time.Millisecond):
+	}
+	for k, vs := range want {
+		if fmt.Sprint(got[k]) != fmt.Sprint(vs) {
+			t.Fatalf("%s: got %v, want %v", k, got[k], vs)
+		}
+	}
+}
