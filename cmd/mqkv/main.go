@@ -34,7 +34,7 @@ Without a command it runs the server (mqkv serve).`,
 	root.Flags().AddFlagSet(serve.Flags())
 	root.AddCommand(serve, benchCmd(), passwdCmd())
 	root.AddCommand(kvCmds()...)
-	root.AddCommand(statusCmd(), topCmd(), backupCmd(), restoreCmd())
+	root.AddCommand(statusCmd(), topCmd(), backupCmd(), restoreCmd(), clusterCmd())
 	err := root.Execute()
 	var code exitCode
 	switch {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
@@ -33,9 +34,25 @@ type Node struct {
 	NodeID  string
 	Version string
 	Started time.Time
-	Group   *replica.Group
+	Data    Keyspace
 	Service *statestore.Service
 	Broker  *broker.Broker
+}
+
+// Keyspace is the data behind the endpoint: the whole keyspace through the
+// router (the key browser sees every key of a cluster), and this node's
+// share of the figures.
+type Keyspace interface {
+	statestore.Router
+	Stats() replica.Stats
+	// Copy is a consistent copy of the store, for backups (a node on
+	// its own only).
+	Copy() (*store.Store, error)
+	// Status, Leave and Remove are the cluster's (mqkv cluster).
+	Clustered() bool
+	Status() cluster.Status
+	Leave(ctx context.Context, id string) error
+	Remove(ctx context.Context, id string) error
 }
 
 // Server serves the admin endpoint.
@@ -117,6 +134,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/keys/delete", s.deleteKey)
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("GET /v1/backup", s.backup)
+	mux.HandleFunc("GET /v1/cluster", s.clusterStatus)
+	mux.HandleFunc("POST /v1/cluster/leave", s.clusterChange(Keyspace.Leave))
+	mux.HandleFunc("POST /v1/cluster/remove", s.clusterChange(Keyspace.Remove))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'")
@@ -137,7 +157,12 @@ func httpError(w http.ResponseWriter, code int, format string, args ...any) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	st := s.node.Group.Stats()
+	st := s.node.Data.Stats()
+	if s.node.Data.Clustered() {
+		// A member serves every key (forwarding to the leaders) once it
+		// has joined, which it had before the endpoint started.
+		st.Leader = true
+	}
 	if !st.Leader || st.AppliedIndex < st.LastIndex && st.LastIndex-st.AppliedIndex > 1<<20 {
 		httpError(w, http.StatusServiceUnavailable, "not ready: leader=%v applied=%d last=%d", st.Leader, st.AppliedIndex, st.LastIndex)
 		return
@@ -181,7 +206,7 @@ type Status struct {
 // Status returns the current summary.
 func (s *Server) Status() Status {
 	n := s.node
-	gs := n.Group.Stats()
+	gs := n.Data.Stats()
 	tr := n.Broker.Traffic()
 	st := Status{
 		Version: n.Version, NodeID: n.NodeID, Started: n.Started, UptimeSeconds: time.Since(n.Started).Seconds(),
@@ -220,7 +245,7 @@ func (s *Server) sample() {
 			req := s.node.Service.Counters.Requests.Load()
 			smp := Sample{
 				Time:    now.Unix(),
-				Keys:    s.node.Group.Stats().Keys,
+				Keys:    s.node.Data.Stats().Keys,
 				Clients: s.node.Broker.Traffic().Clients,
 				P99Ms:   float64(s.metrics.p99()) / float64(time.Millisecond),
 			}
@@ -277,37 +302,42 @@ func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
 		Next string    `json:"next,omitempty"`
 	}
 	out.Keys = []KeyInfo{}
-	s.node.Group.View(func(st *store.Store, now int64) {
-		scanned := 0
-		prefix := glob.Literal(pattern)
-		var prev []byte
-		st.Ascend(from, now, func(e *store.Entry) bool {
-			if len(e.Key) < len(prefix) || string(e.Key[:len(prefix)]) != string(prefix) {
-				return false // past every key the pattern can match
-			}
-			scanned++
-			if len(out.Keys) == limit || scanned > maxScanned {
-				// Resume after the last key examined before this one.
-				out.Next = hex.EncodeToString(prev)
-				return false
-			}
-			prev = e.Key
-			if !glob.Match(pattern, e.Key) {
-				return true
-			}
-			k := KeyInfo{Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Size: len(e.Value), Version: e.Version.String()}
-			k.Value, k.ValueHex, k.Binary = valueForms(e.Value)
-			if e.ExpiresAt != 0 {
-				ttl := max(0, e.ExpiresAt-now)
-				k.TTLMs = &ttl
-			}
-			if !e.Fence.IsZero() {
-				k.Fence = e.Fence.String()
-			}
-			out.Keys = append(out.Keys, k)
+	scanned := 0
+	prefix := glob.Literal(pattern)
+	now := s.node.Data.Clock().WallMillis()
+	var prev []byte
+	ctx, cancel := context.WithTimeout(r.Context(), statestore.RequestTimeout)
+	defer cancel()
+	exhausted, err := s.node.Data.Ascend(ctx, from, prefix, maxScanned+1, func(e *store.Entry) bool {
+		scanned++
+		if len(out.Keys) == limit || scanned > maxScanned {
+			// Resume after the last key examined before this one.
+			out.Next = hex.EncodeToString(prev)
+			return false
+		}
+		prev = e.Key
+		if !glob.Match(pattern, e.Key) {
 			return true
-		})
+		}
+		k := KeyInfo{Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Size: len(e.Value), Version: e.Version.String()}
+		k.Value, k.ValueHex, k.Binary = valueForms(e.Value)
+		if e.ExpiresAt != 0 {
+			ttl := max(0, e.ExpiresAt-now)
+			k.TTLMs = &ttl
+		}
+		if !e.Fence.IsZero() {
+			k.Fence = e.Fence.String()
+		}
+		out.Keys = append(out.Keys, k)
+		return true
 	})
+	if err != nil {
+		httpError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	if !exhausted && out.Next == "" && prev != nil {
+		out.Next = hex.EncodeToString(prev) // the keyspace was read only so far
+	}
 	writeJSON(w, out)
 }
 
@@ -319,14 +349,20 @@ func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, "key: want the key in hex")
 		return
 	}
-	e, ok := s.node.Group.Get(key)
+	ctx, cancel := context.WithTimeout(r.Context(), statestore.RequestTimeout)
+	defer cancel()
+	e, ok, err := s.node.Data.Get(ctx, key)
+	if err != nil {
+		httpError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
 	if !ok {
 		httpError(w, http.StatusNotFound, "no such key")
 		return
 	}
 	done := make(chan error, 1)
 	var res store.Result
-	s.node.Group.Submit(replica.Proposal{
+	s.node.Data.Submit(ctx, replica.Proposal{
 		Cmd: store.Command{Op: store.OpDel, Key: key, Fence: e.Fence},
 		Done: func(r store.Result, err error) {
 			res = r
@@ -392,12 +428,43 @@ const (
 
 // backup streams a consistent snapshot of the store while writes go on.
 func (s *Server) backup(w http.ResponseWriter, _ *http.Request) {
-	snap := s.node.Group.Copy()
+	snap, err := s.node.Data.Copy()
+	if err != nil {
+		httpError(w, http.StatusNotImplemented, "%v", err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", `attachment; filename="mqkv-backup.snap"`)
 	w.Header().Set(MaxVersionHeader, snap.MaxVersion().String())
 	w.Header().Set(KeysHeader, strconv.Itoa(snap.Len()))
 	if err := snap.WriteSnapshot(w); err != nil {
 		s.log.Warn("backup interrupted", "error", err)
+	}
+}
+
+// clusterStatus reports the cluster as this node sees it.
+func (s *Server) clusterStatus(w http.ResponseWriter, _ *http.Request) {
+	if !s.node.Data.Clustered() {
+		httpError(w, http.StatusNotFound, "this node is not a cluster member (start it with --cluster-listen)")
+		return
+	}
+	writeJSON(w, s.node.Data.Status())
+}
+
+// clusterChange drains (leave) or forgets (remove) the member ?node; leave
+// without ?node means this node.
+func (s *Server) clusterChange(change func(Keyspace, context.Context, string) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.node.Data.Clustered() {
+			httpError(w, http.StatusNotFound, "this node is not a cluster member")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		defer cancel()
+		if err := change(s.node.Data, ctx, r.URL.Query().Get("node")); err != nil {
+			httpError(w, http.StatusConflict, "%v", err)
+			return
+		}
+		writeJSON(w, map[string]bool{"ok": true})
 	}
 }

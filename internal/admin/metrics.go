@@ -106,10 +106,10 @@ func (m *Metrics) bind(n *Node) {
 	counter := func(name, help string, f func() float64) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
-	gauge("mqkv_keys", "Keys in the store.", func() float64 { return float64(n.Group.Stats().Keys) })
-	gauge("mqkv_bytes", "Key and value bytes in the store.", func() float64 { return float64(n.Group.Stats().Bytes) })
-	counter("mqkv_expired_total", "Keys removed because their TTL ran out.", func() float64 { return float64(n.Group.Stats().Expired) })
-	gauge("mqkv_raft_applied_index", "Last log index applied to the store.", func() float64 { return float64(n.Group.Stats().AppliedIndex) })
+	gauge("mqkv_keys", "Keys in the store.", func() float64 { return float64(n.Data.Stats().Keys) })
+	gauge("mqkv_bytes", "Key and value bytes in the store.", func() float64 { return float64(n.Data.Stats().Bytes) })
+	counter("mqkv_expired_total", "Keys removed because their TTL ran out.", func() float64 { return float64(n.Data.Stats().Expired) })
+	gauge("mqkv_raft_applied_index", "Last log index applied to the store.", func() float64 { return float64(n.Data.Stats().AppliedIndex) })
 	counter("mqkv_notifications_sent_total", "KEYNOTIFY notifications published.", func() float64 {
 		return float64(n.Service.Counters.NotificationsSent.Load())
 	})

@@ -29,7 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 
@@ -280,7 +279,7 @@ func (n *Node) transport(g uint32) raft.Transport {
 		Stream:  n.link.StreamLayer(g),
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
-		Logger:  hclog.NewNullLogger(),
+		Logger:  replica.RaftLogger("raft-net", n.log),
 	})
 }
 
@@ -304,7 +303,7 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 	r, err := replica.Open(replica.Config{
 		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Limits: n.cfg.Limits, Clock: n.clock,
 		Transport: n.transport(uint32(g)), Bootstrap: boot,
-		OnEvents: n.events.local(g), Timings: n.cfg.Timings,
+		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("group %d: %w", g, err)
@@ -353,7 +352,7 @@ func (n *Node) startMeta() error {
 	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 	rc.SnapshotThreshold = 1024
 	rc.TrailingLogs = 256
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft-meta", Level: hclog.Error, Output: os.Stderr})
+	rc.Logger = replica.RaftLogger("raft-meta", n.log)
 	var (
 		logs   raft.LogStore
 		stable raft.StableStore

@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -112,3 +114,41 @@ func partitionsOf(g, groups int) int {
 	}
 	return n
 }
+
+// Stats sums this node's share: the groups it leads (so that the figures
+// of all nodes add up to the cluster's), with Leader set if it leads any.
+// A node on its own reports its one group.
+func (n *Node) Stats() replica.Stats {
+	var out replica.Stats
+	for _, r := range n.Groups() {
+		s := r.Stats()
+		if !s.Leader {
+			continue
+		}
+		out.Leader = true
+		out.Keys += s.Keys
+		out.Bytes += s.Bytes
+		out.AppliedIndex += s.AppliedIndex
+		out.LastIndex += s.LastIndex
+		out.Expired += s.Expired
+		out.SnapshotBytes += s.SnapshotBytes
+		if s.LastSnapshot.After(out.LastSnapshot) {
+			out.LastSnapshot = s.LastSnapshot
+		}
+	}
+	return out
+}
+
+// ErrClusterBackup is returned by Copy in a cluster.
+var ErrClusterBackup = errors.New("cluster: a consistent backup of a cluster is not supported yet; back up a single node, or read the keys with SCAN")
+
+// Copy returns a consistent copy of the store of a node on its own.
+func (n *Node) Copy() (*store.Store, error) {
+	if n.link != nil {
+		return nil, ErrClusterBackup
+	}
+	return n.local(0).Copy(), nil
+}
+
+// Clustered reports whether the node is a cluster member (not on its own).
+func (n *Node) Clustered() bool { return n.link != nil }

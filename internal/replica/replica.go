@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +55,9 @@ type Config struct {
 	Bootstrap *raft.Configuration
 	// Timings, if set, receives durations for metrics.
 	Timings Timings
+	// Logger, if set, receives raft's own log at debug level (else its
+	// errors go to stderr).
+	Logger *slog.Logger
 }
 
 // Batch is what one batch of applied log entries changed: the events in
@@ -270,6 +275,9 @@ func raftConfig(cfg Config) *raft.Config {
 	}
 	rc.TrailingLogs = 1024
 	rc.Logger = raftLogger()
+	if cfg.Logger != nil {
+		rc.Logger = RaftLogger("raft", cfg.Logger)
+	}
 	return rc
 }
 
@@ -833,6 +841,21 @@ func Restore(dir, nodeID string, r io.Reader) (hlc.Timestamp, int, error) {
 
 // retainSnapshots is how many snapshots are kept on disk.
 const retainSnapshots = 2
+
+// RaftLogger returns a raft logger that writes into log at debug level:
+// in a cluster raft reports every unreachable peer and every election as
+// an error, which is routine there (the cluster's own log says what
+// matters, once).
+func RaftLogger(name string, log *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Info, Output: slogWriter{log}, DisableTime: true})
+}
+
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Debug(strings.TrimSpace(string(p)), "component", "raft")
+	return len(p), nil
+}
 
 // raftLogger is raft's logger. A lone voter "times out" and elects itself
 // at every start: raft's warnings are routine here, so only its errors are

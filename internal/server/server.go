@@ -276,7 +276,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
-			Group: s.node.Groups()[0], Service: s.service, Broker: b,
+			Data: s.node, Service: s.service, Broker: b,
 		})
 		if err != nil {
 			return nil, err
