@@ -17,6 +17,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -87,7 +88,6 @@ type Node struct {
 
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
-	nGroup int                    // groups of the keyspace
 	hints  sync.Map               // group → *string: the leader's node id as last heard
 
 	events *follower
@@ -146,7 +146,6 @@ func (n *Node) startAlone() error {
 		g.Close()
 		return err
 	}
-	n.nGroup = 1
 	n.groups[0] = g
 	n.watchFailure(g)
 	return nil
@@ -300,8 +299,15 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 		return r, nil
 	}
 	n.mu.Unlock()
+	// Keys spread evenly over the groups by hash: each group enforces its
+	// share of the node's limits, so the cluster holds about the limit.
+	limits := n.cfg.Limits
+	if groups := n.groupCount(); groups > 1 {
+		limits.MaxKeys = (limits.MaxKeys + groups - 1) / groups
+		limits.MaxBytes = (limits.MaxBytes + int64(groups) - 1) / int64(groups)
+	}
 	r, err := replica.Open(replica.Config{
-		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Limits: n.cfg.Limits, Clock: n.clock,
+		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Limits: limits, Clock: n.clock,
 		Transport: n.transport(uint32(g)), Bootstrap: boot,
 		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log,
 	})
@@ -425,7 +431,6 @@ func (n *Node) create() error {
 	if err := n.applyMeta(op); err != nil {
 		return err
 	}
-	n.nGroup = n.cfg.Groups
 	boot := &raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(n.cfg.NodeID), Address: raft.ServerAddress(n.link.Addr())}}}
 	for g := 0; g < n.cfg.Groups; g++ {
 		if _, err := n.openGroup(g, boot); err != nil {
@@ -441,8 +446,18 @@ func (n *Node) create() error {
 	return nil
 }
 
-// reopen restarts a member: its replicas are where it left them.
+// reopen restarts a member: its replicas are where it left them. If it was
+// given members to join through, it tells them its address, which may
+// have changed (the others could not reach it to say so otherwise).
 func (n *Node) reopen() error {
+	if len(n.cfg.Join) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Node: meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}}, n.cfg.Join)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
 	if err := n.awaitState(30*time.Second, func(st *meta.State) bool { return st.Groups > 0 }); err != nil {
 		return err
 	}

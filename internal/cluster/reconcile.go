@@ -19,17 +19,17 @@ import (
 // (and on its own replicas), so two nodes never change the same group.
 
 const (
-	reconcileEvery = 250 * time.Millisecond
+	reconcileEvery = 100 * time.Millisecond
 	// catchUpSlack is how many entries a new replica may lag the leader
 	// and still be made a voter.
 	catchUpSlack = 64
 	// maxMigrations bounds the non-voters one leader is catching up at
 	// once, so moving replicas does not starve foreground traffic.
-	maxMigrations = 2
+	maxMigrations = 4
 	// balanceAfter is how long a leader keeps leadership before handing it
 	// to the placement's preferred leader (avoids ping-pong after
 	// elections).
-	balanceAfter = 3 * time.Second
+	balanceAfter = 2 * time.Second
 )
 
 // reconciler state, touched only by the reconcile goroutine.
@@ -118,6 +118,18 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 		suffrage[string(s.ID)] = s.Suffrage
 	}
 	addr := func(id string) raft.ServerAddress { return raft.ServerAddress(n.addrOf(id)) }
+	// 0. A replica whose node came back at another address.
+	for _, s := range cfg.Servers {
+		if a := addr(string(s.ID)); a != "" && a != s.Address {
+			n.log.Info("replica address changed", "group", g, "node", s.ID, "addr", a)
+			if s.Suffrage == raft.Voter {
+				r.Raft().AddVoter(s.ID, a, 0, 5*time.Second).Error()
+			} else {
+				r.Raft().AddNonvoter(s.ID, a, 0, 5*time.Second).Error()
+			}
+			return false
+		}
+	}
 	// 1. A non-voter placed here that has caught up becomes a voter; one
 	// no longer placed here is dropped before it costs anything more.
 	for _, s := range cfg.Servers {

@@ -200,6 +200,19 @@ func (n *Node) fitMetaMembers() error {
 	have := map[string]raft.ServerSuffrage{}
 	for _, s := range cfg.Servers {
 		have[string(s.ID)] = s.Suffrage
+		// A member that came back at another address: the same
+		// suffrage, the new address.
+		if m, ok := st.Node(string(s.ID)); ok && m.Addr != string(s.Address) {
+			var err error
+			if s.Suffrage == raft.Voter {
+				err = n.meta.AddVoter(s.ID, raft.ServerAddress(m.Addr), 0, 10*time.Second).Error()
+			} else {
+				err = n.meta.AddNonvoter(s.ID, raft.ServerAddress(m.Addr), 0, 10*time.Second).Error()
+			}
+			if err != nil {
+				return err
+			}
+		}
 	}
 	voters := 0
 	for _, s := range cfg.Servers {

@@ -315,6 +315,17 @@ func (s *Server) AdminAddr() string {
 // Broker returns the MQTT broker (for its counters).
 func (s *Server) Broker() *broker.Broker { return s.broker }
 
+// Node returns the node runtime (cluster status, its replicas).
+func (s *Server) Node() *cluster.Node { return s.node }
+
+// ClusterAddr returns the node link address, or "" for a node on its own.
+func (s *Server) ClusterAddr() string {
+	if s.link == nil {
+		return ""
+	}
+	return s.link.Addr()
+}
+
 // Service returns the state store service (for its counters).
 func (s *Server) Service() *statestore.Service { return s.service }
 

@@ -31,6 +31,7 @@ func newestSegment(t *testing.T, dataDir string) string {
 // log store checks only at its tail), must stop the start with an error
 // naming the entry and the way out, never start with the write missing.
 func TestCorruptLogEntryRefusesToStart(t *testing.T) {
+	skipInCluster(t, "the test damages the single-node log layout")
 	dir := t.TempDir()
 	s := startServerIn(t, dir)
 	c := dialRaw(t, s, "writer", rawOpts{cleanStart: true})

@@ -51,9 +51,15 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if clusterMode() {
+		joinCluster(t, &cfg)
+	}
 	s, err := server.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if clusterMode() {
+		awaitSettled(t, s)
 	}
 	ts := &testServer{Server: s, dir: dir}
 	host, port, _ := net.SplitHostPort(s.Addr())

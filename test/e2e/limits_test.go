@@ -16,6 +16,7 @@ func withLimits(l server.Limits) serverOption {
 }
 
 func TestQuotaKeysAndBytes(t *testing.T) {
+	skipInCluster(t, "each group enforces its share of --max-keys and --max-bytes")
 	s := startServer(t, withLimits(server.Limits{MaxKeys: 3, MaxBytes: 40}))
 	c := dialRaw(t, s, "quota", rawOpts{cleanStart: true})
 	for _, k := range []string{"k1", "k2", "k3"} {

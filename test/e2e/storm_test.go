@@ -253,7 +253,11 @@ func TestStorm(t *testing.T) {
 
 	// Goroutines and heap come back to where they were.
 	deadline := time.Now().Add(15 * time.Second)
-	for runtime.NumGoroutine() > goroutines+5 {
+	slack := 5
+	if clusterMode() {
+		slack = 40 // raft's own goroutines come and go with connections between nodes
+	}
+	for runtime.NumGoroutine() > goroutines+slack {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
 			t.Fatalf("goroutines: %d before, %d after\n%s", goroutines, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
