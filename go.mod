@@ -6,6 +6,7 @@ require (
 	github.com/Azure/iot-operations-sdks/go/mqtt v0.4.2
 	github.com/Azure/iot-operations-sdks/go/protocol v0.4.3
 	github.com/Azure/iot-operations-sdks/go/services v0.4.1
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/eclipse/paho.golang v0.23.0

@@ -15,15 +15,15 @@ import (
 // Process is an mqkv server running as a child process, for tools and tests
 // that need a real, separate server (benchmarks, crash tests).
 type Process struct {
-	cmd  *exec.Cmd
-	addr string
-	done chan struct{}
+	cmd                  *exec.Cmd
+	addr, admin, cluster string
+	done                 chan struct{}
 }
 
 // Spawn runs `binary serve --listen 127.0.0.1:0 --log-format json extra...`
 // and waits until it reports the address it serves MQTT on.
 func Spawn(binary string, extra ...string) (*Process, error) {
-	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, extra...) // a later --listen wins
 	cmd := exec.Command(binary, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -41,10 +41,13 @@ func Spawn(binary string, extra ...string) (*Process, error) {
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			var rec struct {
-				Msg string `json:"msg"`
-				TCP string `json:"tcp"`
+				Msg     string `json:"msg"`
+				TCP     string `json:"tcp"`
+				Admin   string `json:"admin"`
+				Cluster string `json:"cluster"`
 			}
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "mqkv serving" {
+				p.admin, p.cluster = rec.Admin, rec.Cluster
 				addrCh <- rec.TCP
 			}
 			if len(tail) < 20 {
@@ -71,6 +74,11 @@ func Spawn(binary string, extra ...string) (*Process, error) {
 
 // Addr returns the MQTT address of the server.
 func (p *Process) Addr() string { return p.addr }
+
+// AdminAddr and ClusterAddr return the admin endpoint's and the node
+// link's addresses ("" if off).
+func (p *Process) AdminAddr() string   { return p.admin }
+func (p *Process) ClusterAddr() string { return p.cluster }
 
 // Kill sends SIGKILL and waits for the process to end.
 func (p *Process) Kill() {

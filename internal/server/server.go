@@ -293,6 +293,9 @@ func Start(cfg Config) (*Server, error) {
 	if s.admin != nil {
 		attrs = append(attrs, "admin", s.admin.Addr())
 	}
+	if s.link != nil {
+		attrs = append(attrs, "cluster", s.link.Addr())
+	}
 	cfg.Logger.Info("mqkv serving", attrs...)
 	started = true
 	return s, nil

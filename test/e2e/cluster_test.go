@@ -1,0 +1,379 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/mqkv/mqkv/client"
+	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+// freePort returns a loopback address nobody listens on now, so that a
+// killed node can come back at the same address.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// procCluster is a cluster of real mqkv processes.
+type procCluster struct {
+	t                *testing.T
+	dirs, mqtt, link []string
+	admin            []string
+	procs            []*server.Process
+	groups           int
+}
+
+func startProcCluster(t *testing.T, n, groups int) *procCluster {
+	c := &procCluster{t: t, groups: groups}
+	for i := 0; i < n; i++ {
+		c.dirs = append(c.dirs, t.TempDir())
+		c.mqtt = append(c.mqtt, freePort(t))
+		c.link = append(c.link, freePort(t))
+		c.admin = append(c.admin, freePort(t))
+		c.procs = append(c.procs, nil)
+	}
+	for i := 0; i < n; i++ {
+		c.start(i)
+	}
+	t.Cleanup(func() {
+		for _, p := range c.procs {
+			if p != nil {
+				p.Kill()
+			}
+		}
+	})
+	return c
+}
+
+func (c *procCluster) start(i int) {
+	c.t.Helper()
+	args := []string{"--data-dir", c.dirs[i], "--node-id", fmt.Sprintf("n%d", i+1), "--listen", c.mqtt[i],
+		"--cluster-listen", c.link[i], "--admin-listen", c.admin[i], "--groups", fmt.Sprint(c.groups)}
+	var join []string
+	for j := range c.link {
+		if j != i && (i > 0 || c.procs[j] != nil) {
+			join = append(join, c.link[j])
+		}
+	}
+	if i > 0 || len(c.procs) > 0 && c.procs[1] != nil {
+		args = append(args, "--join", strings.Join(join, ","))
+	}
+	p, err := server.Spawn(mqkvBinary(c.t), args...)
+	if err != nil {
+		c.t.Fatalf("start n%d: %v", i+1, err)
+	}
+	c.procs[i] = p
+}
+
+// status asks node i's admin endpoint how the cluster looks.
+func (c *procCluster) status(i int) (cluster.Status, error) {
+	var st cluster.Status
+	resp, err := http.Get("http://" + c.admin[i] + "/v1/cluster")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	return st, err
+}
+
+// awaitSettled waits until, seen from node i, every group has rf replicas
+// and a leader.
+func (c *procCluster) awaitSettled(i, rf int) cluster.Status {
+	c.t.Helper()
+	var st cluster.Status
+	eventuallyWithin(c.t, 90*time.Second, "the cluster to settle", func() bool {
+		var err error
+		if st, err = c.status(i); err != nil || len(st.Groups) != c.groups {
+			return false
+		}
+		for _, g := range st.Groups {
+			if g.Migrating || len(g.Replicas) != rf || g.Leader == "" {
+				return false
+			}
+		}
+		return true
+	})
+	return st
+}
+
+// The model: a key-value register per key, as SET, SET NX, GET, DEL and
+// VDEL see it. An operation whose outcome the client does not know (an
+// error, a timeout, a node that died) may or may not have taken effect.
+type kvState struct {
+	exists bool
+	value  string
+}
+
+type kvInput struct {
+	op, key, value string
+}
+
+type kvOutput struct {
+	unknown bool
+	ok      bool   // SET applied / GET found
+	value   string // GET
+	code    int    // DEL, VDEL: 1, 0 or -1
+}
+
+var kvModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		for _, op := range history {
+			k := op.Input.(kvInput).key
+			byKey[k] = append(byKey[k], op)
+		}
+		var out [][]porcupine.Operation
+		for _, ops := range byKey {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() interface{} { return kvState{} },
+	Step: func(state, input, output interface{}) (bool, interface{}) {
+		s, in, out := state.(kvState), input.(kvInput), output.(kvOutput)
+		set := kvState{exists: true, value: in.value}
+		switch in.op {
+		case "get":
+			return out.ok == s.exists && (!out.ok || out.value == s.value), s
+		case "set":
+			return true, set
+		case "setnx":
+			switch {
+			case out.unknown && !s.exists, out.ok:
+				return !s.exists, set
+			case out.unknown:
+				return true, s
+			}
+			return s.exists, s
+		case "del":
+			switch {
+			case out.unknown:
+				return true, kvState{}
+			case out.code == 1:
+				return s.exists, kvState{}
+			}
+			return !s.exists, s
+		case "vdel":
+			match := s.exists && s.value == in.value
+			switch {
+			case out.unknown && match:
+				return true, kvState{}
+			case out.unknown:
+				return true, s
+			case out.code == 1:
+				return match, kvState{}
+			case out.code == -1:
+				return s.exists && !match, s
+			}
+			return !s.exists, s
+		}
+		return false, s
+	},
+	DescribeOperation: func(input, output interface{}) string {
+		in, out := input.(kvInput), output.(kvOutput)
+		return fmt.Sprintf("%s(%s,%s) -> %+v", in.op, in.key, in.value, out)
+	},
+}
+
+// history records operations from many clients.
+type history struct {
+	mu    sync.Mutex
+	ops   []porcupine.Operation
+	start time.Time
+	acks  []time.Time // successful writes, for the failover stall
+}
+
+func (h *history) add(client int, in kvInput, out kvOutput, call, ret time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op := porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call.Sub(h.start).Nanoseconds(), Return: ret.Sub(h.start).Nanoseconds()}
+	if out.unknown {
+		if in.op == "get" {
+			return // a read that did not answer says nothing
+		}
+		op.Return = 1 << 62 // may take effect at any time after its call
+	} else if in.op != "get" {
+		h.acks = append(h.acks, ret)
+	}
+	h.ops = append(h.ops, op)
+}
+
+// worker runs random operations on a few keys through one node until stop.
+func worker(id int, addr string, h *history, stop <-chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + addr, ClientID: fmt.Sprintf("worker-%d", id)})
+	cancel()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	rng := rand.New(rand.NewSource(int64(id)))
+	for seq := 0; ; seq++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		key := fmt.Sprintf("k%d", rng.Intn(3))
+		in := kvInput{key: key, value: fmt.Sprintf("w%d-%d", id, seq)}
+		var out kvOutput
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		call := time.Now()
+		switch r := rng.Intn(10); {
+		case r < 4:
+			in.op = "get"
+			v, err := c.Get(ctx, []byte(key))
+			out = kvOutput{unknown: err != nil, ok: v.Found, value: string(v.Value)}
+		case r < 7:
+			in.op = "set"
+			res, err := c.Set(ctx, []byte(key), []byte(in.value))
+			out = kvOutput{unknown: err != nil, ok: res.Applied}
+		case r < 8:
+			in.op = "setnx"
+			res, err := c.Set(ctx, []byte(key), []byte(in.value), client.If(client.NotExists))
+			out = kvOutput{unknown: err != nil, ok: res.Applied}
+		case r < 9:
+			in.op = "del"
+			res, err := c.Del(ctx, []byte(key))
+			out = kvOutput{unknown: err != nil, code: res.Deleted}
+		default:
+			in.op = "vdel"
+			in.value = fmt.Sprintf("w%d-%d", id, seq-1-rng.Intn(3)) // often a value this worker wrote
+			res, err := c.VDel(ctx, []byte(key), []byte(in.value))
+			out = kvOutput{unknown: err != nil, code: res.Deleted}
+		}
+		cancel()
+		h.add(id, in, out, call, time.Now())
+		if out.unknown {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// TestClusterLinearizableUnderFaults drives three real mqkv processes with
+// clients on every node doing SET, SET NX, GET, DEL and VDEL on three keys,
+// while the node leading the most groups is killed with SIGKILL and
+// restarted, and then a leader is stopped with SIGSTOP and resumed. The
+// whole history must be linearizable (porcupine), which includes: no
+// acknowledged write lost, no stale read from a deposed leader, no write
+// acknowledged by one.
+func TestClusterLinearizableUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes and kills them")
+	}
+	skipInCluster(t, "starts its own cluster")
+	c := startProcCluster(t, 3, 4)
+	st := c.awaitSettled(0, 3)
+	h := &history{start: time.Now()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go worker(i, c.mqtt[i%3], h, stop, &wg)
+	}
+	mostLeader := func(st cluster.Status) int {
+		best, n := 0, -1
+		for i, node := range st.Nodes {
+			if node.Leads > n {
+				best, n = i, node.Leads
+			}
+		}
+		return best
+	}
+	time.Sleep(2 * time.Second)
+	victim := mostLeader(st)
+	t.Logf("SIGKILL n%d (leads %d of %d groups)", victim+1, st.Nodes[victim].Leads, c.groups)
+	killedAt := time.Now()
+	c.procs[victim].Kill()
+	c.procs[victim] = nil
+	time.Sleep(3 * time.Second)
+	c.start(victim)
+	other := (victim + 1) % 3
+	st = c.awaitSettled(other, 3)
+	time.Sleep(time.Second)
+	paused := mostLeader(st)
+	t.Logf("SIGSTOP n%d for 3 s", paused+1)
+	c.procs[paused].Signal(syscall.SIGSTOP)
+	time.Sleep(3 * time.Second)
+	c.procs[paused].Signal(syscall.SIGCONT)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	unknown := 0
+	for _, op := range h.ops {
+		if op.Output.(kvOutput).unknown {
+			unknown++
+		}
+	}
+	sort.Slice(h.acks, func(i, j int) bool { return h.acks[i].Before(h.acks[j]) })
+	var stall time.Duration
+	for i := 1; i < len(h.acks); i++ {
+		if h.acks[i].After(killedAt) && h.acks[i-1].Before(killedAt.Add(3*time.Second)) {
+			stall = max(stall, h.acks[i].Sub(h.acks[i-1]))
+		}
+	}
+	t.Logf("%d operations (%d with unknown outcome); longest pause between acknowledged writes around the kill: %v", len(h.ops), unknown, stall)
+	if len(h.ops) < 200 {
+		t.Fatalf("only %d operations", len(h.ops))
+	}
+	res := porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second)
+	if res == porcupine.Illegal {
+		t.Fatal("the history is not linearizable")
+	}
+	if res == porcupine.Unknown {
+		t.Log("linearizability check timed out (inconclusive)")
+	}
+}
+
+// TestKVModelCatchesViolations: the checker the cluster test relies on
+// rejects a lost acknowledged write and a stale read.
+func TestKVModelCatchesViolations(t *testing.T) {
+	op := func(in kvInput, out kvOutput, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: in, Output: out, Call: call, Return: ret}
+	}
+	lost := []porcupine.Operation{
+		op(kvInput{"set", "k", "a"}, kvOutput{ok: true}, 0, 1),
+		op(kvInput{"get", "k", ""}, kvOutput{}, 2, 3), // not found after an acknowledged SET
+	}
+	stale := []porcupine.Operation{
+		op(kvInput{"set", "k", "a"}, kvOutput{ok: true}, 0, 1),
+		op(kvInput{"set", "k", "b"}, kvOutput{ok: true}, 2, 3),
+		op(kvInput{"get", "k", ""}, kvOutput{ok: true, value: "a"}, 4, 5),
+	}
+	maybe := []porcupine.Operation{
+		op(kvInput{"set", "k", "a"}, kvOutput{ok: true}, 0, 1),
+		op(kvInput{"del", "k", ""}, kvOutput{unknown: true}, 2, 1<<62),
+		op(kvInput{"get", "k", ""}, kvOutput{}, 4, 5), // the unknown DEL took effect
+		op(kvInput{"get", "k", ""}, kvOutput{}, 6, 7),
+	}
+	if porcupine.CheckOperations(kvModel, lost) || porcupine.CheckOperations(kvModel, stale) {
+		t.Fatal("a violation passed")
+	}
+	if !porcupine.CheckOperations(kvModel, maybe) {
+		t.Fatal("an unknown outcome that took effect was refused")
+	}
+}
