@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
@@ -113,8 +114,8 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cc.Listen, "cluster-listen", "", "node link `address` (host:port): makes this node a cluster member; one port carries all node-to-node traffic")
 	fs.StringVar(&cc.Advertise, "cluster-advertise", "", "the node link `address` other nodes dial, if not --cluster-listen's")
 	fs.StringSliceVar(&cc.Join, "join", nil, "node link `addresses` (comma-separated) of members to join through; without it a new node creates a cluster")
-	fs.IntVar(&cc.Replicas, "replicas", 3, "replicas per group in a new cluster (fewer while there are fewer nodes)")
-	fs.IntVar(&cc.Groups, "groups", 16, "replica groups the 4,096 partitions are spread over, in a new cluster (fixed for its life)")
+	fs.IntVar(&cc.Replicas, "replicas", cluster.DefaultRF, "replicas per group in a new cluster (fewer while there are fewer nodes)")
+	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "replica groups the 4,096 partitions are spread over, in a new cluster (fixed for its life)")
 	fs.StringVar(&cc.SecretFile, "cluster-secret-file", "", "`file` holding the secret nodes authenticate each other with (at least 16 characters)")
 	fs.StringVar(&cc.TLSCert, "cluster-tls-cert", "", "node certificate `file` for the node link (mutual TLS with --cluster-tls-ca)")
 	fs.StringVar(&cc.TLSKey, "cluster-tls-key", "", "its private key `file`")

@@ -40,9 +40,14 @@ import (
 	"github.com/mqkv/mqkv/internal/store"
 )
 
-// Defaults for a new cluster.
+// Defaults for a new cluster. Each group has its own log and fsyncs it:
+// on one two-core machine a one-node cluster's durable SET throughput was
+// 1.04x a single node's with 1 group, 0.85x with 4 and 0.59x with 16
+// (mqkv bench, 64 clients), while balancing leadership needs at least as
+// many groups as nodes. 8 serves clusters of up to 8 nodes evenly; a
+// shared log across groups would lift the cost of more.
 const (
-	DefaultGroups = 16
+	DefaultGroups = 8
 	DefaultRF     = 3
 )
 
@@ -88,6 +93,7 @@ type Node struct {
 
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
+	view   atomic.Pointer[map[int]*replica.Group]
 	hints  sync.Map               // group → *string: the leader's node id as last heard
 
 	events *follower
@@ -146,7 +152,10 @@ func (n *Node) startAlone() error {
 		g.Close()
 		return err
 	}
+	n.mu.Lock()
 	n.groups[0] = g
+	n.publish()
+	n.mu.Unlock()
 	n.watchFailure(g)
 	return nil
 }
@@ -204,11 +213,23 @@ func (n *Node) groupCount() int {
 	return 1
 }
 
-// local returns this node's replica of group g, or nil.
+// local returns this node's replica of group g, or nil. It runs for every
+// request: it reads a copy of the map that changes only when replicas come
+// and go.
 func (n *Node) local(g int) *replica.Group {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.groups[g]
+	if m := n.view.Load(); m != nil {
+		return (*m)[g]
+	}
+	return nil
+}
+
+// publish makes the current replica map visible to local; n.mu is held.
+func (n *Node) publish() {
+	m := make(map[int]*replica.Group, len(n.groups))
+	for g, r := range n.groups {
+		m[g] = r
+	}
+	n.view.Store(&m)
 }
 
 // Groups returns the node's replicas by group.
@@ -247,6 +268,7 @@ func (n *Node) Close() error {
 		n.mu.Lock()
 		groups := n.groups
 		n.groups = map[int]*replica.Group{}
+		n.publish()
 		n.mu.Unlock()
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -321,6 +343,7 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 		return old, nil
 	}
 	n.groups[g] = r
+	n.publish()
 	n.watchFailure(r)
 	n.events.replicaOpened(g)
 	return r, nil
@@ -332,6 +355,7 @@ func (n *Node) dropGroup(g int) {
 	n.mu.Lock()
 	r := n.groups[g]
 	delete(n.groups, g)
+	n.publish()
 	n.mu.Unlock()
 	if r == nil {
 		return

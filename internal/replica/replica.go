@@ -462,8 +462,8 @@ func (g *Group) ReadReady(timeout time.Duration) error {
 	if err := g.LeaderReady(timeout); err != nil {
 		return err
 	}
-	if g.Voters() <= 1 {
-		return nil
+	if g.cfg.Transport == nil || g.Voters() <= 1 {
+		return nil // a group of one by construction, or for now
 	}
 	return g.VerifyLeader()
 }
@@ -694,7 +694,7 @@ func (g *Group) complete() {
 		}
 		switch {
 		case err == nil:
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout):
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			err = g.notLeader() // never entered the log
 		default:
 			err = ErrOutcomeUnknown // raft.ErrLeadershipLost, shutdown...

@@ -86,7 +86,7 @@ func awaitSettled(t testing.TB, s *server.Server) {
 			return false
 		}
 		for _, g := range st.Groups {
-			if g.Migrating || len(g.Replicas) != 3 || g.Leader == "" {
+			if g.Migrating || len(g.Replicas) != 3 || g.Leader != g.Placement[0] {
 				return false
 			}
 		}
