@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/mqkv/mqkv/internal/bench"
+	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -31,6 +35,7 @@ func benchCmd() *cobra.Command {
 	duration := fs.Duration("duration", 10*time.Second, "measured time per round")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured time before each round")
 	baseline := fs.String("baseline", "", "also measure a baseline and report ratios: `echo` (an MQTT responder client answers through the same broker), ping (the server answers PING without touching the store), nopolicy (the same op on a second child server without --policy), or nopatterns (the same op without the --patterns registrations)")
+	nodes := fs.Int("cluster", 0, "start this many child nodes as one cluster (RF 3) and spread the clients over them; reports server CPU per op summed over the nodes")
 	policyFile := fs.String("policy", "", "start the child server with this authorization policy `file`")
 	patterns := fs.Int("patterns", 0, "register this many pattern KEYNOTIFYs (matching no benchmark key) while measuring; with --baseline nopatterns, compare with none")
 	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
@@ -79,6 +84,7 @@ Baselines, measured in the same run:
 
 		mode := "existing server"
 		baseAddr := *addr
+		var children []*server.Process // the servers whose CPU is counted
 		if *addr == "" {
 			// storage gives a child server its flags: in memory, or a
 			// fresh data directory, removed once the servers have stopped.
@@ -124,12 +130,30 @@ Baselines, measured in the same run:
 				extra = append(extra, "--policy", *policyFile)
 				mode += ", policy " + *policyFile
 			}
-			p, err := spawnSelf(extra...)
-			if err != nil {
-				return err
+			if *nodes > 0 {
+				procs, err := spawnCluster(*nodes, storage)
+				for _, p := range procs {
+					defer p.Stop()
+				}
+				if err != nil {
+					return err
+				}
+				children = procs
+				var addrs []string
+				for _, p := range procs {
+					addrs = append(addrs, p.Addr())
+				}
+				*addr = strings.Join(addrs, ",")
+				mode = fmt.Sprintf("%d-node cluster of child servers, durable, RF 3", *nodes)
+			} else {
+				p, err := spawnSelf(extra...)
+				if err != nil {
+					return err
+				}
+				defer p.Stop()
+				children = []*server.Process{p}
+				*addr = p.Addr()
 			}
-			defer p.Stop()
-			*addr = p.Addr()
 			if baseAddr == "" {
 				baseAddr = *addr
 			}
@@ -167,10 +191,12 @@ Baselines, measured in the same run:
 				}
 				base = append(base, res)
 			}
+			before := cpuOf(children)
 			res, err := bench.Run(ctx, cfg)
 			if err != nil {
 				return fmt.Errorf("bench: %s: %w", cfg.Op, err)
 			}
+			res.CPU = cpuOf(children) - before
 			main = append(main, res)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -197,6 +223,10 @@ Baselines, measured in the same run:
 				fmt.Fprintf(os.Stderr, "warning: %s: %d requests answered with an error, not counted as ops\n", names[i], r.Errors)
 			}
 		}
+		if m := rows[len(rows)-1]; m.CPU > 0 && m.Ops > 0 {
+			fmt.Printf("server CPU: %.1f µs per %s, summed over %d server process(es) (includes warmup)\n",
+				float64(m.CPU.Microseconds())/float64(m.Ops), cfg.Op, len(children))
+		}
 		if len(base) > 0 {
 			b, m := rows[0], rows[1]
 			fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", names[1], names[0], m.Throughput()/b.Throughput(),
@@ -208,6 +238,71 @@ Baselines, measured in the same run:
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+
+// cpuOf sums the CPU time of processes.
+func cpuOf(ps []*server.Process) time.Duration {
+	var total time.Duration
+	for _, p := range ps {
+		if d, err := p.CPU(); err == nil {
+			total += d
+		}
+	}
+	return total
+}
+
+// spawnCluster starts n child nodes as one cluster and waits until every
+// group has its replicas.
+func spawnCluster(n int, storage func(string) ([]string, error)) ([]*server.Process, error) {
+	var procs []*server.Process
+	var first string
+	for i := 0; i < n; i++ {
+		args, err := storage("mqkv-bench-node-")
+		if err != nil {
+			return procs, err
+		}
+		args = append(args, "--node-id", fmt.Sprintf("b%d", i+1), "--cluster-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+		if i > 0 {
+			args = append(args, "--join", first)
+		}
+		p, err := spawnSelf(args...)
+		if err != nil {
+			return procs, err
+		}
+		procs = append(procs, p)
+		if i == 0 {
+			first = p.ClusterAddr()
+		}
+	}
+	rf := min(n, cluster.DefaultRF)
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if settled(procs[0].AdminAddr(), rf) {
+			return procs, nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return procs, errors.New("bench: the cluster did not settle within two minutes")
+}
+
+// settled reports whether every group has rf replicas and its preferred
+// leader, as the node at admin sees it.
+func settled(admin string, rf int) bool {
+	resp, err := http.Get("http://" + admin + "/v1/cluster")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var st cluster.Status
+	if json.NewDecoder(resp.Body).Decode(&st) != nil || len(st.Groups) == 0 {
+		return false
+	}
+	for _, g := range st.Groups {
+		if g.Migrating || len(g.Replicas) != rf || g.Leader != g.Placement[0] {
+			return false
+		}
+	}
+	return true
+}
 
 // spawnSelf starts this binary as a child server.
 func spawnSelf(extra ...string) (*server.Process, error) {

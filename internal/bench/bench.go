@@ -15,6 +15,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +67,7 @@ type Result struct {
 	Ops       int
 	Errors    int
 	Elapsed   time.Duration
+	CPU       time.Duration   // server CPU during the round, if measured
 	latencies []time.Duration // sorted
 }
 
@@ -222,8 +224,9 @@ func connect(ctx context.Context, addr, prefix string, n int) ([]*client, error)
 	var run [4]byte
 	rand.Read(run[:])
 	out := make([]*client, 0, n)
+	addrs := strings.Split(addr, ",") // several nodes: clients spread round-robin
 	for i := 0; i < n; i++ {
-		cl, err := dial(ctx, addr, fmt.Sprintf("bench-%s-%x-%d", prefix, run, i))
+		cl, err := dial(ctx, addrs[i%len(addrs)], fmt.Sprintf("bench-%s-%x-%d", prefix, run, i))
 		if err != nil {
 			closeAll(out)
 			return nil, err
@@ -362,6 +365,7 @@ func Merge(rs []Result) Result {
 		out.Ops += r.Ops
 		out.Errors += r.Errors
 		out.Elapsed += r.Elapsed
+		out.CPU += r.CPU
 		out.latencies = append(out.latencies, r.latencies...)
 	}
 	slices.Sort(out.latencies)

@@ -94,7 +94,7 @@ type Node struct {
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
 	view   atomic.Pointer[map[int]*replica.Group]
-	hints  sync.Map               // group → *string: the leader's node id as last heard
+	hints  sync.Map // group → *string: the leader's node id as last heard
 
 	events *follower
 

@@ -2,12 +2,15 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -79,6 +82,22 @@ func (p *Process) Addr() string { return p.addr }
 // link's addresses ("" if off).
 func (p *Process) AdminAddr() string   { return p.admin }
 func (p *Process) ClusterAddr() string { return p.cluster }
+
+// CPU returns the process's user and system CPU time so far (Linux).
+func (p *Process) CPU() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces) in ")".
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("process: short /proc stat")
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / 100, nil // USER_HZ is 100 on Linux
+}
 
 // Kill sends SIGKILL and waits for the process to end.
 func (p *Process) Kill() {
