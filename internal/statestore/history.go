@@ -48,7 +48,8 @@ type history struct {
 	limits HistoryLimits
 	parts  [store.Partitions]partitionLog
 	bytes  int64
-	sweep  int // next partition to check for old changes
+	sweep  int           // next partition to check for old changes
+	latest hlc.Timestamp // the greatest version added (or start's)
 }
 
 func newHistory(limits HistoryLimits) *history {
@@ -61,6 +62,7 @@ func newHistory(limits HistoryLimits) *history {
 
 // start declares that every change after version from will be added.
 func (h *history) start(from hlc.Timestamp) {
+	h.latest = from
 	for i := range h.parts {
 		h.parts[i].floor = from
 		h.parts[i].changes = nil
@@ -71,6 +73,11 @@ func (h *history) start(from hlc.Timestamp) {
 // add remembers applied events. Keys and values are not copied: the store
 // never modifies them.
 func (h *history) add(events []store.Event, now time.Time) {
+	for i := range events {
+		if v := events[i].Version; v.Compare(h.latest) > 0 {
+			h.latest = v
+		}
+	}
 	if h.limits.PerPartition <= 0 {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
 )
 
@@ -18,8 +19,16 @@ type observer struct {
 	conn        uint64
 	topicPrefix string        // NotifyClientPrefix(clientID), computed once
 	grant       *policy.Grant // what the connection may read; nil: everything
-	keys        map[string]struct{}
-	patterns    map[string]struct{}
+	// Registrations, with the version after which each has delivered
+	// every change it matches (live from registration, or replayed from
+	// its SINCE): a later SINCE replay skips what they delivered.
+	keys     map[string]hlc.Timestamp
+	patterns map[string]patternFrom
+}
+
+type patternFrom struct {
+	m    *glob.Matcher
+	from hlc.Timestamp
 }
 
 func (o *observer) count() int { return len(o.keys) + len(o.patterns) }
@@ -68,7 +77,7 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 		o = nil
 	}
 	if o == nil {
-		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]struct{}{}, patterns: map[string]struct{}{}}
+		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]hlc.Timestamp{}, patterns: map[string]patternFrom{}}
 		r.byClient[clientID] = o
 	}
 	o.grant = grant
@@ -80,7 +89,7 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 // per connection (0: no limit). A registration from a connection older
 // than the client's current one is ignored: that connection is on its way
 // out.
-func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []byte, m *glob.Matcher, max int) bool {
+func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []byte, m *glob.Matcher, from hlc.Timestamp, max int) bool {
 	pattern := m != nil
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -89,20 +98,19 @@ func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []
 	}
 	o := r.observerFor(clientID, conn, grant)
 	k := string(key)
-	set := o.keys
-	if pattern {
-		set = o.patterns
-	}
-	if _, ok := set[k]; ok {
+	_, haveKey := o.keys[k]
+	_, havePattern := o.patterns[k]
+	if !pattern && haveKey || pattern && havePattern {
 		return true
 	}
 	if max > 0 && o.count() >= max {
 		return false
 	}
-	set[k] = struct{}{}
 	if pattern {
+		o.patterns[k] = patternFrom{m, from}
 		r.linkPattern(o, k, m)
 	} else {
+		o.keys[k] = from
 		r.byKey[k] = append(r.byKey[k], o)
 	}
 	r.active.Add(1)
@@ -118,17 +126,17 @@ func (r *registry) remove(clientID string, conn uint64, key []byte, pattern bool
 		return false
 	}
 	k := string(key)
-	set := o.keys
 	if pattern {
-		set = o.patterns
-	}
-	if _, ok := set[k]; !ok {
-		return false
-	}
-	delete(set, k)
-	if pattern {
+		if _, ok := o.patterns[k]; !ok {
+			return false
+		}
+		delete(o.patterns, k)
 		r.unlinkPattern(o, k)
 	} else {
+		if _, ok := o.keys[k]; !ok {
+			return false
+		}
+		delete(o.keys, k)
 		r.unlinkKey(k, o)
 	}
 	r.active.Add(-1)
@@ -136,6 +144,27 @@ func (r *registry) remove(clientID string, conn uint64, key []byte, pattern bool
 		delete(r.byClient, clientID)
 	}
 	return true
+}
+
+// delivered reports whether conn's registrations have already delivered
+// the change of key at version v (one of them matches key and was in force,
+// live or by replay, when v was applied).
+func (r *registry) delivered(clientID string, conn uint64, key []byte, v hlc.Timestamp) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	o := r.byClient[clientID]
+	if o == nil || o.conn != conn {
+		return false
+	}
+	if from, ok := o.keys[string(key)]; ok && from.Compare(v) < 0 {
+		return true
+	}
+	for _, p := range o.patterns {
+		if p.from.Compare(v) < 0 && p.m.Match(key) {
+			return true
+		}
+	}
+	return false
 }
 
 // dropConn ends every registration made on conn.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -622,24 +623,32 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		}
 		return
 	}
+	// Register (and replay) while no batch of changes is being delivered:
+	// a replay ends exactly where live notifications begin, and a plain
+	// registration delivers everything after the history's latest change.
+	s.dispatch.Lock()
 	if !since {
-		if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.limits.MaxRegistrationsPerConn) {
+		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
+		s.dispatch.Unlock()
+		if !ok {
 			s.fail(r, resp.ErrQuotaExceeded)
 			return
 		}
 		s.reply(r, resp.OK, hlc.Timestamp{})
 		return
 	}
-	// Register and replay while no batch of changes is being delivered:
-	// the replay ends exactly where live notifications begin.
-	s.dispatch.Lock()
 	changes, ok := s.history.since(key, matcher, from)
 	if !ok {
 		s.dispatch.Unlock()
 		s.fail(r, ErrHistoryTruncated)
 		return
 	}
-	if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.limits.MaxRegistrationsPerConn) {
+	// What this connection's other registrations already delivered is
+	// not replayed again: one notification per change.
+	changes = slices.DeleteFunc(changes, func(c change) bool {
+		return s.observers.delivered(r.ClientID, r.Conn, c.Key, c.Version)
+	})
+	if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, from, s.limits.MaxRegistrationsPerConn) {
 		s.dispatch.Unlock()
 		s.fail(r, resp.ErrQuotaExceeded)
 		return

@@ -490,3 +490,26 @@ func TestResumeTooOld(t *testing.T) {
 	expectPayload(t, c.call("KEYNOTIFY", "k", "SINCE", v1), "-ERR history truncated\r\n")
 	expectPayload(t, c.call("KEYNOTIFY", "k", "SINCE", "bad"), "-ERR malformed timestamp\r\n")
 }
+
+// TestOverlappingSinceReplaysOnce: a second SINCE registration on the same
+// connection does not replay changes the first already delivered (replayed
+// or live); it replays only what no registration of the connection covered.
+func TestOverlappingSinceReplaysOnce(t *testing.T) {
+	s := startServer(t, inMemory())
+	c := dialRaw(t, s, "overlap", rawOpts{cleanStart: true})
+	w := dialRaw(t, s, "overlap-writer", rawOpts{cleanStart: true})
+	v0, _ := userProp(w.call("SET", "zero", "0"), "__ts")
+	w.call("SET", "a/1", "x")
+	w.call("SET", "a/2", "y")
+	w.call("SET", "b/1", "z")
+	expectPayload(t, c.call("KEYNOTIFY", "a/*", "PATTERN", "SINCE", v0), "+OK\r\n")
+	expectNotification(t, c, "a/1", notifySet+"$1\r\nx\r\n")
+	expectNotification(t, c, "a/2", notifySet+"$1\r\ny\r\n")
+	w.call("SET", "a/1", "live")
+	expectNotification(t, c, "a/1", notifySet+"$4\r\nlive\r\n")
+	// Overlaps a/* entirely: nothing new to replay. Then b/1 only.
+	expectPayload(t, c.call("KEYNOTIFY", "a/1*", "PATTERN", "SINCE", v0), "+OK\r\n")
+	expectPayload(t, c.call("KEYNOTIFY", "*", "PATTERN", "SINCE", v0), "+OK\r\n")
+	expectNotification(t, c, "b/1", notifySet+"$1\r\nz\r\n")
+	expectNoPublish(t, c, 300*time.Millisecond)
+}
