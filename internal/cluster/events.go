@@ -131,8 +131,6 @@ func (f *follower) local(g int) func(replica.Batch) {
 	return r.add
 }
 
-func (f *follower) replicaOpened(int) {}
-
 func (f *follower) replicaClosed(g int) {
 	f.mu.Lock()
 	delete(f.rings, g)

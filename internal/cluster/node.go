@@ -101,9 +101,9 @@ type Node struct {
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-	failOnce  sync.Once
-	failed    chan struct{}
-	failErr   error
+	// The node cannot go on once a group's log could not be applied:
+	// Failed is closed, Err says why.
+	*replica.Fault
 }
 
 // Start starts a node: on its own, it opens its group and returns once it
@@ -124,12 +124,13 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, clock: clock, link: cfg.Link, groups: map[int]*replica.Group{},
-		changed: make(chan struct{}, 1), stop: make(chan struct{}), failed: make(chan struct{})}
+		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault()}
 	n.events = newFollower(n)
 	if n.link == nil {
 		return n, n.startAlone()
 	}
-	n.link.Handle(n.serve)
+	n.link.Handle(n.serveStream)
+	n.link.HandleCalls(n.serveCall)
 	if err := n.startMeta(); err != nil {
 		n.Close()
 		return nil, err
@@ -165,31 +166,10 @@ func (n *Node) watchFailure(g *replica.Group) {
 	go func() {
 		select {
 		case <-g.Failed():
-			n.fail(g.Err())
+			n.Fail(g.Err())
 		case <-n.stop:
 		}
 	}()
-}
-
-func (n *Node) fail(err error) {
-	n.failOnce.Do(func() {
-		n.failErr = err
-		close(n.failed)
-	})
-}
-
-// Failed is closed when the node cannot go on (a group's log could not be
-// applied); Err says why.
-func (n *Node) Failed() <-chan struct{} { return n.failed }
-
-// Err returns why the node failed, or nil.
-func (n *Node) Err() error {
-	select {
-	case <-n.failed:
-		return n.failErr
-	default:
-		return nil
-	}
 }
 
 // Clock is the node's hybrid logical clock, shared by its groups.
@@ -345,7 +325,6 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 	n.groups[g] = r
 	n.publish()
 	n.watchFailure(r)
-	n.events.replicaOpened(g)
 	return r, nil
 }
 

@@ -75,25 +75,30 @@ type server struct {
 	Voter bool
 }
 
-// serve answers a call from another node (the link's Handler).
-func (n *Node) serve(from string, s net.Conn) {
+// serveStream serves a stream another node opened: a change stream.
+func (n *Node) serveStream(from string, s net.Conn) {
 	c := peer.NewConn(s)
 	defer c.Close()
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var req callReq
-	if err := c.Receive(&req); err != nil {
+	if err := c.Receive(&req); err != nil || req.Op != opEvents {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	if req.Op == opEvents {
-		n.events.serve(c, req.Group, req.Since)
-		return
+	n.events.serve(c, req.Group, req.Since)
+}
+
+// serveCall answers a call from another node.
+func (n *Node) serveCall(from string, body []byte) []byte {
+	var req callReq
+	resp := callResp{Kind: errOther, Err: "malformed call"}
+	if peer.Decode(body, &req) == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp = n.answer(ctx, req)
+		cancel()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp := n.answer(ctx, req)
-	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	c.Send(resp)
+	out, _ := peer.Encode(resp)
+	return out
 }
 
 func (n *Node) answer(ctx context.Context, req callReq) callResp {
@@ -256,6 +261,7 @@ func (n *Node) proposeMeta(ctx context.Context, op meta.Op, addrs []string) erro
 	for {
 		for _, addr := range addrs {
 			var resp callResp
+			resp = callResp{}
 			err := n.link.Call(ctx, addr, callReq{Op: opMeta, Meta: op}, &resp)
 			if err == nil && resp.Kind == errNone {
 				return nil

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
@@ -36,15 +38,11 @@ func NewConn(c net.Conn) *Conn {
 
 // Send writes one message and flushes it; on failure the stream is closed.
 func (c *Conn) Send(v any) error {
-	var b []byte
-	if err := codec.NewEncoderBytes(&b, mh).Encode(v); err != nil {
+	b, err := Encode(v)
+	if err != nil {
 		return err
 	}
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	c.w.Write(n[:])
-	c.w.Write(b)
-	if err := c.w.Flush(); err != nil {
+	if err := c.writeFrame(b); err != nil {
 		c.Close()
 		return err
 	}
@@ -53,20 +51,11 @@ func (c *Conn) Send(v any) error {
 
 // Receive reads one message into v.
 func (c *Conn) Receive(v any) error {
-	var n [4]byte
-	if _, err := io.ReadFull(c.r, n[:]); err != nil {
+	b, err := c.frame()
+	if err != nil {
 		return err
 	}
-	size := binary.BigEndian.Uint32(n[:])
-	if size > MaxFrame {
-		c.Close()
-		return fmt.Errorf("peer: message of %d bytes", size)
-	}
-	b := make([]byte, size)
-	if _, err := io.ReadFull(c.r, b); err != nil {
-		return err
-	}
-	return codec.NewDecoderBytes(b, mh).Decode(v)
+	return Decode(b, v)
 }
 
 // NotSentError is returned by Call when the request never left this node
@@ -77,22 +66,198 @@ type NotSentError struct{ Err error }
 func (e *NotSentError) Error() string { return "peer: not sent: " + e.Err.Error() }
 func (e *NotSentError) Unwrap() error { return e.Err }
 
-// Call sends req to the node at addr and reads its reply into resp, within
-// ctx.
+// Call sends req to the node at addr (its HandleCalls handler) and reads
+// its reply into resp, within ctx. A NotSentError means the request never
+// left; any other error leaves its fate unknown.
 func (l *Link) Call(ctx context.Context, addr string, req, resp any) error {
-	s, err := l.Open(ctx, addr, KindCall, nil)
+	body, err := Encode(req)
 	if err != nil {
 		return &NotSentError{err}
 	}
-	defer s.Close()
-	if d, ok := ctx.Deadline(); ok {
-		s.SetDeadline(d)
-	} else {
-		s.SetDeadline(time.Now().Add(time.Minute))
+	m, err := l.muxTo(ctx, addr)
+	if err != nil {
+		return &NotSentError{err}
 	}
-	c := NewConn(s)
-	if err := c.Send(req); err != nil {
+	reply, err := m.call(ctx, body)
+	if err != nil {
 		return err
 	}
-	return c.Receive(resp)
+	return Decode(reply, resp)
+}
+
+// Calls share one stream per peer (KindMux): each request frame carries an
+// id, replies come back with it in any order, so a forwarded request costs
+// two frames on a stream already open instead of opening and closing a
+// stream. A broken stream fails every call waiting on it.
+
+// KindMux streams carry many calls.
+const KindMux byte = 3
+
+// Encode and Decode are the message encoding of the link (msgpack).
+func Encode(v any) ([]byte, error) {
+	var b []byte
+	err := codec.NewEncoderBytes(&b, mh).Encode(v)
+	return b, err
+}
+
+func Decode(b []byte, v any) error { return codec.NewDecoderBytes(b, mh).Decode(v) }
+
+// HandleCalls sets the handler of calls: it gets a request body and
+// returns the reply body. It runs on its own goroutine per call.
+func (l *Link) HandleCalls(h func(from string, body []byte) []byte) { l.calls.Store(&h) }
+
+// mux is the calling side of one peer's KindMux stream.
+type mux struct {
+	c       *Conn
+	wmu     sync.Mutex
+	mu      sync.Mutex
+	pending map[uint64]chan []byte
+	next    uint64
+	dead    chan struct{}
+}
+
+// muxTo returns the call stream to addr, opening it if needed.
+func (l *Link) muxTo(ctx context.Context, addr string) (*mux, error) {
+	l.mu.Lock()
+	m := l.muxes[addr]
+	l.mu.Unlock()
+	if m != nil {
+		select {
+		case <-m.dead:
+		default:
+			return m, nil
+		}
+	}
+	s, err := l.Open(ctx, addr, KindMux, nil)
+	if err != nil {
+		return nil, err
+	}
+	m = &mux{c: NewConn(s), pending: map[uint64]chan []byte{}, dead: make(chan struct{})}
+	l.mu.Lock()
+	if old := l.muxes[addr]; old != nil && old != m {
+		select {
+		case <-old.dead:
+		default: // another caller opened one meanwhile
+			l.mu.Unlock()
+			s.Close()
+			return old, nil
+		}
+	}
+	l.muxes[addr] = m
+	l.mu.Unlock()
+	go m.read()
+	return m, nil
+}
+
+func (m *mux) read() {
+	defer func() {
+		m.c.Close()
+		m.mu.Lock()
+		close(m.dead)
+		m.pending = nil
+		m.mu.Unlock()
+	}()
+	for {
+		b, err := m.c.frame()
+		if err != nil || len(b) < 8 {
+			return
+		}
+		id := binary.BigEndian.Uint64(b)
+		m.mu.Lock()
+		ch := m.pending[id]
+		delete(m.pending, id)
+		m.mu.Unlock()
+		if ch != nil {
+			ch <- b[8:]
+		}
+	}
+}
+
+// call sends one request and waits for its reply.
+func (m *mux) call(ctx context.Context, body []byte) ([]byte, error) {
+	ch := make(chan []byte, 1)
+	m.mu.Lock()
+	if m.pending == nil {
+		m.mu.Unlock()
+		return nil, &NotSentError{errors.New("call stream closed")}
+	}
+	m.next++
+	id := m.next
+	m.pending[id] = ch
+	m.mu.Unlock()
+	frame := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(body)), id)
+	frame = append(frame, body...)
+	m.wmu.Lock()
+	m.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	err := m.c.writeFrame(frame)
+	m.wmu.Unlock()
+	if err != nil {
+		m.c.Close() // the reader ends and fails the others
+		return nil, err
+	}
+	select {
+	case b := <-ch:
+		return b, nil
+	case <-m.dead:
+		return nil, errors.New("peer: call stream broke before the reply")
+	case <-ctx.Done():
+		m.mu.Lock()
+		if m.pending != nil {
+			delete(m.pending, id)
+		}
+		m.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+// serveMux answers the calls of one KindMux stream.
+func (l *Link) serveMux(from string, s net.Conn) {
+	c := NewConn(s)
+	defer c.Close()
+	var wmu sync.Mutex
+	for {
+		b, err := c.frame()
+		if err != nil || len(b) < 8 {
+			return
+		}
+		h := l.calls.Load()
+		if h == nil {
+			return
+		}
+		go func() {
+			reply := (*h)(from, b[8:])
+			frame := append(b[:8:8], reply...)
+			wmu.Lock()
+			defer wmu.Unlock()
+			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if c.writeFrame(frame) != nil {
+				c.Close()
+			}
+		}()
+	}
+}
+
+// frame reads one raw frame.
+func (c *Conn) frame() ([]byte, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(c.r, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size > MaxFrame {
+		c.Close()
+		return nil, fmt.Errorf("peer: message of %d bytes", size)
+	}
+	b := make([]byte, size)
+	_, err := io.ReadFull(c.r, b)
+	return b, err
+}
+
+// writeFrame writes one raw frame and flushes it.
+func (c *Conn) writeFrame(b []byte) error {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	c.w.Write(n[:])
+	c.w.Write(b)
+	return c.w.Flush()
 }

@@ -72,6 +72,8 @@ type Link struct {
 	closed   bool
 
 	handler atomic.Pointer[func(from string, s net.Conn)]
+	calls   atomic.Pointer[func(from string, body []byte) []byte]
+	muxes   map[string]*mux // call streams, by address
 
 	// isolated drops every connection and refuses new ones: the fault a
 	// test uses to cut this node off the network.
@@ -95,7 +97,7 @@ func Listen(cfg Config) (*Link, error) {
 		return nil, fmt.Errorf("cluster listener: %w", err)
 	}
 	l := &Link{cfg: cfg, ln: ln, addr: cfg.Advertise, log: cfg.Logger,
-		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}}
+		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}, muxes: map[string]*mux{}}
 	if l.addr == "" {
 		l.addr = ln.Addr().String()
 	}
@@ -223,6 +225,9 @@ func (l *Link) dispatch(from string, s *yamux.Stream) {
 		case <-time.After(5 * time.Second):
 			s.Close()
 		}
+	case KindMux:
+		s.SetReadDeadline(time.Time{})
+		l.serveMux(from, s)
 	case KindCall:
 		s.SetReadDeadline(time.Time{})
 		h := l.handler.Load()

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"fmt"
 	"github.com/hashicorp/raft"
 	"io"
 	"log/slog"
@@ -21,19 +22,16 @@ func listen(t *testing.T, id string, secret string) *Link {
 	t.Helper()
 	var l *Link
 	l, err := Listen(Config{NodeID: id, Listen: "127.0.0.1:0", Secret: []byte(secret),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: func(from string, s net.Conn) {
-			c := NewConn(s)
-			defer c.Close()
-			var req echoReq
-			if c.Receive(&req) != nil {
-				return
-			}
-			c.Send(echoResp{Text: strings.ToUpper(req.Text), From: from})
-		}})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.HandleCalls(func(from string, body []byte) []byte {
+		var req echoReq
+		Decode(body, &req)
+		out, _ := Encode(echoResp{Text: strings.ToUpper(req.Text), From: from})
+		return out
+	})
 	t.Cleanup(func() { l.Close() })
 	return l
 }
@@ -130,3 +128,31 @@ func TestRaftStreamsByGroup(t *testing.T) {
 
 // ServerAddress is raft's address type, for the test's Dial.
 type ServerAddress = raft.ServerAddress
+
+// TestConcurrentCallsShareOneStream: many calls in flight at once on one
+// peer's call stream each get their own reply.
+func TestConcurrentCallsShareOneStream(t *testing.T) {
+	a, b := listen(t, "a", "k"), listen(t, "b", "k")
+	errs := make(chan error, 200)
+	for i := 0; i < 200; i++ {
+		go func() {
+			var resp echoResp
+			want := fmt.Sprintf("M%d", i)
+			err := a.Call(ctx(t), b.Addr(), echoReq{strings.ToLower(want)}, &resp)
+			if err == nil && resp.Text != want {
+				err = fmt.Errorf("got %q, want %q", resp.Text, want)
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 200; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.muxes) != 1 {
+		t.Fatalf("%d call streams to one peer", len(a.muxes))
+	}
+}

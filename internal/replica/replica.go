@@ -175,9 +175,9 @@ type Group struct {
 	closing   chan struct{}
 	wg        sync.WaitGroup
 
-	failOnce sync.Once
-	failed   chan struct{} // closed when the group cannot go on
-	failErr  error
+	// The group stops for good when an entry cannot be applied: it takes
+	// no more writes, Failed is closed, and the node must stop.
+	*Fault
 
 	readyTerm atomic.Uint64 // the term in which this leader applied all before it
 }
@@ -206,9 +206,9 @@ func Open(cfg Config) (*Group, error) {
 		inflight: make(chan pending, pipelineDepth),
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
-		failed:   make(chan struct{}),
+		Fault:    NewFault(),
 	}
-	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry, timings: cfg.Timings, fail: g.fail}
+	g.fsm = &fsm{st: store.New(cfg.Limits), clock: clock, onEvents: cfg.OnEvents, wakeExpiry: g.wakeExpiry, timings: cfg.Timings, fail: g.Fail}
 
 	rc := raftConfig(cfg)
 	logs, stable, snaps, err := g.openStores(cfg, rc)
@@ -319,8 +319,8 @@ func (g *Group) AwaitLeader(timeout time.Duration) error {
 			return errors.New("replica: no leadership")
 		}
 		select {
-		case <-g.failed:
-			return g.failErr
+		case <-g.Failed():
+			return g.Err()
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -358,24 +358,33 @@ func verifyLog(logs raft.LogStore, path string) error {
 	return nil
 }
 
-// fail stops the group for good after an entry could not be applied: it
-// takes no more writes and Failed is closed.
-func (g *Group) fail(err error) {
-	g.failOnce.Do(func() {
-		g.failErr = err
-		close(g.failed)
+// Fault is a failure that happens once and for good: the first Fail
+// records why and closes Failed. Its zero value is not usable: NewFault.
+type Fault struct {
+	once   sync.Once
+	failed chan struct{}
+	err    error
+}
+
+// NewFault returns a Fault that has not happened.
+func NewFault() *Fault { return &Fault{failed: make(chan struct{})} }
+
+// Fail records err, the first time.
+func (f *Fault) Fail(err error) {
+	f.once.Do(func() {
+		f.err = err
+		close(f.failed)
 	})
 }
 
-// Failed is closed when the group has stopped applying its log (see Err);
-// the node must stop.
-func (g *Group) Failed() <-chan struct{} { return g.failed }
+// Failed is closed once Fail was called.
+func (f *Fault) Failed() <-chan struct{} { return f.failed }
 
-// Err returns why the group failed, or nil.
-func (g *Group) Err() error {
+// Err returns what Fail recorded, or nil.
+func (f *Fault) Err() error {
 	select {
-	case <-g.failed:
-		return g.failErr
+	case <-f.failed:
+		return f.err
 	default:
 		return nil
 	}
