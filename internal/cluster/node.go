@@ -70,6 +70,9 @@ type Config struct {
 	// Groups and RF shape a new cluster; zero takes the defaults.
 	Groups, RF int
 	Limits     store.Limits
+	// Seed, for a node creating a cluster, is data it starts with: a
+	// single node's store, split over the new cluster's groups.
+	Seed *store.Store
 	// OnEvents receives the change events of the groups this node follows
 	// (see Follow), in log order per group, one goroutine per group.
 	OnEvents func([]store.Event)
@@ -435,6 +438,17 @@ func (n *Node) create() error {
 		return err
 	}
 	boot := &raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(n.cfg.NodeID), Address: raft.ServerAddress(n.link.Addr())}}}
+	if n.cfg.Seed != nil {
+		// Each group starts from its share of the seed, as from a
+		// snapshot: versions, expiries and fencing tokens as they were.
+		parts := n.cfg.Seed.Split(n.cfg.Groups, func(k []byte) int { return int(store.Partition(k)) % n.cfg.Groups })
+		for g, part := range parts {
+			if err := replica.Seed(n.groupDir(g), n.cfg.NodeID, n.link.Addr(), part); err != nil {
+				return fmt.Errorf("group %d: %w", g, err)
+			}
+		}
+		boot = nil
+	}
 	for g := 0; g < n.cfg.Groups; g++ {
 		if _, err := n.openGroup(g, boot); err != nil {
 			return err

@@ -822,30 +822,37 @@ func Restore(dir, nodeID string, r io.Reader) (hlc.Timestamp, int, error) {
 	if err := st.ReadSnapshot(r); err != nil {
 		return hlc.Timestamp{}, 0, fmt.Errorf("restore: not a valid backup: %w", err)
 	}
-	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
-		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %s is not empty", dir)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
-	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, retainSnapshots, raftLogger())
-	if err != nil {
-		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
-	}
-	addr, trans := raft.NewInmemTransport(raft.ServerAddress(nodeID))
-	conf := raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(nodeID), Address: addr}}}
-	sink, err := snaps.Create(raft.SnapshotVersionMax, 1, 1, conf, 1, trans)
-	if err != nil {
-		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
-	}
-	if err := st.WriteSnapshot(sink); err != nil {
-		sink.Cancel()
-		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
-	}
-	if err := sink.Close(); err != nil {
+	if err := Seed(dir, nodeID, nodeID, st); err != nil {
 		return hlc.Timestamp{}, 0, fmt.Errorf("restore: %w", err)
 	}
 	return st.MaxVersion(), st.Len(), nil
+}
+
+// Seed makes dir (which must not hold a group yet) the state of a new
+// group whose only voter is nodeID at addr and whose store is st: the
+// group starts from it as from a snapshot.
+func Seed(dir, nodeID, addr string, st *store.Store) error {
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		return fmt.Errorf("%s is not empty", dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, retainSnapshots, raftLogger())
+	if err != nil {
+		return err
+	}
+	_, trans := raft.NewInmemTransport(raft.ServerAddress(addr))
+	conf := raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(nodeID), Address: raft.ServerAddress(addr)}}}
+	sink, err := snaps.Create(raft.SnapshotVersionMax, 1, 1, conf, 1, trans)
+	if err != nil {
+		return err
+	}
+	if err := st.WriteSnapshot(sink); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
 }
 
 // retainSnapshots is how many snapshots are kept on disk.

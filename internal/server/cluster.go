@@ -1,10 +1,15 @@
 package server
 
 import (
+	"path/filepath"
+	"time"
+
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
 	"net"
 	"os"
 	"strings"
@@ -116,4 +121,35 @@ func clusterTLS(cc ClusterConfig) (*tls.Config, *tls.Config, error) {
 			return err
 		}}
 	return srv, cli, nil
+}
+
+// legacyData returns the store of a single node's data directory that is
+// becoming the first node of a cluster (and the directory it is in), or
+// nil. A single node's data cannot join an existing cluster: its keys would
+// have to be merged with the cluster's.
+func legacyData(cfg Config, nodeID string) (*store.Store, string, error) {
+	if cfg.Cluster.Listen == "" || cfg.InMemory {
+		return nil, "", nil
+	}
+	legacy := filepath.Join(cfg.DataDir, "raft")
+	if _, err := os.Stat(legacy); err != nil {
+		return nil, "", nil // nothing from a single node
+	}
+	if len(cfg.Cluster.Join) > 0 {
+		return nil, "", fmt.Errorf("%s holds a single node's data: start this node without --join to make it the first node of a new cluster that keeps the data, or join with an empty data directory", cfg.DataDir)
+	}
+	// A conversion that did not finish (the single node's log is set
+	// aside only when it did) left a cluster that never served: redo it.
+	if err := os.RemoveAll(filepath.Join(cfg.DataDir, "cluster")); err != nil {
+		return nil, "", err
+	}
+	g, err := replica.Open(replica.Config{NodeID: nodeID, Dir: legacy})
+	if err != nil {
+		return nil, "", err
+	}
+	defer g.Close()
+	if err := g.AwaitLeader(30 * time.Second); err != nil {
+		return nil, "", err
+	}
+	return g.Copy(), legacy, nil
 }

@@ -229,7 +229,12 @@ func Start(cfg Config) (*Server, error) {
 	if s.link, err = startLink(cfg, s.NodeID); err != nil {
 		return nil, err
 	}
+	seed, legacy, err := legacyData(cfg, s.NodeID)
+	if err != nil {
+		return nil, err
+	}
 	s.node, err = cluster.Start(cluster.Config{
+		Seed:     seed,
 		NodeID:   s.NodeID,
 		Dir:      raftDir,
 		Link:     s.link,
@@ -243,6 +248,13 @@ func Start(cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if legacy != "" {
+		// The single node's log stays, renamed, until the operator removes it.
+		if err := os.Rename(legacy, legacy+".before-cluster"); err != nil {
+			cfg.Logger.Warn("could not set the single-node data aside", "dir", legacy, "error", err)
+		}
+		cfg.Logger.Info("a single node's data is now the cluster's", "keys", seed.Len(), "kept_until_removed", legacy+".before-cluster")
 	}
 	s.service = statestore.New(s.node, nil, statestore.Limits{
 		MaxKeyLength:            cfg.Limits.MaxKeyLength,

@@ -391,6 +391,23 @@ func (s *Store) replace(old, e *Entry) {
 	}
 }
 
+// Split divides the store into n stores by part(key), which must be in
+// [0, n). Each keeps the whole store's maximum version, so versions issued
+// on any part stay above every version the store held. Entries are shared:
+// they are never modified.
+func (s *Store) Split(n int, part func(key []byte) int) []*Store {
+	out := make([]*Store, n)
+	for i := range out {
+		out[i] = New(s.limits)
+		out[i].maxVersion = s.maxVersion
+	}
+	s.keys.Ascend(func(e *Entry) bool {
+		out[part(e.Key)].replace(nil, e)
+		return true
+	})
+	return out
+}
+
 func (s *Store) remove(e *Entry) {
 	s.keys.Delete(e)
 	s.bytes -= e.size()

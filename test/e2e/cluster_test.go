@@ -7,6 +7,8 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -375,5 +377,51 @@ func TestKVModelCatchesViolations(t *testing.T) {
 	}
 	if !porcupine.CheckOperations(kvModel, maybe) {
 		t.Fatal("an unknown outcome that took effect was refused")
+	}
+}
+
+// TestSingleNodeGrowsIntoCluster: a data directory written by a node on its
+// own becomes the first node of a cluster with its data (values, versions,
+// expiries, fencing tokens), and a second node that joins serves it too.
+func TestSingleNodeGrowsIntoCluster(t *testing.T) {
+	skipInCluster(t, "starts its own nodes")
+	dir := t.TempDir()
+	s := startServerIn(t, dir)
+	c := dialRaw(t, s, "before", rawOpts{cleanStart: true})
+	versions := map[string]string{}
+	for i := 0; i < 50; i++ {
+		k := fmt.Sprintf("kept/%d", i)
+		v, _ := userProp(c.call("SET", k, fmt.Sprint(i)), "__ts")
+		versions[k] = v
+	}
+	expectPayload(t, c.call("SET", "expiring", "x", "PX", "600000"), "+OK\r\n")
+	s.Close()
+
+	first, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: dir, Logger: quietLogger(),
+		Cluster: server.ClusterConfig{Listen: "127.0.0.1:0", Groups: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(),
+		Cluster: server.ClusterConfig{NodeID: "joiner", Listen: "127.0.0.1:0", Join: []string{first.ClusterAddr()}, Groups: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	for _, srv := range []*server.Server{first, second} {
+		r := dialRaw(t, &testServer{Server: srv}, "after-"+srv.NodeID, rawOpts{cleanStart: true})
+		for k, v := range versions {
+			p := r.call("GET", k)
+			if ts, _ := userProp(p, "__ts"); ts != v {
+				t.Fatalf("%s via %s: version %q, want %q (payload %q)", k, srv.NodeID, ts, v, p.Payload)
+			}
+		}
+		if p := r.call("PTTL", "expiring"); !strings.HasPrefix(string(p.Payload), ":5") {
+			t.Fatalf("expiry lost: PTTL %q", p.Payload)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "raft.before-cluster")); err != nil {
+		t.Fatalf("the single node's log was not set aside: %v", err)
 	}
 }
