@@ -333,6 +333,14 @@ func (s *Server) Broker() *broker.Broker { return s.broker }
 // Node returns the node runtime (cluster status, its replicas).
 func (s *Server) Node() *cluster.Node { return s.node }
 
+// Isolate cuts the node off the other nodes (true) or reconnects it: the
+// network partition of fault tests. A node on its own ignores it.
+func (s *Server) Isolate(on bool) {
+	if s.link != nil {
+		s.link.Isolate(on)
+	}
+}
+
 // ClusterAddr returns the node link address, or "" for a node on its own.
 func (s *Server) ClusterAddr() string {
 	if s.link == nil {

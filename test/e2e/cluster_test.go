@@ -425,3 +425,63 @@ func TestSingleNodeGrowsIntoCluster(t *testing.T) {
 		t.Fatalf("the single node's log was not set aside: %v", err)
 	}
 }
+
+// TestClusterPartitionIsolatingALeader: the node leading the most groups
+// is cut off the node link (its clients stay connected to it) while clients
+// on every node keep working; then the partition heals. The isolated
+// leader must neither acknowledge a write nor serve a stale read: the
+// history stays linearizable.
+func TestClusterPartitionIsolatingALeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("several seconds of faults")
+	}
+	skipInCluster(t, "starts its own nodes")
+	var nodes []*server.Server
+	for i := 0; i < 3; i++ {
+		cc := server.ClusterConfig{NodeID: fmt.Sprintf("p%d", i+1), Listen: "127.0.0.1:0", Groups: 4}
+		if i > 0 {
+			cc.Join = []string{nodes[0].ClusterAddr()}
+		}
+		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(), Cluster: cc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		nodes = append(nodes, s)
+	}
+	awaitSettled(t, nodes[0])
+	h := &history{start: time.Now()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go worker(i, nodes[i%3].Addr(), h, stop, &wg)
+	}
+	time.Sleep(2 * time.Second)
+	st := nodes[0].Node().Status()
+	victim, most := 0, -1
+	for i, n := range st.Nodes {
+		if n.Leads > most {
+			victim, most = i, n.Leads
+		}
+	}
+	t.Logf("isolating %s (leads %d groups) for 4 s", st.Nodes[victim].ID, most)
+	var isolated *server.Server
+	for _, s := range nodes {
+		if s.NodeID == st.Nodes[victim].ID {
+			isolated = s
+		}
+	}
+	isolated.Isolate(true)
+	time.Sleep(4 * time.Second)
+	isolated.Isolate(false)
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t.Logf("%d operations", len(h.ops))
+	if res := porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second); res == porcupine.Illegal {
+		t.Fatal("the history is not linearizable")
+	}
+}
