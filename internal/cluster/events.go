@@ -275,6 +275,9 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) b
 	go func() { // unblock the read when the node stops
 		select {
 		case <-f.stop:
+			// Closing a yamux stream only half-closes it: the read
+			// waits on, so end it by its deadline.
+			c.SetReadDeadline(time.Now())
 			c.Close()
 		case <-done:
 		}
@@ -290,6 +293,11 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) b
 		var resp callResp
 		if err := c.Receive(&resp); err != nil || resp.Kind != errNone {
 			return got
+		}
+		select {
+		case <-f.stop:
+			return got
+		default:
 		}
 		got = true
 		f.deliver(resp.Events)
