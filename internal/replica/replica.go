@@ -306,6 +306,17 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 		g.closeWAL()
 		return nil, nil, nil, err
 	}
+	// A log compacted behind a snapshot needs that snapshot (raft itself
+	// panics without it).
+	if first, err := w.FirstIndex(); err == nil && first > 1 {
+		if snaps, err := fss.List(); err != nil || len(snaps) == 0 {
+			g.closeWAL()
+			if err == nil {
+				err = fmt.Errorf("the log starts at entry %d and no snapshot holds the entries before it", first)
+			}
+			return nil, nil, nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "the snapshot the log continues", Err: err}
+		}
+	}
 	return w, w, fss, nil
 }
 

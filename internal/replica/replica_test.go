@@ -1,7 +1,11 @@
 package replica
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,5 +237,28 @@ func TestWriteToExpiredKeyEmitsDeleteFirst(t *testing.T) {
 	}
 	if events[1].Version.Compare(events[0].Version) <= 0 || events[2].Version.Compare(events[1].Version) <= 0 {
 		t.Fatalf("versions not increasing: %v %v %v", events[0].Version, events[1].Version, events[2].Version)
+	}
+}
+
+// TestMissingSnapshotsIsAnError: a group whose log was compacted behind a
+// snapshot, with the snapshot gone, refuses to start with an error naming
+// what is missing (raft would panic: "log not found").
+func TestMissingSnapshotsIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	g := open(t, dir, nil)
+	for i := 0; i < 3000; i++ {
+		write(t, g, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint(i % 50)), Value: []byte("v")}, hlc.Timestamp{})
+	}
+	if err := g.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	if err := os.RemoveAll(filepath.Join(dir, "snapshots")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(Config{NodeID: "n1", Dir: dir})
+	var damaged *DamagedError
+	if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "snapshot") {
+		t.Fatalf("open without its snapshot: %v", err)
 	}
 }
