@@ -293,15 +293,7 @@ func settled(admin string, rf int) bool {
 	}
 	defer resp.Body.Close()
 	var st cluster.Status
-	if json.NewDecoder(resp.Body).Decode(&st) != nil || len(st.Groups) == 0 {
-		return false
-	}
-	for _, g := range st.Groups {
-		if g.Migrating || len(g.Replicas) != rf || g.Leader != g.Placement[0] {
-			return false
-		}
-	}
-	return true
+	return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Settled(rf, true)
 }
 
 // spawnSelf starts this binary as a child server.

@@ -110,15 +110,7 @@ func (h *harness) any() *Node {
 
 func (h *harness) settled(rf int) bool {
 	st := h.any().Status()
-	if len(st.Groups) != h.groups {
-		return false
-	}
-	for _, g := range st.Groups {
-		if g.Migrating || len(g.Replicas) != rf || g.Leader != g.Placement[0] {
-			return false
-		}
-	}
-	return true
+	return len(st.Groups) == h.groups && st.Settled(rf, true)
 }
 
 func ctx(t *testing.T) context.Context {

@@ -152,3 +152,18 @@ func (n *Node) Copy() (*store.Store, error) {
 
 // Clustered reports whether the node is a cluster member (not on its own).
 func (n *Node) Clustered() bool { return n.link != nil }
+
+// Settled reports whether every group has rf replicas, none moving, and a
+// leader (with preferred, the placement's preferred leader): a cluster at
+// rest, as tests and benchmarks wait for.
+func (s Status) Settled(rf int, preferred bool) bool {
+	if len(s.Groups) == 0 {
+		return false
+	}
+	for _, g := range s.Groups {
+		if g.Migrating || len(g.Replicas) != rf || g.Leader == "" || preferred && g.Leader != g.Placement[0] {
+			return false
+		}
+	}
+	return true
+}

@@ -81,15 +81,6 @@ func startHelper(t testing.TB, id string, join []string) *server.Server {
 func awaitSettled(t testing.TB, s *server.Server) {
 	t.Helper()
 	eventuallyWithin(t, 60*time.Second, "the cluster to settle", func() bool {
-		st := s.Node().Status()
-		if len(st.Groups) == 0 {
-			return false
-		}
-		for _, g := range st.Groups {
-			if g.Migrating || len(g.Replicas) != 3 || g.Leader != g.Placement[0] {
-				return false
-			}
-		}
-		return true
+		return s.Node().Status().Settled(3, true)
 	})
 }

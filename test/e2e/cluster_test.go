@@ -105,15 +105,8 @@ func (c *procCluster) awaitSettled(i, rf int) cluster.Status {
 	var st cluster.Status
 	eventuallyWithin(c.t, 90*time.Second, "the cluster to settle", func() bool {
 		var err error
-		if st, err = c.status(i); err != nil || len(st.Groups) != c.groups {
-			return false
-		}
-		for _, g := range st.Groups {
-			if g.Migrating || len(g.Replicas) != rf || g.Leader == "" {
-				return false
-			}
-		}
-		return true
+		st, err = c.status(i)
+		return err == nil && len(st.Groups) == c.groups && st.Settled(rf, false)
 	})
 	return st
 }
