@@ -478,3 +478,71 @@ func TestClusterPartitionIsolatingALeader(t *testing.T) {
 		t.Fatal("the history is not linearizable")
 	}
 }
+
+// TestClusterJoinAndLeaveUnderLoad: while clients on every node work, a
+// fourth node joins (replicas move to it by snapshot and log) and then one
+// of the first three leaves (its replicas move away and it is removed).
+// The history stays linearizable, and the leaving node ends up holding
+// nothing.
+func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves replicas under load")
+	}
+	skipInCluster(t, "starts its own nodes")
+	start := func(id string, join []string) *server.Server {
+		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(),
+			Cluster: server.ClusterConfig{NodeID: id, Listen: "127.0.0.1:0", Join: join, Groups: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	first := start("j1", nil)
+	nodes := []*server.Server{first, start("j2", []string{first.ClusterAddr()}), start("j3", []string{first.ClusterAddr()})}
+	awaitSettled(t, first)
+	h := &history{start: time.Now()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go worker(i, nodes[i%3].Addr(), h, stop, &wg)
+	}
+	time.Sleep(time.Second)
+	fourth := start("j4", []string{first.ClusterAddr()})
+	eventuallyWithin(t, 60*time.Second, "the new node to get replicas", func() bool {
+		st := fourth.Node().Status()
+		for _, n := range st.Nodes {
+			if n.ID == "j4" && n.Replicas > 0 {
+				return st.Settled(3, false)
+			}
+		}
+		return false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := first.Node().Leave(ctx, "j3"); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyWithin(t, 90*time.Second, "j3 to be drained and removed", func() bool {
+		st := first.Node().Status()
+		for _, n := range st.Nodes {
+			if n.ID == "j3" {
+				return false
+			}
+		}
+		return st.Settled(3, false)
+	})
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	if n := len(nodes[2].Node().Groups()); n != 0 {
+		t.Fatalf("the node that left still holds %d replicas", n)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t.Logf("%d operations while a node joined and another left", len(h.ops))
+	if res := porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second); res == porcupine.Illegal {
+		t.Fatal("the history is not linearizable")
+	}
+}
