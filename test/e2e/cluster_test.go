@@ -296,23 +296,31 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 		}
 		return best
 	}
-	time.Sleep(2 * time.Second)
-	victim := mostLeader(st)
-	t.Logf("SIGKILL n%d (leads %d of %d groups)", victim+1, st.Nodes[victim].Leads, c.groups)
-	killedAt := time.Now()
-	c.procs[victim].Kill()
-	c.procs[victim] = nil
-	time.Sleep(3 * time.Second)
-	c.start(victim)
-	other := (victim + 1) % 3
-	st = c.awaitSettled(other, 3)
-	time.Sleep(time.Second)
-	paused := mostLeader(st)
-	t.Logf("SIGSTOP n%d for 3 s", paused+1)
-	c.procs[paused].Signal(syscall.SIGSTOP)
-	time.Sleep(3 * time.Second)
-	c.procs[paused].Signal(syscall.SIGCONT)
-	time.Sleep(2 * time.Second)
+	// MQKV_SOAK=10m repeats the faults for that long (for local use).
+	soak, _ := time.ParseDuration(os.Getenv("MQKV_SOAK"))
+	var killedAt time.Time
+	for cycle := 0; cycle == 0 || time.Since(h.start) < soak; cycle++ {
+		time.Sleep(2 * time.Second)
+		victim := mostLeader(st)
+		t.Logf("cycle %d: SIGKILL n%d (leads %d of %d groups)", cycle, victim+1, st.Nodes[victim].Leads, c.groups)
+		if cycle == 0 {
+			killedAt = time.Now()
+		}
+		c.procs[victim].Kill()
+		c.procs[victim] = nil
+		time.Sleep(3 * time.Second)
+		c.start(victim)
+		other := (victim + 1) % 3
+		st = c.awaitSettled(other, 3)
+		time.Sleep(time.Second)
+		paused := mostLeader(st)
+		t.Logf("cycle %d: SIGSTOP n%d for 3 s", cycle, paused+1)
+		c.procs[paused].Signal(syscall.SIGSTOP)
+		time.Sleep(3 * time.Second)
+		c.procs[paused].Signal(syscall.SIGCONT)
+		time.Sleep(2 * time.Second)
+		st = c.awaitSettled(other, 3)
+	}
 	close(stop)
 	wg.Wait()
 
