@@ -45,6 +45,8 @@ type Node struct {
 type Keyspace interface {
 	statestore.Router
 	Stats() replica.Stats
+	// GroupStats are the figures of each replica held here, by group.
+	GroupStats() map[int]replica.Stats
 	// Copy is a consistent copy of the store, for backups (a node on
 	// its own only).
 	Copy() (*store.Store, error)

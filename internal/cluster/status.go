@@ -167,3 +167,12 @@ func (s Status) Settled(rf int, preferred bool) bool {
 	}
 	return true
 }
+
+// GroupStats returns the figures of each replica this node holds.
+func (n *Node) GroupStats() map[int]replica.Stats {
+	out := map[int]replica.Stats{}
+	for g, r := range n.Groups() {
+		out[g] = r.Stats()
+	}
+	return out
+}

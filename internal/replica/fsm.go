@@ -26,6 +26,7 @@ type fsm struct {
 	timings    Timings
 
 	expired       atomic.Int64
+	restores      atomic.Int64 // snapshots installed (a replica catching up, or a restart)
 	lastSnapshot  atomic.Int64 // unix ns
 	snapshotBytes atomic.Int64
 
@@ -115,6 +116,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.st = next
 	f.mu.Unlock()
+	f.restores.Add(1)
 	if f.onEvents != nil {
 		f.onEvents(Batch{Reset: true})
 	}

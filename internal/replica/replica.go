@@ -179,7 +179,8 @@ type Group struct {
 	// no more writes, Failed is closed, and the node must stop.
 	*Fault
 
-	readyTerm atomic.Uint64 // the term in which this leader applied all before it
+	readyTerm     atomic.Uint64 // the term in which this leader applied all before it
+	leaderChanges atomic.Int64  // leaders observed since start
 }
 
 type pending struct {
@@ -242,6 +243,21 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("replica: start raft: %w", err)
 	}
 	g.raft = r
+	obs := make(chan raft.Observation, 16)
+	r.RegisterObserver(raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	}))
+	go func() {
+		for {
+			select {
+			case <-obs:
+				g.leaderChanges.Add(1)
+			case <-g.closing:
+				return
+			}
+		}
+	}()
 	g.wg.Add(3)
 	go g.propose()
 	go g.complete()
@@ -553,7 +569,12 @@ type Stats struct {
 	Bytes         int64
 	AppliedIndex  uint64
 	LastIndex     uint64
-	Expired       int64     // keys removed by expiry since start
+	Expired       int64 // keys removed by expiry since start
+	CommitIndex   uint64
+	LeaderChanges int64 // leaders observed since start
+	Restores      int64 // snapshots installed since start
+	Voters        int
+	Nonvoters     int       // replicas being caught up (a migration), as this replica knows
 	LastSnapshot  time.Time // zero if none since start
 	SnapshotBytes int64     // size of the last snapshot
 	Leader        bool
@@ -567,6 +588,16 @@ func (g *Group) Stats() Stats {
 	s.AppliedIndex = g.raft.AppliedIndex()
 	s.LastIndex = g.raft.LastIndex()
 	s.Expired = g.fsm.expired.Load()
+	s.CommitIndex = g.raft.CommitIndex()
+	s.LeaderChanges = g.leaderChanges.Load()
+	s.Restores = g.fsm.restores.Load()
+	for _, srv := range g.raft.GetConfiguration().Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			s.Voters++
+		} else {
+			s.Nonvoters++
+		}
+	}
 	if t := g.fsm.lastSnapshot.Load(); t != 0 {
 		s.LastSnapshot = time.Unix(0, t)
 	}

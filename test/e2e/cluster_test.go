@@ -554,3 +554,61 @@ func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
 		t.Fatal("the history is not linearizable")
 	}
 }
+
+// TestClusterStatusAndMetrics: `mqkv cluster status --json` shows every
+// node alive and every group with its leader, replicas and partitions; the
+// metrics carry the per-group figures; leave and remove refuse unknown
+// nodes with a clear error.
+func TestClusterStatusAndMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	skipInCluster(t, "starts its own nodes")
+	var nodes []*server.Server
+	for i := 0; i < 3; i++ {
+		cc := server.ClusterConfig{NodeID: fmt.Sprintf("s%d", i+1), Listen: "127.0.0.1:0", Groups: 4}
+		if i > 0 {
+			cc.Join = []string{nodes[0].ClusterAddr()}
+		}
+		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(), AdminListen: "127.0.0.1:0", Cluster: cc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		nodes = append(nodes, s)
+	}
+	awaitSettled(t, nodes[0])
+	admin := "http://" + nodes[1].AdminAddr()
+	out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "status", "--json", "--admin", admin)
+	var st cluster.Status
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("cluster status: exit %d, %s", code, out)
+	}
+	partitions := 0
+	for _, g := range st.Groups {
+		partitions += g.Partitions
+		if g.Leader == "" || len(g.Replicas) != 3 {
+			t.Fatalf("group %+v", g)
+		}
+	}
+	if len(st.Nodes) != 3 || partitions != 4096 {
+		t.Fatalf("%d nodes, %d partitions: %s", len(st.Nodes), partitions, out)
+	}
+	for _, n := range st.Nodes {
+		if n.State != "alive" || n.Leads == 0 {
+			t.Fatalf("node %+v", n)
+		}
+	}
+	if out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "status", "--admin", admin); code != 0 || !strings.Contains(out, "3 nodes, 4 groups, 0 migrating") {
+		t.Fatalf("cluster status: exit %d\n%s", code, out)
+	}
+	_, body := httpGet(t, admin+"/metrics")
+	for _, want := range []string{`mqkv_group_leader{group="0"}`, `mqkv_group_leader_changes_total{group="3"}`, `mqkv_group_apply_lag{group="1"}`, `mqkv_group_voters{group="2"} 3`} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("metrics lack %s", want)
+		}
+	}
+	if _, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "remove", "nobody", "--admin", admin); code != 2 {
+		t.Fatalf("removing an unknown node: exit %d, want 2", code)
+	}
+}
