@@ -280,13 +280,7 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	c := startProcCluster(t, 3, 4)
 	st := c.awaitSettled(0, 3)
-	h := &history{start: time.Now()}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := 0; i < 6; i++ {
-		wg.Add(1)
-		go worker(i, c.mqtt[i%3], h, stop, &wg)
-	}
+	stop := load(c.mqtt)
 	mostLeader := func(st cluster.Status) int {
 		best, n := 0, -1
 		for i, node := range st.Nodes {
@@ -298,8 +292,9 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 	}
 	// MQKV_SOAK=10m repeats the faults for that long (for local use).
 	soak, _ := time.ParseDuration(os.Getenv("MQKV_SOAK"))
+	began := time.Now()
 	var killedAt time.Time
-	for cycle := 0; cycle == 0 || time.Since(h.start) < soak; cycle++ {
+	for cycle := 0; cycle == 0 || time.Since(began) < soak; cycle++ {
 		time.Sleep(2 * time.Second)
 		victim := mostLeader(st)
 		t.Logf("cycle %d: SIGKILL n%d (leads %d of %d groups)", cycle, victim+1, st.Nodes[victim].Leads, c.groups)
@@ -321,11 +316,8 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		st = c.awaitSettled(other, 3)
 	}
-	close(stop)
-	wg.Wait()
-
+	h := stop()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	unknown := 0
 	for _, op := range h.ops {
 		if op.Output.(kvOutput).unknown {
@@ -339,17 +331,12 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 			stall = max(stall, h.acks[i].Sub(h.acks[i-1]))
 		}
 	}
-	t.Logf("%d operations (%d with unknown outcome); longest pause between acknowledged writes around the kill: %v", len(h.ops), unknown, stall)
-	if len(h.ops) < 200 {
-		t.Fatalf("only %d operations", len(h.ops))
+	ops := len(h.ops)
+	h.mu.Unlock()
+	if ops < 200 {
+		t.Fatalf("only %d operations", ops)
 	}
-	res := porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second)
-	if res == porcupine.Illegal {
-		t.Fatal("the history is not linearizable")
-	}
-	if res == porcupine.Unknown {
-		t.Log("linearizability check timed out (inconclusive)")
-	}
+	checkLinearizable(t, h, fmt.Sprintf("(%d with unknown outcome); longest pause between acknowledged writes around the kill: %v", unknown, stall))
 }
 
 // TestKVModelCatchesViolations: the checker the cluster test relies on
@@ -437,27 +424,8 @@ func TestClusterPartitionIsolatingALeader(t *testing.T) {
 		t.Skip("several seconds of faults")
 	}
 	skipInCluster(t, "starts its own nodes")
-	var nodes []*server.Server
-	for i := 0; i < 3; i++ {
-		cc := server.ClusterConfig{NodeID: fmt.Sprintf("p%d", i+1), Listen: "127.0.0.1:0", Groups: 4}
-		if i > 0 {
-			cc.Join = []string{nodes[0].ClusterAddr()}
-		}
-		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(), Cluster: cc})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		nodes = append(nodes, s)
-	}
-	awaitSettled(t, nodes[0])
-	h := &history{start: time.Now()}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := 0; i < 6; i++ {
-		wg.Add(1)
-		go worker(i, nodes[i%3].Addr(), h, stop, &wg)
-	}
+	nodes := startNodes(t, "p", 3, nil)
+	stop := load(addrsOf(nodes))
 	time.Sleep(2 * time.Second)
 	st := nodes[0].Node().Status()
 	victim, most := 0, -1
@@ -477,14 +445,7 @@ func TestClusterPartitionIsolatingALeader(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	isolated.Isolate(false)
 	time.Sleep(3 * time.Second)
-	close(stop)
-	wg.Wait()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	t.Logf("%d operations", len(h.ops))
-	if res := porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second); res == porcupine.Illegal {
-		t.Fatal("the history is not linearizable")
-	}
+	checkLinearizable(t, stop(), "across the partition")
 }
 
 // TestClusterJoinAndLeaveUnderLoad: while clients on every node work, a
@@ -497,27 +458,11 @@ func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
 		t.Skip("moves replicas under load")
 	}
 	skipInCluster(t, "starts its own nodes")
-	start := func(id string, join []string) *server.Server {
-		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(),
-			Cluster: server.ClusterConfig{NodeID: id, Listen: "127.0.0.1:0", Join: join, Groups: 4}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	first := start("j1", nil)
-	nodes := []*server.Server{first, start("j2", []string{first.ClusterAddr()}), start("j3", []string{first.ClusterAddr()})}
-	awaitSettled(t, first)
-	h := &history{start: time.Now()}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := 0; i < 6; i++ {
-		wg.Add(1)
-		go worker(i, nodes[i%3].Addr(), h, stop, &wg)
-	}
+	nodes := startNodes(t, "j", 3, nil)
+	first := nodes[0]
+	stop := load(addrsOf(nodes))
 	time.Sleep(time.Second)
-	fourth := start("j4", []string{first.ClusterAddr()})
+	fourth := startNode(t, "j4", []string{first.ClusterAddr()}, nil)
 	eventuallyWithin(t, 60*time.Second, "the new node to get replicas", func() bool {
 		st := fourth.Node().Status()
 		for _, n := range st.Nodes {
@@ -542,17 +487,11 @@ func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
 		return st.Settled(3, false)
 	})
 	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
+	h := stop()
 	if n := len(nodes[2].Node().Groups()); n != 0 {
 		t.Fatalf("the node that left still holds %d replicas", n)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	t.Logf("%d operations while a node joined and another left", len(h.ops))
-	if res := porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second); res == porcupine.Illegal {
-		t.Fatal("the history is not linearizable")
-	}
+	checkLinearizable(t, h, "while a node joined and another left")
 }
 
 // TestClusterStatusAndMetrics: `mqkv cluster status --json` shows every
@@ -564,20 +503,7 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	skipInCluster(t, "starts its own nodes")
-	var nodes []*server.Server
-	for i := 0; i < 3; i++ {
-		cc := server.ClusterConfig{NodeID: fmt.Sprintf("s%d", i+1), Listen: "127.0.0.1:0", Groups: 4}
-		if i > 0 {
-			cc.Join = []string{nodes[0].ClusterAddr()}
-		}
-		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(), AdminListen: "127.0.0.1:0", Cluster: cc})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		nodes = append(nodes, s)
-	}
-	awaitSettled(t, nodes[0])
+	nodes := startNodes(t, "s", 3, func(c *server.Config) { c.AdminListen = "127.0.0.1:0" })
 	admin := "http://" + nodes[1].AdminAddr()
 	out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "status", "--json", "--admin", admin)
 	var st cluster.Status
@@ -611,4 +537,76 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 	if _, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "remove", "nobody", "--admin", admin); code != 2 {
 		t.Fatalf("removing an unknown node: exit %d, want 2", code)
 	}
+}
+
+// startNodes starts n in-process nodes of a new cluster (4 groups), named
+// prefix1..prefixN, each with cfg applied, and waits until it is at rest.
+func startNodes(t *testing.T, prefix string, n int, cfg func(*server.Config)) []*server.Server {
+	t.Helper()
+	var nodes []*server.Server
+	for i := 0; i < n; i++ {
+		var join []string
+		if i > 0 {
+			join = []string{nodes[0].ClusterAddr()}
+		}
+		nodes = append(nodes, startNode(t, fmt.Sprintf("%s%d", prefix, i+1), join, cfg))
+	}
+	awaitSettled(t, nodes[0])
+	return nodes
+}
+
+// startNode starts one in-process node that joins through join (creates a
+// cluster without).
+func startNode(t *testing.T, id string, join []string, cfg func(*server.Config)) *server.Server {
+	t.Helper()
+	c := server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(),
+		Cluster: server.ClusterConfig{NodeID: id, Listen: "127.0.0.1:0", Join: join, Groups: 4}}
+	if cfg != nil {
+		cfg(&c)
+	}
+	s, err := server.Start(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// load runs six workers, two per address, until the returned function
+// stops them and gives back their history.
+func load(addrs []string) func() *history {
+	h := &history{start: time.Now()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go worker(i, addrs[i%len(addrs)], h, stop, &wg)
+	}
+	return func() *history {
+		close(stop)
+		wg.Wait()
+		return h
+	}
+}
+
+// checkLinearizable fails the test if the history is not linearizable.
+func checkLinearizable(t *testing.T, h *history, what string) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t.Logf("%d operations %s", len(h.ops), what)
+	switch porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second) {
+	case porcupine.Illegal:
+		t.Fatal("the history is not linearizable")
+	case porcupine.Unknown:
+		t.Log("linearizability check timed out (inconclusive)")
+	}
+}
+
+func addrsOf(nodes []*server.Server) []string {
+	var out []string
+	for _, s := range nodes {
+		out = append(out, s.Addr())
+	}
+	return out
 }
