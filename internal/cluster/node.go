@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -178,9 +177,6 @@ func (n *Node) watchFailure(g *replica.Group) {
 // Clock is the node's hybrid logical clock, shared by its groups.
 func (n *Node) Clock() *hlc.Clock { return n.clock }
 
-// ID is the node's id.
-func (n *Node) ID() string { return n.cfg.NodeID }
-
 // groupOf returns the group that owns key.
 func (n *Node) groupOf(key []byte) int {
 	return int(store.Partition(key)) % n.groupCount()
@@ -225,10 +221,6 @@ func (n *Node) Groups() map[int]*replica.Group {
 	}
 	return out
 }
-
-// State returns the cluster metadata as this node knows it (nil on a node
-// on its own).
-func (n *Node) State() *meta.State { return n.state.Load() }
 
 // addrOf returns the link address of a member.
 func (n *Node) addrOf(id string) string {
@@ -533,14 +525,4 @@ func (n *Node) wakeReconciler() {
 	case n.changed <- struct{}{}:
 	default:
 	}
-}
-
-// memberIDs returns the member ids, sorted.
-func memberIDs(st *meta.State) []string {
-	var ids []string
-	for _, m := range st.Nodes {
-		ids = append(ids, m.ID)
-	}
-	sort.Strings(ids)
-	return ids
 }

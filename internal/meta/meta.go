@@ -104,24 +104,19 @@ func (s *State) Apply(op Op) error {
 		}
 		s.Nodes = append(s.Nodes, Node{ID: op.Node.ID, Addr: op.Node.Addr, State: Active})
 		sort.Slice(s.Nodes, func(a, b int) bool { return s.Nodes[a].ID < s.Nodes[b].ID })
-	case OpLeave:
+	case OpLeave, OpRemove:
 		i := s.index(op.Node.ID)
 		if i < 0 {
 			return ErrUnknownNode
 		}
 		if s.Nodes[i].State == Active && len(s.Active()) == 1 {
-			return ErrLastNode
+			return ErrLastNode // someone must hold the data
 		}
-		s.Nodes[i].State = Leaving
-	case OpRemove:
-		i := s.index(op.Node.ID)
-		if i < 0 {
-			return ErrUnknownNode
+		if op.Kind == OpLeave {
+			s.Nodes[i].State = Leaving
+		} else {
+			s.Nodes = slices.Delete(s.Nodes, i, i+1)
 		}
-		if s.Nodes[i].State == Active && len(s.Active()) == 1 {
-			return ErrLastNode
-		}
-		s.Nodes = slices.Delete(s.Nodes, i, i+1)
 	default:
 		return fmt.Errorf("meta: unknown op %d", op.Kind)
 	}

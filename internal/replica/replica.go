@@ -537,7 +537,7 @@ func (g *Group) Get(key []byte) (store.Entry, bool) {
 // them. It holds the store's read lock: fn must not block.
 func (g *Group) Ascend(from, prefix []byte, limit int, fn func(*store.Entry) bool) (exhausted bool) {
 	exhausted = true
-	g.View(func(s *store.Store, now int64) {
+	g.view(func(s *store.Store, now int64) {
 		n := 0
 		s.Ascend(from, now, func(e *store.Entry) bool {
 			if len(e.Key) < len(prefix) || string(e.Key[:len(prefix)]) != string(prefix) {
@@ -554,9 +554,9 @@ func (g *Group) Ascend(from, prefix []byte, limit int, fn func(*store.Entry) boo
 	return exhausted
 }
 
-// View calls fn with the store under a read lock. fn must not keep the
+// view calls fn with the store under a read lock. fn must not keep the
 // store or block.
-func (g *Group) View(fn func(s *store.Store, now int64)) {
+func (g *Group) view(fn func(s *store.Store, now int64)) {
 	now := g.clock.WallMillis()
 	g.fsm.mu.RLock()
 	defer g.fsm.mu.RUnlock()
@@ -800,7 +800,7 @@ func (g *Group) expireLoop() {
 		var next int64
 		var haveNext bool
 		leader := g.raft.State() == raft.Leader
-		g.View(func(s *store.Store, _ int64) {
+		g.view(func(s *store.Store, _ int64) {
 			if leader { // followers apply the leader's Expire commands
 				s.Due(now, maxBatch, func(key []byte, v hlc.Timestamp) {
 					batch = append(batch, due{key, v})
