@@ -65,6 +65,9 @@ type Config struct {
 	// kept; clients asking for longer are told the cap in CONNACK. Zero
 	// means DefaultMaxSessionExpiry.
 	MaxSessionExpiry time.Duration
+	// MaxSubscriptions caps the topic filters one client holds; more get
+	// SUBACK 0x97. Zero means DefaultMaxSubscriptions.
+	MaxSubscriptions int
 	Security         Security
 	Logger           *slog.Logger
 }
@@ -131,6 +134,7 @@ type Broker struct {
 
 	seq       *sequencer
 	ids       idSpace
+	subLimits subscriptionLimits
 	wills     wills
 	stop      chan struct{}
 	closeOnce sync.Once
@@ -152,6 +156,9 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	}
 	if cfg.MaxSessionExpiry == 0 {
 		cfg.MaxSessionExpiry = DefaultMaxSessionExpiry
+	}
+	if cfg.MaxSubscriptions == 0 {
+		cfg.MaxSubscriptions = DefaultMaxSubscriptions
 	}
 	if len(cfg.Listeners) == 0 {
 		return nil, fmt.Errorf("broker: no listener configured")
@@ -181,6 +188,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetReadBufferSize:  32 << 10,
 	})
 	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, seq: newSequencer(), stop: make(chan struct{})}
+	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{}}
 	sec := cfg.Security
 	b.security.Store(&sec)
 	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)

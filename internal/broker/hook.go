@@ -84,15 +84,15 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			h.b.seq.renumber(cl)
 		}
 	default:
-		pk = h.b.ids.write(cl, pk)
+		pk = h.b.ids.write(cl, h.b.subLimits.write(cl, pk))
 	}
 	return pk
 }
 
 // OnPacketRead keeps the client's packet ids apart from the server's (see
-// idSpace).
+// idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	return h.b.ids.read(cl, pk), nil
+	return h.b.subLimits.read(cl, h.b.ids.read(cl, pk)), nil
 }
 
 // OnPublish hands requests to the state store. They are not routed to
@@ -156,6 +156,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if expire && !cl.IsTakenOver() {
 		h.b.ids.forget(cl.ID)
 	}
+	h.b.subLimits.forget(cl)
 	if c := h.b.connOf(cl); c != nil {
 		if err != nil {
 			h.b.dueWill(cl, c)

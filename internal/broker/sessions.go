@@ -96,39 +96,66 @@ func persistent(cl *mqtt.Client) bool {
 	return !cl.Properties.Clean
 }
 
+// write applies one client event's changes in one transaction (one fsync,
+// shared with concurrent events by bbolt's Batch), whatever the number of
+// records it touches: a disconnect that drops 20,000 subscriptions costs
+// one write, not 20,000.
+func (s *sessions) write(what string, fn func(tx *bbolt.Tx) error) {
+	if err := s.db.Batch(fn); err != nil {
+		s.log.Error("session store: "+what, "error", err)
+	}
+}
+
 func (s *sessions) put(bucket []byte, key string, v storage.Serializable) {
 	data, err := v.MarshalBinary()
 	if err != nil {
 		s.log.Error("session store: encode", "error", err)
 		return
 	}
-	err = s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Put([]byte(key), data) })
-	if err != nil {
-		s.log.Error("session store: write", "error", err)
-	}
+	s.write("write", func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Put([]byte(key), data) })
 }
 
 func (s *sessions) del(bucket []byte, key string) {
-	k := []byte(key)
-	if err := s.db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Delete(k) }); err != nil {
-		s.log.Error("session store: delete", "error", err)
-	}
+	s.write("delete", func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Delete([]byte(key)) })
 }
 
-func (s *sessions) delPrefix(bucket []byte, prefix string) {
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		c := tx.Bucket(bucket).Cursor()
-		p := []byte(prefix)
-		for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
-			if err := c.Delete(); err != nil {
-				return err
+// deletePrefix removes every record of a bucket whose key starts with
+// prefix, inside tx.
+func deletePrefix(tx *bbolt.Tx, bucket []byte, prefix string) error {
+	b := tx.Bucket(bucket)
+	p := []byte(prefix)
+	var keys [][]byte
+	c := b.Cursor()
+	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// holds reports whether the store has any record of the client: most
+// clients have clean sessions and nothing stored, and a read costs no fsync.
+func (s *sessions) holds(clientID string) bool {
+	found := false
+	p := []byte(clientID + "\x00")
+	_ = s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketClients).Get([]byte(clientID)) != nil {
+			found = true
+			return nil
+		}
+		for _, b := range [][]byte{bucketSubs, bucketInflight} {
+			if k, _ := tx.Bucket(b).Cursor().Seek(p); k != nil && bytes.HasPrefix(k, p) {
+				found = true
+				return nil
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		s.log.Error("session store: delete", "error", err)
-	}
+	return found
 }
 
 func (s *sessions) updateClient(cl *mqtt.Client) {
@@ -180,11 +207,22 @@ func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 
 func (s *sessions) OnClientExpired(cl *mqtt.Client) { s.forget(cl.ID) }
 
-// forget removes every trace of a client's session.
+// forget removes every trace of a client's session, in one transaction,
+// and writes nothing when there is nothing to remove.
 func (s *sessions) forget(clientID string) {
-	s.del(bucketClients, clientID)
-	s.delPrefix(bucketSubs, clientID+"\x00")
-	s.dropInflight(clientID)
+	s.dropPending(clientID)
+	if !s.holds(clientID) {
+		return
+	}
+	s.write("delete", func(tx *bbolt.Tx) error {
+		if err := tx.Bucket(bucketClients).Delete([]byte(clientID)); err != nil {
+			return err
+		}
+		if err := deletePrefix(tx, bucketSubs, clientID+"\x00"); err != nil {
+			return err
+		}
+		return deletePrefix(tx, bucketInflight, clientID+"\x00")
+	})
 }
 
 func subKey(clientID, filter string) string { return clientID + "\x00" + filter }
@@ -193,11 +231,12 @@ func (s *sessions) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte
 	if !persistent(cl) {
 		return
 	}
+	keys, records := make([][]byte, 0, len(pk.Filters)), make([][]byte, 0, len(pk.Filters))
 	for i, f := range pk.Filters {
 		if i >= len(codes) || codes[i] >= 0x80 {
 			continue
 		}
-		s.put(bucketSubs, subKey(cl.ID, f.Filter), &storage.Subscription{
+		data, err := (&storage.Subscription{
 			ID:                subKey(cl.ID, f.Filter),
 			T:                 storage.SubscriptionKey,
 			Client:            cl.ID,
@@ -207,14 +246,43 @@ func (s *sessions) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte
 			NoLocal:           f.NoLocal,
 			RetainHandling:    f.RetainHandling,
 			RetainAsPublished: f.RetainAsPublished,
-		})
+		}).MarshalBinary()
+		if err != nil {
+			s.log.Error("session store: encode", "error", err)
+			continue
+		}
+		keys, records = append(keys, []byte(subKey(cl.ID, f.Filter))), append(records, data)
 	}
+	if len(keys) == 0 {
+		return
+	}
+	s.write("write", func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketSubs)
+		for i := range keys {
+			if err := b.Put(keys[i], records[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
+// OnUnsubscribed drops the filters from a persistent session. A clean
+// session stored none; when a session ends, forget has removed them all
+// already (mochi reports every filter of a closing session here).
 func (s *sessions) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
-	for _, f := range pk.Filters {
-		s.del(bucketSubs, subKey(cl.ID, f.Filter))
+	if !persistent(cl) || len(pk.Filters) == 0 {
+		return
 	}
+	s.write("delete", func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketSubs)
+		for _, f := range pk.Filters {
+			if err := b.Delete([]byte(subKey(cl.ID, f.Filter))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func (s *sessions) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
@@ -298,7 +366,8 @@ func (s *sessions) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 
 func (s *sessions) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { s.OnQosComplete(cl, pk) }
 
-func (s *sessions) dropInflight(clientID string) {
+// dropPending forgets the client's messages not yet written or deleted.
+func (s *sessions) dropPending(clientID string) {
 	s.mu.Lock()
 	for k := range s.inflight {
 		if k.client == clientID {
@@ -308,7 +377,6 @@ func (s *sessions) dropInflight(clientID string) {
 		}
 	}
 	s.mu.Unlock()
-	s.delPrefix(bucketInflight, clientID+"\x00")
 }
 
 func (s *sessions) flushLoop() {

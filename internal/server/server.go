@@ -85,6 +85,7 @@ type Limits struct {
 	MaxOutbound      int32         // messages waiting to be written to one client
 	MaxQueued        uint16        // unacknowledged QoS 1/2 messages one session holds
 	MaxSessionExpiry time.Duration // how long a disconnected persistent session is kept
+	MaxSubscriptions int           // topic filters one client holds
 }
 
 // DefaultLimits are what an unconfigured node uses.
@@ -98,6 +99,7 @@ var DefaultLimits = Limits{
 	MaxOutbound:      broker.DefaultMaxOutbound,
 	MaxQueued:        broker.DefaultMaxQueued,
 	MaxSessionExpiry: broker.DefaultMaxSessionExpiry,
+	MaxSubscriptions: broker.DefaultMaxSubscriptions,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -111,6 +113,7 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxOutbound, d.MaxOutbound)
 	orDefault(&l.MaxQueued, d.MaxQueued)
 	orDefault(&l.MaxSessionExpiry, d.MaxSessionExpiry)
+	orDefault(&l.MaxSubscriptions, d.MaxSubscriptions)
 	return l
 }
 
@@ -274,6 +277,7 @@ func Start(cfg Config) (*Server, error) {
 		MaxOutbound:      cfg.Limits.MaxOutbound,
 		MaxQueued:        cfg.Limits.MaxQueued,
 		MaxSessionExpiry: cfg.Limits.MaxSessionExpiry,
+		MaxSubscriptions: cfg.Limits.MaxSubscriptions,
 		Security:         sec,
 		Logger:           cfg.Logger,
 	}, s.service)
