@@ -371,16 +371,25 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 // notification topics: mochi merges all of one client's matching
 // subscriptions into one delivery, so a client that also subscribed itself
 // (as the Rust SDK does) still gets each notification once.
-func (b *Broker) Deliver(clientID string, connID uint64, topic string, payload []byte, version hlc.Timestamp) {
+func (b *Broker) Deliver(clientID string, connID uint64, topic string, payload []byte, version hlc.Timestamp) bool {
 	cl, ok := b.srv.Clients.Get(clientID)
 	if !ok || cl.Closed() {
-		return
+		return false
 	}
 	if c := b.connOf(cl); c == nil || c.id != connID {
-		return // that connection is gone; its registrations end with it
+		return false // that connection is gone; its registrations end with it
+	}
+	if cl.State.Inflight.Len() >= int(b.srv.Options.Capabilities.MaximumInflight) {
+		// The client acknowledges nothing and its session is full: mochi
+		// would refuse the message too, but count it as a queue-full
+		// message and log a line per notification.
+		b.Counters.NotificationsDropped.Add(1)
+		b.log.Warn("notification dropped: the client's session holds --max-queued unacknowledged messages", "client", clientID)
+		return false
 	}
 	b.ensureNotifySubscription(cl)
 	b.inject(topic, payload, packets.Properties{User: []packets.UserProperty{{Key: "__ts", Val: version.String()}}})
+	return true
 }
 
 func notifyFilter(clientID string) string { return statestore.NotifyClientPrefix(clientID) + "#" }

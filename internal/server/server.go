@@ -21,6 +21,7 @@ import (
 	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/logthrottle"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
@@ -141,11 +142,16 @@ type Server struct {
 	closeErr  error
 }
 
+const logRepeatWindow = 10 * time.Second
+
 // Start opens (or creates) the data directory and starts serving.
 func Start(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// A client that misbehaves in a loop gets one line per reason every
+	// logRepeatWindow, with a count of the others.
+	cfg.Logger = slog.New(logthrottle.New(cfg.Logger.Handler(), logRepeatWindow))
 	cfg.Limits = cfg.Limits.withDefaults()
 	listeners, err := listenersOf(cfg)
 	if err != nil {

@@ -127,8 +127,11 @@ type Transport interface {
 	// Deliver puts a notification into the session of clientID, exactly
 	// once, whether or not the client subscribed to the topic.
 	// conn is the connection that registered; a newer connection of the
-	// same client must not get it.
-	Deliver(clientID string, conn uint64, topic string, payload []byte, version hlc.Timestamp)
+	// same client must not get it. It reports whether the notification
+	// was queued for the client: false if the connection is gone or its
+	// session holds as many unacknowledged messages as it may (the
+	// transport counts those drops).
+	Deliver(clientID string, conn uint64, topic string, payload []byte, version hlc.Timestamp) bool
 	// Disconnect ends a client's connection with an MQTT reason code.
 	Disconnect(clientID string, conn uint64, reason byte)
 }
@@ -659,8 +662,9 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		if pattern && !r.Grant.CanAccess(c.Key, policy.Read) {
 			continue
 		}
-		s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.Key), notifyPayload(c.Kind, c.Value), c.Version)
-		s.Counters.NotificationsSent.Add(1)
+		if s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.Key), notifyPayload(c.Kind, c.Value), c.Version) {
+			s.Counters.NotificationsSent.Add(1)
+		}
 	}
 	s.dispatch.Unlock()
 	s.reply(r, resp.OK, hlc.Timestamp{})
@@ -736,9 +740,10 @@ func (s *Service) Events(events []store.Event) {
 		payload := notifyPayload(ev.Kind, ev.Value)
 		keyHex := hexUpper(ev.Key)
 		for _, o := range s.observing {
-			s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version)
+			if s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version) {
+				s.Counters.NotificationsSent.Add(1)
+			}
 		}
-		s.Counters.NotificationsSent.Add(int64(len(s.observing)))
 	}
 	clear(s.observing[:cap(s.observing)]) // hold no observer past the batch
 }

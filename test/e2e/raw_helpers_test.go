@@ -40,6 +40,8 @@ type rawOpts struct {
 	// will and willProps, if set, are the CONNECT's will.
 	will      *paho.WillMessage
 	willProps *paho.WillProperties
+	// manualAck: the client acknowledges no QoS 1/2 message it receives.
+	manualAck bool
 	// conn, if set, is the connection to use (TLS, WebSocket...) instead
 	// of plain TCP to the server's first listener.
 	conn net.Conn
@@ -104,7 +106,8 @@ func connectRaw(t testing.TB, id string, o rawOpts) (*rawClient, *paho.Connack, 
 			default:
 			}
 		},
-		OnClientError: func(error) {},
+		OnClientError:              func(error) {},
+		EnableManualAcknowledgment: o.manualAck,
 	})
 	expiry := o.sessionExpiry
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

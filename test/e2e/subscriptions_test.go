@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,5 +152,54 @@ func TestManySubscriptionsEndQuickly(t *testing.T) {
 		t.Logf("shutdown with %d subscriptions held: %v", n, time.Since(start))
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server did not shut down within 10 s")
+	}
+}
+
+// lockedBuffer collects a server's log lines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func withLog(w io.Writer) serverOption {
+	return func(c *server.Config) { c.Logger = slog.New(slog.NewTextHandler(w, nil)) }
+}
+
+// TestUnacknowledgedNotificationsAreDrops: a client that registers a
+// pattern and acknowledges nothing fills its session; the notifications
+// refused then are counted as dropped, not as sent, and logged once, not
+// once each.
+func TestUnacknowledgedNotificationsAreDrops(t *testing.T) {
+	var log lockedBuffer
+	s := startServer(t, inMemory(), withLog(&log), withLimits(server.Limits{MaxQueued: 5}))
+	mute := dialRaw(t, s, "mute", rawOpts{cleanStart: true, manualAck: true})
+	expectPayload(t, mute.call("KEYNOTIFY", "*", "PATTERN"), "+OK\r\n") // its reply holds one of the 5 places
+	w := dialRaw(t, s, "writer", rawOpts{cleanStart: true})
+	const writes = 200
+	for i := range writes {
+		expectPayload(t, w.call("SET", fmt.Sprintf("k%d", i), "v"), "+OK\r\n")
+	}
+	var sent, dropped int64
+	eventually(t, "every change notified or dropped", func() bool {
+		sent, dropped = s.Service().Counters.NotificationsSent.Load(), s.Broker().Counters.NotificationsDropped.Load()
+		return sent+dropped >= writes
+	})
+	if sent != 4 || dropped != writes-4 {
+		t.Fatalf("notifications sent %d, dropped %d; want 4 sent (the session's other places) and %d dropped", sent, dropped, writes-4)
+	}
+	if n := log.count("notification dropped"); n != 1 {
+		t.Fatalf("%d log lines for %d drops, want 1", n, dropped)
 	}
 }
