@@ -95,6 +95,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.BoolVar(&cfg.AllowAnonymous, "allow-anonymous", false, "admit clients without credentials even when passwords or client certificates are configured")
 	fs.StringSliceVar(&cfg.AdminAllowedHosts, "admin-allowed-hosts", nil, "host `names` (comma-separated) by which browsers may reach the admin endpoint; IP addresses and localhost always may (DNS-rebinding protection)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "HTTP admin endpoint `address` (health, metrics, pprof, web console, backups); off if empty; no authentication, keep it on 127.0.0.1 or a trusted network")
+	fs.Uint16Var(&cfg.ServerKeepAlive, "server-keep-alive", 0, "keep-alive in `seconds` every MQTT 5 client must use (Server Keep Alive in CONNACK; silent for 1.5 times it ends the connection); 0: the client's own")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "authorization policy `file` (YAML, AIO BrokerAuthorization rules); reloaded on SIGHUP")
 	fs.UintVar(&maxPacket, "max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")
 	fs.IntVar(&cfg.Limits.MaxKeyLength, "max-key-length", d.MaxKeyLength, "longest state store key in `bytes`")

@@ -68,8 +68,13 @@ type Config struct {
 	// MaxSubscriptions caps the topic filters one client holds; more get
 	// SUBACK 0x97. Zero means DefaultMaxSubscriptions.
 	MaxSubscriptions int
-	Security         Security
-	Logger           *slog.Logger
+	// ServerKeepAlive, if not zero, is the keep-alive (in seconds) every
+	// MQTT 5 client must use, whatever its CONNECT asked: sent as Server
+	// Keep Alive in CONNACK and enforced (no packet for 1.5 times it ends
+	// the connection).
+	ServerKeepAlive uint16
+	Security        Security
+	Logger          *slog.Logger
 }
 
 // Defaults for Config.
@@ -124,7 +129,8 @@ type Broker struct {
 	security  atomic.Pointer[Security]
 	Counters  Counters
 
-	maxPacketSize uint32
+	maxPacketSize   uint32
+	serverKeepAlive uint16
 
 	conns    sync.Map // *mqtt.Client → *conn
 	nextConn atomic.Uint64
@@ -187,7 +193,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, seq: newSequencer(), stop: make(chan struct{})}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, seq: newSequencer(), stop: make(chan struct{})}
 	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{}}
 	sec := cfg.Security
 	b.security.Store(&sec)

@@ -38,6 +38,11 @@ func (h *hook) Provides(b byte) bool {
 // OnConnect authenticates; a refused client has had its CONNACK and the
 // returned error ends the connection.
 func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
+	if h.b.serverKeepAlive > 0 && cl.Properties.ProtocolVersion == 5 {
+		// mochi sends it in CONNACK and times the connection by it
+		// (MQTT-3.2.2-21: the client must use it instead of its own).
+		cl.State.ServerKeepalive, cl.State.Keepalive = true, h.b.serverKeepAlive
+	}
 	return h.b.authenticate(cl, pk)
 }
 
@@ -92,7 +97,12 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 // OnPacketRead keeps the client's packet ids apart from the server's (see
 // idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	return h.b.subLimits.read(cl, h.b.ids.read(cl, pk)), nil
+	pk = h.b.ids.read(cl, pk)
+	if h.b.overReceiveMaximum(cl, pk) {
+		endConnection(cl, packets.ErrReceiveMaximum)
+		return pk, packets.ErrReceiveMaximum
+	}
+	return h.b.subLimits.read(cl, pk), nil
 }
 
 // OnPublish hands requests to the state store. They are not routed to

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
@@ -273,27 +274,76 @@ func (b *Broker) slowConsumer(cl *mqtt.Client) {
 // caller (see disconnect).
 func (b *Broker) kick(cl *mqtt.Client, code packets.Code) { b.disconnect(cl, code) }
 
-// disconnect sends a client a DISCONNECT with a reason code and closes its
-// connection, in the background; the channel is closed when that is done.
-// The client's write loop may be stuck on a socket nobody reads, holding
-// the lock mochi's DisconnectClient needs, so the DISCONNECT is tried for a
-// second, then the connection is closed outright.
+// disconnect ends a client's connection with a reason code, in the
+// background (see endConnection); the channel is closed when that is done.
 func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) <-chan struct{} {
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		done := make(chan struct{})
-		go func() {
-			_ = b.srv.DisconnectClient(cl, code)
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(time.Second):
-			cl.Stop(code)
-		}
+		endConnection(cl, code)
 	}()
 	return ended
+}
+
+// overReceiveMaximum reports whether pk opens a QoS 2 flow beyond the
+// Receive Maximum the server gave the client in CONNACK (QoS 1 messages
+// are acknowledged as they are read and never add up). mochi detects this
+// too, but its DISCONNECT 0x93 is lost behind buffered writes (see
+// endConnection). Counting the open flows walks the session's inflight
+// messages, so it is done only when there may be that many.
+func (b *Broker) overReceiveMaximum(cl *mqtt.Client, pk packets.Packet) bool {
+	max := int(b.srv.Options.Capabilities.ReceiveMaximum)
+	if pk.FixedHeader.Type != packets.Publish || pk.FixedHeader.Qos != 2 || cl.State.Inflight.Len() < max {
+		return false
+	}
+	if held, ok := cl.State.Inflight.Get(pk.PacketID); ok && inbound(held) {
+		return false // sent again: no new flow
+	}
+	open := 0
+	for _, m := range cl.State.Inflight.GetAll(false) {
+		if m.FixedHeader.Type == packets.Pubrec {
+			open++
+		}
+	}
+	return open >= max
+}
+
+// endConnection writes a DISCONNECT with the reason code straight to the
+// client's socket, then closes it. mochi's DisconnectClient would queue
+// the packet behind what waits in the client's write buffer and close the
+// socket before the buffer is flushed: a client with messages on their way
+// to it saw its connection cut with no reason (and lost the
+// acknowledgements sent before). The write takes the lock mochi holds
+// around every write to the socket, so it never lands inside another
+// packet; a writer stuck on a socket nobody reads holds that lock, so after
+// a second the connection is closed without a DISCONNECT.
+func endConnection(cl *mqtt.Client, code packets.Code) {
+	defer cl.Stop(code)
+	if cl.Properties.ProtocolVersion < 5 || cl.Net.Conn == nil {
+		return // MQTT 3.1.1 has no DISCONNECT from the server
+	}
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code, ProtocolVersion: 5}
+	quiet := cl.Properties.Props.RequestProblemInfoFlag && cl.Properties.Props.RequestProblemInfo == 0
+	if code.Code >= packets.ErrUnspecifiedError.Code && !quiet {
+		pk.Properties.ReasonString = code.Reason
+	}
+	var buf bytes.Buffer
+	if pk.DisconnectEncode(&buf) != nil {
+		return
+	}
+	if max := cl.Properties.Props.MaximumPacketSize; max > 0 && uint32(buf.Len()) > max {
+		buf.Reset() // the reason string does not fit what the client accepts
+		pk.Properties.ReasonString = ""
+		_ = pk.DisconnectEncode(&buf)
+	}
+	for deadline := time.Now().Add(time.Second); !cl.TryLock(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return
+		}
+	}
+	defer cl.Unlock()
+	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = cl.Net.Conn.Write(buf.Bytes())
 }
 
 // responseAllowed decides whether a client may have state store replies

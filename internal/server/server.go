@@ -70,6 +70,9 @@ type Config struct {
 	// zero fields take statestore.DefaultHistory's.
 	History statestore.HistoryLimits
 	Logger  *slog.Logger
+	// ServerKeepAlive, if not zero, is the keep-alive in seconds imposed
+	// on MQTT 5 clients (Server Keep Alive in CONNACK).
+	ServerKeepAlive uint16
 }
 
 // Version is mqkv's version, reported by status and the console.
@@ -284,6 +287,7 @@ func Start(cfg Config) (*Server, error) {
 		MaxQueued:        cfg.Limits.MaxQueued,
 		MaxSessionExpiry: cfg.Limits.MaxSessionExpiry,
 		MaxSubscriptions: cfg.Limits.MaxSubscriptions,
+		ServerKeepAlive:  cfg.ServerKeepAlive,
 		Security:         sec,
 		Logger:           cfg.Logger,
 	}, s.service)
