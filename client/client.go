@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
@@ -76,6 +77,8 @@ type Client struct {
 	done    chan struct{} // closed by Close: ends every wait
 	setup   chan error    // a refused response-topic subscription, for Dial
 
+	up atomic.Bool // a connection was made once
+
 	// regMu orders registration changes (KEYNOTIFY and its STOP) so that
 	// a watch starting while the key's last one stops is not undone.
 	regMu sync.Mutex
@@ -120,7 +123,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		KeepAlive:                     30,
 		CleanStartOnInitialConnection: true,
 		ConnectRetryDelay:             time.Second,
-		ReconnectBackoff:              backoff,
+		ReconnectBackoff:              c.connectDelay,
 		ConnectTimeout:                10 * time.Second,
 		OnConnectionUp:                c.onConnectionUp,
 		OnConnectionDown:              c.onConnectionDown,
@@ -196,6 +199,7 @@ func (c *Client) readyChan() chan struct{} {
 // while the connection lasts; a refused one (no permission) also fails
 // Dial.
 func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack) {
+	c.up.Store(true)
 	c.mu.Lock()
 	c.gen++
 	gen := c.gen
@@ -245,6 +249,18 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 			c.resync(id, gen)
 		}
 	}()
+}
+
+// connectDelay is the wait before connection attempt number attempt
+// (autopaho asks before every attempt, the first one included): none
+// before the very first, which a CLI call and every Dial wait for; after
+// a connection was lost, the backoff, so that two clients taking the same
+// id from each other do not spin.
+func (c *Client) connectDelay(attempt int) time.Duration {
+	if attempt == 0 && !c.up.Load() {
+		return 0
+	}
+	return backoff(attempt)
 }
 
 // backoff is the wait before retry number attempt+1 (reconnects,

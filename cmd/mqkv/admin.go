@@ -189,7 +189,7 @@ is kept. Restore it with mqkv restore.`,
 		Args:    cobra.NoArgs,
 	}
 	url := adminURL(cmd.Flags())
-	out := cmd.Flags().String("out", "", "`file` to write (required)")
+	out := cmd.Flags().String("out", "", "`file` to write (required; - for standard output)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		if *out == "" {
 			return errors.New("backup: --out is required")
@@ -201,7 +201,14 @@ is kept. Restore it with mqkv restore.`,
 			return fmt.Errorf("backup: %w", err)
 		}
 		defer resp.Body.Close()
-		tmp, err := os.CreateTemp(filepath.Dir(*out), ".mqkv-backup-*")
+		// The snapshot lands in a temporary file next to its destination
+		// (or in the temporary directory for standard output), is verified,
+		// and only then renamed into place (or copied out).
+		dir := filepath.Dir(*out)
+		if *out == "-" {
+			dir = os.TempDir()
+		}
+		tmp, err := os.CreateTemp(dir, ".mqkv-backup-*")
 		if err != nil {
 			return err
 		}
@@ -222,11 +229,24 @@ is kept. Restore it with mqkv restore.`,
 			tmp.Close()
 			return fmt.Errorf("backup: the server sent an invalid snapshot: %w", err)
 		}
-		tmp.Close()
-		if err := os.Rename(tmp.Name(), *out); err != nil {
-			return err
+		name := *out
+		if *out == "-" {
+			name = "standard output"
+			if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+				return err
+			}
+			_, err = io.Copy(os.Stdout, tmp)
+			tmp.Close()
+			if err != nil {
+				return fmt.Errorf("backup: %w", err)
+			}
+		} else {
+			tmp.Close()
+			if err := os.Rename(tmp.Name(), *out); err != nil {
+				return err
+			}
 		}
-		fmt.Fprintf(os.Stderr, "backup: %s, %s keys, %s, up to version %s\n", *out, resp.Header.Get(admin.KeysHeader), size(n), resp.Header.Get(admin.MaxVersionHeader))
+		fmt.Fprintf(os.Stderr, "backup: %s, %s keys, %s, up to version %s\n", name, resp.Header.Get(admin.KeysHeader), size(n), resp.Header.Get(admin.MaxVersionHeader))
 		return nil
 	}
 	return cmd
@@ -242,17 +262,20 @@ corrupt or truncated backup is refused and nothing is written.`,
 		Example: "  mqkv restore --in site.snap --data-dir ./restored\n  mqkv serve --data-dir ./restored",
 		Args:    cobra.NoArgs,
 	}
-	in := cmd.Flags().String("in", "", "backup `file` (required)")
+	in := cmd.Flags().String("in", "", "backup `file` (required; - for standard input)")
 	dir := cmd.Flags().String("data-dir", "", "data `directory` to create (required)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		if *in == "" || *dir == "" {
 			return errors.New("restore: --in and --data-dir are required")
 		}
-		f, err := os.Open(*in)
-		if err != nil {
-			return err
+		f := os.Stdin
+		if *in != "-" {
+			var err error
+			if f, err = os.Open(*in); err != nil {
+				return err
+			}
+			defer f.Close()
 		}
-		defer f.Close()
 		v, n, err := server.Restore(*dir, f)
 		if err != nil {
 			return err

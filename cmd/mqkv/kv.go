@@ -163,15 +163,17 @@ func setCmd() *cobra.Command {
 	var c conn
 	var nx, nex bool
 	var px int64
+	var ttl time.Duration
 	var fence, file string
-	cmd := &cobra.Command{
+	var cmd *cobra.Command
+	cmd = &cobra.Command{
 		Use:   "set KEY [VALUE]",
 		Short: "Store a value",
 		Long: `Stores VALUE under KEY. The value comes from the argument, from --file, or
 from standard input when neither is given (or VALUE is "-"). Exit status: 0
 applied, 1 not applied (--nx or --nex condition), 2 error.`,
 		Example: `  mqkv set greeting hello
-  mqkv set --px 30000 session/42 active        # expires in 30 s
+  mqkv set --ttl 30s session/42 active         # expires in 30 s (or --px 30000)
   mqkv set --nx config/site "$(hostname)"       # only if absent
   mqkv set --file firmware.bin firmware/latest
   echo -n 21.5 | mqkv set sensors/temp
@@ -204,8 +206,12 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
 			case nex:
 				opts = append(opts, client.If(client.NotExistsOrSame))
 			}
-			if px > 0 {
-				opts = append(opts, client.WithTTL(time.Duration(px)*time.Millisecond))
+			expiry, err := expiryOf(cmd, px, ttl)
+			if err != nil {
+				return err
+			}
+			if expiry > 0 {
+				opts = append(opts, client.WithTTL(expiry))
 			}
 			fo, err := fenceOpt(fence)
 			if err != nil {
@@ -228,9 +234,31 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
 	cmd.Flags().BoolVar(&nx, "nx", false, "only if the key does not exist")
 	cmd.Flags().BoolVar(&nex, "nex", false, "only if the key does not exist or holds the same value")
 	cmd.Flags().Int64Var(&px, "px", 0, "expire after this many milliseconds")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "expire after this `duration` (30s, 5m, 1h; whole milliseconds)")
 	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the write")
 	cmd.Flags().StringVarP(&file, "file", "f", "", "read the value from this file")
 	return cmd
+}
+
+// expiryOf reads --px or --ttl: given, it must be positive (the server
+// refuses PX <= 0 too; dropping it would store a key that never expires).
+func expiryOf(cmd *cobra.Command, px int64, ttl time.Duration) (time.Duration, error) {
+	f := cmd.Flags()
+	switch {
+	case f.Changed("px") && f.Changed("ttl"):
+		return 0, errors.New("set: give --px or --ttl, not both")
+	case f.Changed("px"):
+		if px <= 0 {
+			return 0, fmt.Errorf("set: --px %d: the expiry must be a positive number of milliseconds", px)
+		}
+		return time.Duration(px) * time.Millisecond, nil
+	case f.Changed("ttl"):
+		if ttl < time.Millisecond {
+			return 0, fmt.Errorf("set: --ttl %v: the expiry must be at least 1ms", ttl)
+		}
+		return ttl.Truncate(time.Millisecond), nil
+	}
+	return 0, nil
 }
 
 func delCmd() *cobra.Command {

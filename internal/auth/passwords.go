@@ -89,7 +89,7 @@ func (p *Passwords) Check(user string, password []byte) bool {
 	if !ok {
 		// Spend the same time as a wrong password, so probing does not
 		// reveal which usernames exist.
-		bcrypt.CompareHashAndPassword(dummyHash, password)
+		bcrypt.CompareHashAndPassword(dummyHash(), password)
 		return false
 	}
 	d := sha256.New()
@@ -121,7 +121,13 @@ func (p *Passwords) Check(user string, password []byte) bool {
 // cost is bcrypt's work factor for new hashes; tests lower it.
 var cost = bcrypt.DefaultCost
 
-var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("mqkv-dummy"), bcrypt.DefaultCost)
+// dummyHash is compared against when a user is unknown, so that a miss
+// costs what a wrong password does. Made on first use: every program that
+// links this package (the CLI's every command) would pay 60 ms at start.
+var dummyHash = sync.OnceValue(func() []byte {
+	h, _ := bcrypt.GenerateFromPassword([]byte("mqkv-dummy"), bcrypt.DefaultCost)
+	return h
+})
 
 // SetPassword adds or replaces user's entry in file (creating it), keeping
 // other entries and comments; the file is replaced atomically.

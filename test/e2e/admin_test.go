@@ -291,6 +291,21 @@ func TestBackupRestore(t *testing.T) {
 	if out, err := exec.Command(mqkvBinary(t), "restore", "--in", file, "--data-dir", dir).CombinedOutput(); err != nil {
 		t.Fatalf("mqkv restore: %v\n%s", err, out)
 	}
+	// The same backup through standard output and standard input.
+	piped, err := exec.Command(mqkvBinary(t), "backup", "--admin", base, "--out", "-").Output()
+	if err != nil || len(piped) == 0 {
+		t.Fatalf("mqkv backup --out -: %v (%d bytes)", err, len(piped))
+	}
+	if _, err := os.Stat("-"); err == nil {
+		t.Fatal("backup --out - wrote a file named -")
+	}
+	dir2 := filepath.Join(t.TempDir(), "restored-from-stdin")
+	restore := exec.Command(mqkvBinary(t), "restore", "--in", "-", "--data-dir", dir2)
+	restore.Stdin = bytes.NewReader(piped)
+	if out, err := restore.CombinedOutput(); err != nil || !strings.Contains(string(out), "keys") {
+		t.Fatalf("mqkv restore --in -: %v\n%s", err, out)
+	}
+
 	r := startServerIn(t, dir)
 	c := dialRaw(t, r, "checker", rawOpts{cleanStart: true})
 	in, outAfter := 0, 0

@@ -70,6 +70,17 @@ func TestCLI(t *testing.T) {
 	if ttl, ok := got["ttl_ms"].(float64); !ok || ttl <= 0 || ttl > 60000 {
 		t.Fatalf("ttl_ms %v", got["ttl_ms"])
 	}
+	// An expiry that is not positive is refused, as the server refuses
+	// PX <= 0; dropping it would store a key that never expires.
+	expect("", 2, "", "set", "--px", "-5", "never", "v")
+	expect("", 2, "", "set", "--px", "0", "never", "v")
+	expect("", 2, "", "set", "--ttl", "0s", "never", "v")
+	expect("", 1, "", "get", "never")
+	expect("", 0, "", "set", "--ttl", "1m", "ttl-key", "v")
+	json.Unmarshal([]byte(expect("*", 0, "", "get", "--json", "ttl-key")), &got)
+	if ttl, ok := got["ttl_ms"].(float64); !ok || ttl <= 0 || ttl > 60000 {
+		t.Fatalf("--ttl 1m: ttl_ms %v", got["ttl_ms"])
+	}
 	json.Unmarshal([]byte(expect("*", 0, "", "get", "--json", "blob")), &got)
 	if got["value_base64"] != "AAEC/w==" {
 		t.Fatalf("binary value in JSON: %v", got)
