@@ -104,6 +104,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.IntVar(&cfg.Limits.MaxRegistrations, "max-keynotify", d.MaxRegistrations, "most KEYNOTIFY registrations per connection")
 	fs.Int64Var(&cfg.Limits.MaxConnections, "max-connections", d.MaxConnections, "most connected clients")
 	fs.Uint16Var(&cfg.Limits.MaxQueued, "max-queued", d.MaxQueued, "most unacknowledged QoS 1/2 messages one session holds (queued while its client is offline); more are dropped")
+	fs.Uint64Var(&cfg.Limits.DiskReserve, "disk-reserve", d.DiskReserve, "free `bytes` kept on the data volume: below it SETs are refused (reads and deletes go on) until space is freed")
 	fs.IntVar(&cfg.Limits.MaxSubscriptions, "max-subscriptions", d.MaxSubscriptions, "most topic filters one client holds; more get SUBACK 0x97 (quota exceeded)")
 	fs.DurationVar(&cfg.Limits.MaxSessionExpiry, "max-session-expiry", d.MaxSessionExpiry, "longest a disconnected persistent session is kept, whatever the client asks")
 	fs.IntVar(&maxOutbound, "max-outbound", int(d.MaxOutbound), "most messages waiting to be written to one client; a client that lets them pile up is disconnected (0x97)")

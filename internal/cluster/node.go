@@ -77,6 +77,8 @@ type Config struct {
 	OnEvents func([]store.Event)
 	Timings  replica.Timings
 	Logger   *slog.Logger
+	// Disk, if set, refuses writes while the data volume is nearly full.
+	Disk *replica.DiskGuard
 }
 
 // Node is a running node.
@@ -146,7 +148,7 @@ func Start(cfg Config) (*Node, error) {
 func (n *Node) startAlone() error {
 	g, err := replica.Open(replica.Config{
 		NodeID: n.cfg.NodeID, Dir: n.cfg.Dir, Limits: n.cfg.Limits, Clock: n.clock,
-		OnEvents: n.events.local(0), Timings: n.cfg.Timings,
+		OnEvents: n.events.local(0), Timings: n.cfg.Timings, Disk: n.cfg.Disk,
 	})
 	if err != nil {
 		return err
@@ -306,7 +308,7 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 	r, err := replica.Open(replica.Config{
 		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Limits: limits, Clock: n.clock,
 		Transport: n.transport(uint32(g)), Bootstrap: boot,
-		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log,
+		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log, Disk: n.cfg.Disk,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("group %d: %w", g, err)

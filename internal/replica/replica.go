@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
+	waltypes "github.com/hashicorp/raft-wal/types"
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/store"
@@ -58,6 +59,8 @@ type Config struct {
 	// Logger, if set, receives raft's own log at debug level (else its
 	// errors go to stderr).
 	Logger *slog.Logger
+	// Disk, if set, refuses SETs while the data volume is nearly full.
+	Disk *DiskGuard
 }
 
 // Batch is what one batch of applied log entries changed: the events in
@@ -333,8 +336,30 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 			return nil, nil, nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "the snapshot the log continues", Err: err}
 		}
 	}
-	return w, w, fss, nil
+	return &wedgeCheck{WAL: w, fail: g.Fail, dir: walDir}, w, fss, nil
 }
+
+// wedgeCheck stops the node when the log can take no more entries until it
+// is reopened: raft-wal seals a full segment, then creates the next one; if
+// that fails (the volume filled up despite the DiskGuard's reserve), every
+// later append fails with "segment is sealed", and raft, stepping down and
+// back up, would log that about a dozen times a second forever. A restart
+// reopens the log and starts a new segment once there is room.
+type wedgeCheck struct {
+	*raftwal.WAL
+	fail func(error)
+	dir  string
+}
+
+func (w *wedgeCheck) StoreLogs(logs []*raft.Log) error {
+	err := w.WAL.StoreLogs(logs)
+	if errors.Is(err, waltypes.ErrSealed) {
+		w.fail(fmt.Errorf("the raft log in %s could not start a new segment file (is the data volume full?): restart mqkv once space is freed; nothing acknowledged is lost", w.dir))
+	}
+	return err
+}
+
+func (w *wedgeCheck) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 
 // AwaitLeader waits until this replica leads its group and has applied
 // everything committed before, so reads see every write acknowledged
@@ -434,6 +459,13 @@ func (g *Group) Submit(p Proposal) {
 		g.submitMu.RUnlock()
 		p.Done(store.Result{}, g.notLeader())
 		return
+	}
+	if p.Cmd.Op == store.OpSet {
+		if err := g.cfg.Disk.Check(); err != nil {
+			g.submitMu.RUnlock()
+			p.Done(store.Result{}, err)
+			return
+		}
 	}
 	g.in <- p
 	g.submitMu.RUnlock()

@@ -90,6 +90,10 @@ type Limits struct {
 	MaxQueued        uint16        // unacknowledged QoS 1/2 messages one session holds
 	MaxSessionExpiry time.Duration // how long a disconnected persistent session is kept
 	MaxSubscriptions int           // topic filters one client holds
+	// DiskReserve is the free space below which SETs are refused, so the
+	// log never runs out of room; zero after defaults are applied cannot
+	// be had: use a tiny value to all but disable it.
+	DiskReserve uint64
 }
 
 // DefaultLimits are what an unconfigured node uses.
@@ -104,6 +108,7 @@ var DefaultLimits = Limits{
 	MaxQueued:        broker.DefaultMaxQueued,
 	MaxSessionExpiry: broker.DefaultMaxSessionExpiry,
 	MaxSubscriptions: broker.DefaultMaxSubscriptions,
+	DiskReserve:      128 << 20,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -118,6 +123,7 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxQueued, d.MaxQueued)
 	orDefault(&l.MaxSessionExpiry, d.MaxSessionExpiry)
 	orDefault(&l.MaxSubscriptions, d.MaxSubscriptions)
+	orDefault(&l.DiskReserve, d.DiskReserve)
 	return l
 }
 
@@ -139,6 +145,7 @@ type Server struct {
 	broker  *broker.Broker
 	admin   *admin.Server
 	lock    *os.File
+	disk    *replica.DiskGuard
 	NodeID  string
 
 	closeOnce sync.Once
@@ -180,6 +187,7 @@ func Start(cfg Config) (*Server, error) {
 		if s.link != nil {
 			s.link.Close()
 		}
+		s.disk.Close()
 		s.unlock()
 	}()
 	var raftDir, mqttDir string
@@ -207,6 +215,7 @@ func Start(cfg Config) (*Server, error) {
 			raftDir = filepath.Join(cfg.DataDir, "cluster")
 		}
 		mqttDir = filepath.Join(cfg.DataDir, "mqtt")
+		s.disk = replica.NewDiskGuard(cfg.DataDir, cfg.Limits.DiskReserve, cfg.Logger)
 	}
 	if cfg.InMemory && cfg.Cluster.NodeID != "" {
 		s.NodeID = cfg.Cluster.NodeID
@@ -257,6 +266,7 @@ func Start(cfg Config) (*Server, error) {
 		OnEvents: onEvents,
 		Timings:  timings,
 		Logger:   cfg.Logger,
+		Disk:     s.disk,
 	})
 	if err != nil {
 		return nil, err
@@ -387,6 +397,7 @@ func (s *Server) Close() error {
 		if s.link != nil {
 			s.link.Close()
 		}
+		s.disk.Close()
 		s.unlock()
 	})
 	return s.closeErr

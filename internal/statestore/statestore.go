@@ -519,6 +519,9 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 			s.log.Warn("state store write outcome unknown", "client", r.ClientID, "error", err)
 			s.fail(r, errUnknownOutcome)
 			return
+		case errors.As(err, new(*replica.DiskFullError)):
+			s.fail(r, resp.Error(err.Error())) // the guard logs the condition once
+			return
 		case err != nil:
 			s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
 			s.fail(r, errUnavailable)

@@ -1,0 +1,118 @@
+package replica
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// DiskGuard keeps a full data volume from wedging the log. The log
+// preallocates each segment, so appends inside one never run out of space;
+// but a new segment, a snapshot or the term raft must persist to vote can
+// fail, and raft-wal stays broken after a failed segment rotation until it
+// is reopened. So the guard refuses new writes (deletes still pass: they
+// are small and how users make room) while the volume has less than a
+// reserve free, before the log itself fails; reads go on; writes resume by
+// themselves once space is back. Like etcd's NOSPACE alarm, without an
+// alarm to disarm.
+//
+// One guard watches one directory's volume for all groups of a node. It
+// polls statfs often enough to notice a fast writer filling the volume
+// before the reserve is gone (a statfs costs about a microsecond).
+type DiskGuard struct {
+	dir     string
+	reserve uint64
+	log     *slog.Logger
+
+	free atomic.Uint64
+	low  atomic.Bool
+
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// diskPoll is how often the free space is read.
+const diskPoll = 20 * time.Millisecond
+
+// NewDiskGuard watches dir's volume, refusing writes while fewer than
+// reserve bytes are free. A reserve of zero watches nothing.
+func NewDiskGuard(dir string, reserve uint64, log *slog.Logger) *DiskGuard {
+	d := &DiskGuard{dir: dir, reserve: reserve, log: log, stop: make(chan struct{})}
+	if reserve == 0 {
+		return d
+	}
+	d.poll()
+	go func() {
+		t := time.NewTicker(diskPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				d.poll()
+			case <-d.stop:
+				return
+			}
+		}
+	}()
+	return d
+}
+
+func (d *DiskGuard) poll() {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(d.dir, &st); err != nil {
+		return // keep the last reading: a failing statfs is no evidence
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	d.free.Store(free)
+	low := free < d.reserve
+	if d.low.Swap(low) == low {
+		return
+	}
+	if low {
+		d.log.Error("the data volume is nearly full: writes are refused (reads and deletes go on) until space is freed",
+			"dir", d.dir, "free", sizeOf(free), "reserve", sizeOf(d.reserve))
+	} else {
+		d.log.Info("space is back on the data volume: writes resume", "dir", d.dir, "free", sizeOf(free))
+	}
+}
+
+// Check returns a *DiskFullError while the volume is below the reserve.
+func (d *DiskGuard) Check() error {
+	if d == nil || !d.low.Load() {
+		return nil
+	}
+	return &DiskFullError{Dir: d.dir, Free: d.free.Load(), Reserve: d.reserve}
+}
+
+// Close stops the watching.
+func (d *DiskGuard) Close() {
+	if d != nil {
+		d.stopOnce.Do(func() { close(d.stop) })
+	}
+}
+
+// DiskFullError refuses a write while the data volume is below its
+// reserve.
+type DiskFullError struct {
+	Dir           string
+	Free, Reserve uint64
+}
+
+func (e *DiskFullError) Error() string {
+	return fmt.Sprintf("the data volume is nearly full (%s free, %s kept in reserve): free space to resume writes",
+		sizeOf(e.Free), sizeOf(e.Reserve))
+}
+
+func sizeOf(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	default:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+}
