@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/statestore"
@@ -95,6 +96,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.BoolVar(&cfg.AllowAnonymous, "allow-anonymous", false, "admit clients without credentials even when passwords or client certificates are configured")
 	fs.StringSliceVar(&cfg.AdminAllowedHosts, "admin-allowed-hosts", nil, "host `names` (comma-separated) by which browsers may reach the admin endpoint; IP addresses and localhost always may (DNS-rebinding protection)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "HTTP admin endpoint `address` (health, metrics, pprof, web console, backups); off if empty; no authentication, keep it on 127.0.0.1 or a trusted network")
+	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", broker.DefaultConnectTimeout, "time a new connection has to send CONNECT (TLS handshake included) before it is closed")
 	fs.Uint16Var(&cfg.ServerKeepAlive, "server-keep-alive", 0, "keep-alive in `seconds` every MQTT 5 client must use (Server Keep Alive in CONNACK; silent for 1.5 times it ends the connection); 0: the client's own")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "authorization policy `file` (YAML, AIO BrokerAuthorization rules); reloaded on SIGHUP")
 	fs.UintVar(&maxPacket, "max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")

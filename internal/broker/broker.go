@@ -73,8 +73,11 @@ type Config struct {
 	// Keep Alive in CONNACK and enforced (no packet for 1.5 times it ends
 	// the connection).
 	ServerKeepAlive uint16
-	Security        Security
-	Logger          *slog.Logger
+	// ConnectTimeout is how long a new connection may take to send
+	// CONNECT (TLS handshake included); zero means DefaultConnectTimeout.
+	ConnectTimeout time.Duration
+	Security       Security
+	Logger         *slog.Logger
 }
 
 // Defaults for Config.
@@ -163,6 +166,9 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	if cfg.MaxSessionExpiry == 0 {
 		cfg.MaxSessionExpiry = DefaultMaxSessionExpiry
 	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
 	if cfg.MaxSubscriptions == 0 {
 		cfg.MaxSubscriptions = DefaultMaxSubscriptions
 	}
@@ -224,7 +230,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			b.closeSessions()
 			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
 		}
-		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients}
+		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, connectTimeout: cfg.ConnectTimeout}
 		b.listeners = append(b.listeners, l)
 		if err := srv.AddListener(l); err != nil {
 			b.closeListeners()

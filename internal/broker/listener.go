@@ -15,10 +15,10 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 )
 
-// connectTimeout is how long a new connection has to complete its TLS
-// handshake and send CONNECT; after that mochi's keep-alive deadline
+// DefaultConnectTimeout is how long a new connection has to complete its
+// TLS handshake and send CONNECT; after that mochi's keep-alive deadline
 // applies. It keeps idle or half-open connections from piling up.
-const connectTimeout = 10 * time.Second
+const DefaultConnectTimeout = 10 * time.Second
 
 // maxConnectSize bounds the first packet (CONNECT), read before the client
 // is authenticated: mochi allocates a packet's declared size before reading
@@ -41,6 +41,8 @@ type listener struct {
 	websocket bool
 	log       *slog.Logger
 	http      *http.Server
+	// connectTimeout is the time a connection has to send CONNECT.
+	connectTimeout time.Duration
 	// closeClients disconnects the listener's clients. mochi's own closer
 	// (Clients.GetByListener) takes the clients lock twice for reading and
 	// deadlocks when a client's disconnect queues for the write lock in
@@ -90,7 +92,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		}
 		backoff = 0
 		go func() {
-			_ = conn.SetReadDeadline(time.Now().Add(connectTimeout))
+			_ = conn.SetReadDeadline(time.Now().Add(l.connectTimeout))
 			if l.tls != nil {
 				conn = tls.Server(conn, l.tls)
 			}
@@ -177,8 +179,8 @@ var upgrader = websocket.Upgrader{
 
 func (l *listener) serveWebSocket(establish listeners.EstablishFn) {
 	l.http = &http.Server{
-		ReadHeaderTimeout: connectTimeout,
-		IdleTimeout:       connectTimeout,
+		ReadHeaderTimeout: l.connectTimeout,
+		IdleTimeout:       l.connectTimeout,
 		ErrorLog:          nil,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ws, err := upgrader.Upgrade(w, r, nil)
@@ -186,7 +188,7 @@ func (l *listener) serveWebSocket(establish listeners.EstablishFn) {
 				return // Upgrade answered with an HTTP error
 			}
 			c := &wsConn{Conn: ws, tls: r.TLS}
-			_ = c.SetReadDeadline(time.Now().Add(connectTimeout))
+			_ = c.SetReadDeadline(time.Now().Add(l.connectTimeout))
 			l.run(establish, c)
 		}),
 	}

@@ -73,6 +73,9 @@ type Config struct {
 	// ServerKeepAlive, if not zero, is the keep-alive in seconds imposed
 	// on MQTT 5 clients (Server Keep Alive in CONNACK).
 	ServerKeepAlive uint16
+	// ConnectTimeout is how long a new connection may take to send
+	// CONNECT; zero means broker.DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
 
 // Version is mqkv's version, reported by status and the console.
@@ -298,6 +301,7 @@ func Start(cfg Config) (*Server, error) {
 		MaxSessionExpiry: cfg.Limits.MaxSessionExpiry,
 		MaxSubscriptions: cfg.Limits.MaxSubscriptions,
 		ServerKeepAlive:  cfg.ServerKeepAlive,
+		ConnectTimeout:   cfg.ConnectTimeout,
 		Security:         sec,
 		Logger:           cfg.Logger,
 	}, s.service)
