@@ -80,6 +80,10 @@ type Config struct {
 	Logger         *slog.Logger
 }
 
+// TopicAliasMaximum is the highest topic alias a client may use (advertised
+// in CONNACK): each costs the connection one remembered topic.
+const TopicAliasMaximum = 64
+
 // Defaults for Config.
 const (
 	DefaultMaxPacketSize    = 64 << 20 // the AIO broker's default profile
@@ -180,6 +184,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	// 0x01 on QoS 1 acks (mochi issue #474).
 	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.MaximumPacketSize = cfg.MaxPacketSize
+	caps.TopicAliasMaximum = TopicAliasMaximum
 	caps.MaximumClientWritesPending = cfg.MaxOutbound
 	if cfg.MaxConnections > 0 {
 		caps.MaximumClients = cfg.MaxConnections
@@ -230,7 +235,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			b.closeSessions()
 			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
 		}
-		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, connectTimeout: cfg.ConnectTimeout}
+		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize}
 		b.listeners = append(b.listeners, l)
 		if err := srv.AddListener(l); err != nil {
 			b.closeListeners()

@@ -85,6 +85,8 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 		// mochi enforces its maximum packet size but does not tell
 		// clients (MQTT 5, 3.2.2.3.6).
 		pk.Properties.MaximumPacketSize = h.b.maxPacketSize
+		// Nor the topic aliases it takes (absent means none, MQTT-3.2.2-17).
+		pk.Properties.TopicAliasMaximum = TopicAliasMaximum
 		if pk.SessionPresent {
 			h.b.seq.renumber(cl)
 		}
@@ -98,9 +100,11 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 // idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	pk = h.b.ids.read(cl, pk)
-	if h.b.overReceiveMaximum(cl, pk) {
-		endConnection(cl, packets.ErrReceiveMaximum)
-		return pk, packets.ErrReceiveMaximum
+	if code := h.b.protocolError(cl, pk); code != packets.CodeSuccess {
+		// mochi would find most of these too, but its DISCONNECT can be
+		// lost (see endConnection).
+		endConnection(cl, code)
+		return pk, code
 	}
 	return h.b.subLimits.read(cl, pk), nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"io"
 	"log/slog"
 	"net"
@@ -43,6 +44,7 @@ type listener struct {
 	http      *http.Server
 	// connectTimeout is the time a connection has to send CONNECT.
 	connectTimeout time.Duration
+	maxPacketSize  uint32
 	// closeClients disconnects the listener's clients. mochi's own closer
 	// (Clients.GetByListener) takes the clients lock twice for reading and
 	// deadlocks when a client's disconnect queues for the write lock in
@@ -105,7 +107,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 // of its first packet. Errors here are per client (bad packets, resets,
 // EOF), not the server's: debug level only.
 func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
-	c, err := newClientConn(conn)
+	c, err := newClientConn(conn, l.maxPacketSize)
 	if err == nil {
 		err = establish(l.id, c)
 	}
@@ -116,16 +118,24 @@ func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
 }
 
 // clientConn is a client's connection as mochi sees it: the first packet's
-// header, already read to check its size, is read again first; and every
-// write has a deadline.
+// header, already read to check its size, is read again first; every write
+// has a deadline; and the packets read are framed as they pass, so that a
+// packet larger than the server's maximum gets DISCONNECT 0x95 (§3.2.2.3.6)
+// before mochi, which finds it from the header, closes the connection
+// without a word.
 type clientConn struct {
 	net.Conn
 	r io.Reader
+
+	max    uint32
+	frames framer
+
+	wmu sync.Mutex // one packet write at a time: mochi's, or the DISCONNECT
 }
 
 var errConnectTooLarge = errors.New("first packet larger than 64 KiB")
 
-func newClientConn(conn net.Conn) (*clientConn, error) {
+func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 	// The fixed header: a type byte, then a remaining length of 1 to 4
 	// bytes, 7 bits each.
 	var hdr [5]byte
@@ -149,16 +159,101 @@ func newClientConn(conn net.Conn) (*clientConn, error) {
 	if size > maxConnectSize {
 		return nil, errConnectTooLarge
 	}
-	return &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn)}, nil
+	return &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize}, nil
 }
 
-func (c *clientConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *clientConn) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if c.frames.feed(p[:n], c.max) && c.frames.version == 5 {
+		c.disconnect(packets.ErrPacketTooLarge)
+	}
+	return n, err
+}
 
 func (c *clientConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
 		_ = c.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 	}
 	return c.Conn.Write(p)
+}
+
+// disconnect writes a DISCONNECT with a reason code (and its reason
+// string) between two of mochi's writes.
+func (c *clientConn) disconnect(code packets.Code) {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code, ProtocolVersion: 5}
+	pk.Properties.ReasonString = code.Reason
+	var buf bytes.Buffer
+	if pk.DisconnectEncode(&buf) == nil {
+		_, _ = c.Write(buf.Bytes())
+	}
+}
+
+// framer follows MQTT framing over the bytes a client sends: a type byte,
+// a remaining length (1 to 4 bytes of 7 bits), then that many bytes, which
+// it skips. It also picks the protocol version out of the first packet
+// (CONNECT: protocol name, then the version byte).
+type framer struct {
+	inHeader bool // reading the remaining length
+	length   int
+	shift    uint
+	skip     int // body bytes still to pass
+	packets  int // packets whose header was read
+	first    []byte // the first bytes of the first packet's body
+	version  byte
+	read     bool // the version was read (or cannot be)
+	tooLarge bool
+}
+
+// feed frames b and reports whether it announces, for the first time, a
+// packet larger than max (counted as mochi does: remaining length + 1).
+func (f *framer) feed(b []byte, max uint32) bool {
+	found := false
+	for i := 0; i < len(b); {
+		if f.skip > 0 {
+			k := min(f.skip, len(b)-i)
+			if f.packets == 1 && !f.read {
+				f.first = append(f.first, b[i:i+min(k, 16-len(f.first))]...)
+				f.readVersion()
+			}
+			f.skip -= k
+			i += k
+			continue
+		}
+		if !f.inHeader {
+			f.inHeader, f.length, f.shift = true, 0, 0
+			i++
+			continue
+		}
+		c := b[i]
+		i++
+		f.length |= int(c&0x7f) << f.shift
+		f.shift += 7
+		if c&0x80 != 0 && f.shift < 28 {
+			continue
+		}
+		f.inHeader = false
+		f.packets++
+		f.skip = f.length
+		if f.packets > 1 && max > 0 && uint32(f.length+1) > max && !f.tooLarge {
+			f.tooLarge, found = true, true
+		}
+	}
+	return found
+}
+
+func (f *framer) readVersion() {
+	if len(f.first) < 2 {
+		return
+	}
+	at := 2 + (int(f.first[0])<<8 | int(f.first[1]))
+	switch {
+	case at >= 16: // no protocol name is that long
+		f.read, f.first = true, nil
+	case len(f.first) > at:
+		f.version, f.read, f.first = f.first[at], true, nil
+	}
 }
 
 // ConnectionState reports the TLS state underneath, for client

@@ -285,6 +285,23 @@ func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) <-chan struct{} 
 	return ended
 }
 
+// protocolError finds what in a packet from the client ends its
+// connection: a PUBLISH mochi would refuse (packet id, wildcards, topic
+// alias 0 or above TopicAliasMaximum: MQTT-3.3.2-8, -9) or one beyond
+// Receive Maximum.
+func (b *Broker) protocolError(cl *mqtt.Client, pk packets.Packet) packets.Code {
+	if pk.FixedHeader.Type != packets.Publish || cl.Properties.ProtocolVersion < 5 {
+		return packets.CodeSuccess
+	}
+	if code := pk.PublishValidate(TopicAliasMaximum); code != packets.CodeSuccess {
+		return code
+	}
+	if b.overReceiveMaximum(cl, pk) {
+		return packets.ErrReceiveMaximum
+	}
+	return packets.CodeSuccess
+}
+
 // overReceiveMaximum reports whether pk opens a QoS 2 flow beyond the
 // Receive Maximum the server gave the client in CONNACK (QoS 1 messages
 // are acknowledged as they are read and never add up). mochi detects this

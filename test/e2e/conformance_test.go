@@ -2,12 +2,18 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/server"
 )
 
 // Server-side MUST statements of MQTT 5 that mochi leaves to its embedder,
@@ -178,5 +184,289 @@ func TestServerKeepAlive(t *testing.T) {
 		if p, err := readPacket(r); err != nil || p.typ != 0xD0 {
 			t.Fatalf("PINGRESP: %v %#x", err, p.typ)
 		}
+	}
+}
+
+// publishQoS1 publishes through a paho client and waits for the PUBACK.
+func (rc *rawClient) publish(topic string, qos byte, retain bool, payload string) {
+	rc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := rc.c.Publish(ctx, &paho.Publish{Topic: topic, QoS: qos, Retain: retain, Payload: []byte(payload)}); err != nil {
+		rc.t.Fatalf("publish %s: %v", topic, err)
+	}
+}
+
+func (rc *rawClient) subscribeWith(o paho.SubscribeOptions, id int) byte {
+	rc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{o}}
+	if id > 0 {
+		s.Properties = &paho.SubscribeProperties{SubscriptionIdentifier: &id}
+	}
+	ack, err := rc.c.Subscribe(ctx, s)
+	if ack == nil || len(ack.Reasons) != 1 {
+		rc.t.Fatalf("subscribe %s: %v", o.Topic, err)
+	}
+	return ack.Reasons[0]
+}
+
+// expectNone fails if a message arrives within d.
+func (rc *rawClient) expectNone(d time.Duration, what string) {
+	rc.t.Helper()
+	if p, ok := rc.nextPublish(d); ok {
+		rc.t.Fatalf("%s: got a message on %s (%q)", what, p.Topic, p.Payload)
+	}
+}
+
+func (rc *rawClient) expectMessage(topic, payload string) *paho.Publish {
+	rc.t.Helper()
+	p, ok := rc.nextPublish(5 * time.Second)
+	if !ok || p.Topic != topic || string(p.Payload) != payload {
+		rc.t.Fatalf("want %q on %s, got %+v", payload, topic, p)
+	}
+	return p
+}
+
+// MQTT-3.3.1-9, -10, -11: Retain Handling 0 sends retained messages at
+// every subscribe, 1 only when the subscription is new, 2 never.
+func TestMQTT_3_3_1_9to11_RetainHandling(t *testing.T) {
+	s := startServer(t, inMemory())
+	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
+	pub.publish("retained/t", 1, true, "kept")
+	for _, tc := range []struct {
+		handling     byte
+		first, again bool
+	}{{0, true, true}, {1, true, false}, {2, false, false}} {
+		c := dialRaw(t, s, fmt.Sprintf("rh%d", tc.handling), rawOpts{cleanStart: true, noSubscribe: true})
+		for i, want := range []bool{tc.first, tc.again} {
+			c.subscribeWith(paho.SubscribeOptions{Topic: "retained/#", QoS: 1, RetainHandling: tc.handling}, 0)
+			if want {
+				if p := c.expectMessage("retained/t", "kept"); !p.Retain {
+					t.Fatalf("handling %d: retained message without the retain flag", tc.handling)
+				}
+			} else {
+				c.expectNone(200*time.Millisecond, fmt.Sprintf("Retain Handling %d, subscribe #%d", tc.handling, i+1))
+			}
+		}
+	}
+}
+
+// MQTT-3.3.1-12, -13: Retain As Published keeps the retain flag of a
+// live message; without it the flag is cleared.
+func TestMQTT_3_3_1_12and13_RetainAsPublished(t *testing.T) {
+	s := startServer(t, inMemory())
+	keep := dialRaw(t, s, "keep", rawOpts{cleanStart: true, noSubscribe: true})
+	keep.subscribeWith(paho.SubscribeOptions{Topic: "rap/#", QoS: 1, RetainAsPublished: true}, 0)
+	clear := dialRaw(t, s, "clear", rawOpts{cleanStart: true, noSubscribe: true})
+	clear.subscribeWith(paho.SubscribeOptions{Topic: "rap/#", QoS: 1}, 0)
+	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
+	pub.publish("rap/t", 1, true, "live")
+	if p := keep.expectMessage("rap/t", "live"); !p.Retain {
+		t.Fatal("MQTT-3.3.1-13: Retain As Published lost the retain flag")
+	}
+	if p := clear.expectMessage("rap/t", "live"); p.Retain {
+		t.Fatal("MQTT-3.3.1-12: retain flag kept without Retain As Published")
+	}
+}
+
+// MQTT-3.8.3-3: with No Local a client does not receive its own messages.
+func TestMQTT_3_8_3_3_NoLocal(t *testing.T) {
+	s := startServer(t, inMemory())
+	c := dialRaw(t, s, "self", rawOpts{cleanStart: true, noSubscribe: true})
+	c.subscribeWith(paho.SubscribeOptions{Topic: "nl/#", QoS: 1, NoLocal: true}, 0)
+	other := dialRaw(t, s, "other", rawOpts{cleanStart: true, noSubscribe: true})
+	c.publish("nl/t", 1, false, "own")
+	other.publish("nl/t", 1, false, "theirs")
+	c.expectMessage("nl/t", "theirs")
+	c.expectNone(200*time.Millisecond, "No Local")
+}
+
+// MQTT-3.8.3-4: No Local on a shared subscription is a protocol error
+// (mochi answers it in the SUBACK, 0xA2... or refuses the filter).
+// MQTT 4.8.2: each message of a shared subscription goes to one member.
+func TestMQTT_4_8_2_SharedSubscriptions(t *testing.T) {
+	s := startServer(t, inMemory())
+	a := dialRaw(t, s, "a", rawOpts{cleanStart: true, noSubscribe: true})
+	b := dialRaw(t, s, "b", rawOpts{cleanStart: true, noSubscribe: true})
+	for _, c := range []*rawClient{a, b} {
+		if code := c.subscribeWith(paho.SubscribeOptions{Topic: "$share/g/jobs/#", QoS: 1}, 0); code != 1 {
+			t.Fatalf("shared subscribe: %#x", code)
+		}
+	}
+	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
+	const n = 20
+	for i := range n {
+		pub.publish("jobs/x", 1, false, fmt.Sprint(i))
+	}
+	seen := map[string]int{}
+	for len(seen) < n {
+		select {
+		case p := <-a.inbox:
+			seen[string(p.Payload)]++
+		case p := <-b.inbox:
+			seen[string(p.Payload)]++
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d shared messages arrived", len(seen), n)
+		}
+	}
+	for m, k := range seen {
+		if k != 1 {
+			t.Fatalf("message %s delivered %d times to the group", m, k)
+		}
+	}
+	a.expectNone(100*time.Millisecond, "shared")
+	b.expectNone(100*time.Millisecond, "shared")
+	if code := a.subscribeWith(paho.SubscribeOptions{Topic: "$share/g/nl/#", QoS: 1, NoLocal: true}, 0); code < 0x80 {
+		t.Fatalf("MQTT-3.8.3-4: No Local on a shared subscription granted (%#x)", code)
+	}
+}
+
+// MQTT-3.3.4-3: a message matching a subscription made with a
+// Subscription Identifier carries it.
+func TestMQTT_3_3_4_3_SubscriptionIdentifier(t *testing.T) {
+	s := startServer(t, inMemory())
+	c := dialRaw(t, s, "ids", rawOpts{cleanStart: true, noSubscribe: true})
+	c.subscribeWith(paho.SubscribeOptions{Topic: "sid/#", QoS: 1}, 42)
+	c.subscribeWith(paho.SubscribeOptions{Topic: "other/#", QoS: 1}, 0)
+	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
+	pub.publish("sid/t", 1, false, "x")
+	p := c.expectMessage("sid/t", "x")
+	if p.Properties == nil || p.Properties.SubscriptionIdentifier == nil || *p.Properties.SubscriptionIdentifier != 42 {
+		t.Fatalf("subscription identifier %+v, want 42", p.Properties)
+	}
+	pub.publish("other/t", 1, false, "y")
+	if p := c.expectMessage("other/t", "y"); p.Properties != nil && p.Properties.SubscriptionIdentifier != nil {
+		t.Fatalf("MQTT-3.3.4-3: identifier %d on a subscription made without one", *p.Properties.SubscriptionIdentifier)
+	}
+}
+
+// MQTT-3.3.4-7: the server sends no more unacknowledged QoS 1 messages
+// than the client's Receive Maximum; acknowledging one lets the next come.
+func TestMQTT_3_3_4_7_ClientReceiveMaximum(t *testing.T) {
+	s := startServer(t, inMemory())
+	c := dialRaw(t, s, "slow", rawOpts{cleanStart: true, noSubscribe: true, manualAck: true, receiveMaximum: 2})
+	c.subscribe("rm/#", 1)
+	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
+	for i := range 5 {
+		pub.publish("rm/t", 1, false, fmt.Sprint(i))
+	}
+	var held []*paho.Publish
+	for range 2 {
+		p, ok := c.nextPublish(5 * time.Second)
+		if !ok {
+			t.Fatal("the first two messages did not arrive")
+		}
+		held = append(held, p)
+	}
+	c.expectNone(300*time.Millisecond, "a third message beyond Receive Maximum 2")
+	if err := c.c.Ack(held[0]); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := c.nextPublish(5 * time.Second); !ok || string(p.Payload) != "2" {
+		t.Fatalf("after one PUBACK: %+v, want message 2", p)
+	}
+}
+
+// MQTT-3.1.2-24, -25: the server sends the client no packet larger than
+// the Maximum Packet Size the client gave; such a message is dropped for
+// that client as if sent, and the next one comes.
+func TestMQTT_3_1_2_24and25_ClientMaximumPacketSize(t *testing.T) {
+	s := startServer(t, inMemory())
+	props := append([]byte{0x27}, 0, 0, 0, 200) // Maximum Packet Size 200
+	conn, r, _ := connectRawV5(t, s.Addr(), "small", 60, props)
+	conn.Write(subscribePacket("mps/#"))
+	if p, err := readPacket(r); err != nil || p.typ != 0x90 {
+		t.Fatalf("SUBACK: %v %#x", err, p.typ)
+	}
+	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
+	pub.publish("mps/big", 0, false, strings.Repeat("x", 1000))
+	pub.publish("mps/small", 0, false, "fits")
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	p, err := readPacket(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.body)+5 > 200 || p.typ>>4 != 3 || !strings.Contains(string(p.body), "mps/small") {
+		t.Fatalf("first packet: type %#x, %d bytes (%q); want the small message", p.typ, len(p.body), p.body)
+	}
+}
+
+// §3.2.2.3.6: a packet larger than the server's Maximum Packet Size gets
+// DISCONNECT 0x95 before the connection closes.
+func TestMQTT_3_2_2_3_6_ServerMaximumPacketSize(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxPacketSize: 4096}))
+	conn, r, props := connectRawV5(t, s.Addr(), "big", 60, nil)
+	if v := props[0x27]; len(v) != 4 || binary.BigEndian.Uint32(v) != 4096 {
+		t.Fatalf("CONNACK Maximum Packet Size % x, want 4096", v)
+	}
+	body := append(mqttString("mps/t"), 0)
+	conn.Write(packet(0x30, append(body, strings.Repeat("x", 5000)...)))
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	p, err := readPacket(r)
+	if err != nil || p.typ != 0xE0 || len(p.body) < 1 || p.body[0] != 0x95 {
+		t.Fatalf("after an oversized PUBLISH: %v, packet %#x % x; want DISCONNECT 0x95", err, p.typ, p.body)
+	}
+}
+
+// MQTT-3.3.2-8 (alias 0), MQTT-3.3.2-9 (alias above Topic Alias Maximum)
+// are protocol errors: DISCONNECT 0x94. A valid alias stands for the topic
+// it was set with (MQTT-3.3.2-12).
+func TestMQTT_3_3_2_TopicAliases(t *testing.T) {
+	s := startServer(t, inMemory())
+	sub := dialRaw(t, s, "sub", rawOpts{cleanStart: true, noSubscribe: true})
+	sub.subscribe("alias/#", 0)
+	conn, r, props := connectRawV5(t, s.Addr(), "aliaser", 60, nil)
+	max := 0
+	if v, ok := props[0x22]; ok {
+		max = int(binary.BigEndian.Uint16(v))
+	}
+	if max == 0 {
+		t.Skip("the server takes no topic aliases")
+	}
+	aliased := func(topic string, alias int, payload string) []byte {
+		body := append(mqttString(topic), 3, 0x23, byte(alias>>8), byte(alias)) // properties: Topic Alias
+		return packet(0x30, append(body, payload...))
+	}
+	conn.Write(aliased("alias/long/topic", 1, "set"))
+	conn.Write(aliased("", 1, "used"))
+	sub.expectMessage("alias/long/topic", "set")
+	sub.expectMessage("alias/long/topic", "used")
+	for _, alias := range []int{0, max + 1} {
+		if alias > 0xFFFF {
+			continue
+		}
+		conn, r, _ = connectRawV5(t, s.Addr(), fmt.Sprintf("bad-alias-%d", alias), 60, nil)
+		conn.Write(aliased("alias/x", alias, "bad"))
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		p, err := readPacket(r)
+		if err != nil || p.typ != 0xE0 || len(p.body) < 1 || p.body[0] != 0x94 {
+			t.Fatalf("alias %d (maximum %d): %v, packet %#x % x; want DISCONNECT 0x94", alias, max, err, p.typ, p.body)
+		}
+	}
+	_ = r
+}
+
+// MQTT-3.1.2-23 with MQTT-3.2.2-2: a session with an expiry interval is
+// kept after the connection ends (CONNACK Session Present) and is gone
+// once the interval has passed.
+func TestMQTT_3_1_2_23_SessionExpiry(t *testing.T) {
+	s := startServer(t, inMemory())
+	c := dialRaw(t, s, "expiring", rawOpts{cleanStart: true, sessionExpiry: 1, noSubscribe: true})
+	c.subscribe("exp/#", 1)
+	c.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the disconnect", func() bool { return s.Broker().ClientsConnected() == 0 })
+	conn := dialTCP(t, s.Addr())
+	back, ack, err := connectRaw(t, "expiring", rawOpts{conn: conn, sessionExpiry: 1, noSubscribe: true})
+	if err != nil || !ack.SessionPresent {
+		t.Fatalf("reconnect within the interval: %v, session present %v", err, ack != nil && ack.SessionPresent)
+	}
+	back.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the disconnect", func() bool { return s.Broker().ClientsConnected() == 0 })
+	eventuallyWithin(t, 10*time.Second, "the session's expiry", func() bool { return !s.Broker().HasSession("expiring") })
+	conn = dialTCP(t, s.Addr())
+	if _, ack, err := connectRaw(t, "expiring", rawOpts{conn: conn, sessionExpiry: 1, noSubscribe: true}); err != nil || ack.SessionPresent {
+		t.Fatalf("reconnect after the interval: %v, session present %v", err, ack != nil && ack.SessionPresent)
 	}
 }

@@ -1,0 +1,58 @@
+package broker
+
+import (
+	"bytes"
+	"testing"
+)
+
+func connectBytes(name string, version byte) []byte {
+	body := append([]byte{0, byte(len(name))}, name...)
+	body = append(body, version, 0x02, 0, 60, 0, 0, 1, 'c')
+	return append([]byte{0x10, byte(len(body))}, body...)
+}
+
+func TestFramerFindsOversizedPackets(t *testing.T) {
+	stream := connectBytes("MQTT", 5)
+	stream = append(stream, 0x30, 3, 0, 1, 'a')     // PUBLISH of 4 bytes: fits 10
+	stream = append(stream, 0xC0, 0)                // PINGREQ
+	stream = append(stream, 0x30, 0x80, 0x80, 0x40) // PUBLISH claiming 1 MiB
+	for split := 1; split <= len(stream); split++ { // however the reads cut it
+		var f framer
+		found := 0
+		for i := 0; i < len(stream); i += split {
+			if f.feed(stream[i:min(i+split, len(stream))], 10) {
+				found++
+			}
+		}
+		if found != 1 || f.version != 5 || f.packets != 4 {
+			t.Fatalf("reads of %d bytes: found %d, version %d, %d packets", split, found, f.version, f.packets)
+		}
+	}
+	var f framer
+	f.feed(connectBytes("MQIsdp", 3), 10)
+	if f.version != 3 {
+		t.Fatalf("MQTT 3.1 CONNECT: version %d", f.version)
+	}
+}
+
+// FuzzFramer: any bytes, cut anywhere, frame the same as read whole, and
+// never panic.
+func FuzzFramer(f *testing.F) {
+	f.Add(connectBytes("MQTT", 5), 3)
+	f.Add(append(connectBytes("MQTT", 4), 0x30, 0xff, 0xff, 0xff, 0x7f), 1)
+	f.Add([]byte{0x10, 0x80}, 2)
+	f.Fuzz(func(t *testing.T, b []byte, split int) {
+		if split <= 0 || split > 64 {
+			split = 1
+		}
+		var whole, parts framer
+		w := whole.feed(bytes.Clone(b), 100)
+		p := false
+		for i := 0; i < len(b); i += split {
+			p = parts.feed(b[i:min(i+split, len(b))], 100) || p
+		}
+		if w != p || whole.packets != parts.packets || whole.version != parts.version || whole.skip != parts.skip {
+			t.Fatalf("whole %+v (%v) vs parts %+v (%v)", whole, w, parts, p)
+		}
+	})
+}
