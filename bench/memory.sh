@@ -13,22 +13,23 @@ go build -o "$work/mqkv" ./cmd/mqkv
 mqkv="$work/mqkv"
 port=$((20000 + RANDOM % 20000)); admin=$((port + 1))
 
-start() { # $1: extra flags; waits for "mqkv serving", prints seconds taken
-	local t0=$(date +%s.%N)
-	"$mqkv" serve --listen 127.0.0.1:$port --admin-listen 127.0.0.1:$admin --data-dir "$work/data" $1 2>"$work/log" &
+start() { # waits for "mqkv serving"; sets pid and took (seconds)
+	local t0=$(date +%s%N)
+	"$mqkv" serve --listen 127.0.0.1:$port --admin-listen 127.0.0.1:$admin --data-dir "$work/data" >/dev/null 2>"$work/log" &
 	pid=$!
 	until grep -q "mqkv serving" "$work/log" 2>/dev/null; do sleep 0.02; done
-	echo "$(date +%s.%N) - $t0" | bc
+	took=$(( ($(date +%s%N) - t0) / 1000000 ))ms
 }
 rss() { awk '/VmRSS/ {print $2 * 1024}' /proc/$pid/status; }
 status() { "$mqkv" status --admin http://127.0.0.1:$admin --json; }
 
-start "" >/dev/null
+start
 base=$(rss)
 # Writes until the keyspace is about full: each round writes random keys.
-for _ in 1 2 3 4; do
-	"$mqkv" bench --server 127.0.0.1:$port --op set --keys "$keys" --value-size 64 --clients 64 --warmup 0s --duration 30s >/dev/null
+for _ in 1 2 3 4 5 6 7 8; do
+	"$mqkv" bench --server 127.0.0.1:$port --op set --keys "$keys" --value-size 64 --clients 64 --warmup 0s --duration 30s | grep '^ *set' >&2
 	n=$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["keys"])')
+	echo "keys so far: $n" >&2
 	[ "$n" -ge $((keys * 9 / 10)) ] && break
 done
 sleep 2; full=$(rss)
@@ -38,4 +39,5 @@ echo "keys: $n  RSS before: $((base >> 20)) MiB  after: $((full >> 20)) MiB  per
 
 snap=$(du -sb "$work/data/raft/snapshots" | cut -f1)
 kill -9 $pid; wait $pid 2>/dev/null || true
-echo "SIGKILL, then restart (loads the newest snapshot, $((snap >> 20)) MiB on disk, and replays the log after it): $(start "") s, RSS $(( $(rss) >> 20 )) MiB"
+start
+echo "SIGKILL, then restart (loads the newest snapshot, $((snap >> 20)) MiB on disk, and replays the log after it): $took, RSS $(( $(rss) >> 20 )) MiB"

@@ -125,6 +125,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cc.TLSCert, "cluster-tls-cert", "", "node certificate `file` for the node link (mutual TLS with --cluster-tls-ca)")
 	fs.StringVar(&cc.TLSKey, "cluster-tls-key", "", "its private key `file`")
 	fs.StringVar(&cc.TLSCA, "cluster-tls-ca", "", "cluster CA `file`: node certificates must chain to it")
+	fs.DurationVar(&cc.DeadNodeTimeout, "dead-node-timeout", 0, "remove a member that has not answered for this `duration` and rebuild its replicas on the others (0: never; mqkv cluster remove does it by hand)")
 	fs.BoolVar(&cc.Insecure, "cluster-insecure", false, "allow an unauthenticated node link on a non-loopback address (anyone who reaches it can join and read)")
 	fs.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
 	fs.StringVar(&logFormat, "log-format", "text", "log `format`: text or json")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -17,12 +18,13 @@ import (
 
 // harness runs nodes in this process, on real links over loopback.
 type harness struct {
-	t      *testing.T
-	nodes  []*Node
-	links  []*peer.Link
-	dirs   []string
-	events []chan []store.Event
-	groups int
+	deadTimeout time.Duration
+	t           *testing.T
+	nodes       []*Node
+	links       []*peer.Link
+	dirs        []string
+	events      []chan []store.Event
+	groups      int
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -67,7 +69,7 @@ func (h *harness) start(i int) {
 		}
 	}
 	ev := h.events[i]
-	node, err := Start(Config{NodeID: id, Dir: h.dirs[i], Link: link, Join: join, Groups: h.groups, RF: 3, Logger: quiet(),
+	node, err := Start(Config{NodeID: id, Dir: h.dirs[i], Link: link, Join: join, Groups: h.groups, RF: 3, Logger: quiet(), DeadNodeTimeout: h.deadTimeout,
 		OnEvents: func(e []store.Event) { ev <- append([]store.Event(nil), e...) }})
 	if err != nil {
 		link.Close()
@@ -265,5 +267,41 @@ func TestEventsReachEveryFollowingNode(t *testing.T) {
 		if fmt.Sprint(got[k]) != fmt.Sprint(vs) {
 			t.Fatalf("%s: got %v, want %v", k, got[k], vs)
 		}
+	}
+}
+
+// TestDeadNodeIsRemovedAfterTimeout: with --dead-node-timeout, a member
+// that stops answering is removed by the metadata leader and its
+// replicas are rebuilt on the others; writes go on throughout.
+func TestDeadNodeIsRemovedAfterTimeout(t *testing.T) {
+	h := &harness{t: t, groups: 4, deadTimeout: 2 * time.Second}
+	for i := range 4 {
+		h.start(i)
+	}
+	t.Cleanup(func() {
+		for i := range h.nodes {
+			h.stop(i)
+		}
+	})
+	h.awaitReplicas(3)
+	h.stop(3) // n4 dies
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := h.any().Status()
+		if len(st.Nodes) == 3 && st.Settled(3, true) {
+			for _, g := range st.Groups {
+				if slices.Contains(g.Replicas, "n4") {
+					t.Fatalf("group %d still holds n4: %+v", g.ID, g)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n4 not removed and replaced: %+v", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if res, err := set(t, h.nodes[0], "after", "v"); err != nil || res.Outcome != store.Applied {
+		t.Fatalf("write after the removal: %+v %v", res, err)
 	}
 }

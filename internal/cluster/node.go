@@ -79,6 +79,9 @@ type Config struct {
 	Logger   *slog.Logger
 	// Disk, if set, refuses writes while the data volume is nearly full.
 	Disk *replica.DiskGuard
+	// DeadNodeTimeout, if set, removes a member that has not answered for
+	// that long (see deadWatch).
+	DeadNodeTimeout time.Duration
 }
 
 // Node is a running node.

@@ -36,11 +36,12 @@ const (
 type reconciler struct {
 	leaderSince map[int]time.Time
 	checked     map[int]time.Time // last time a stray replica asked its leader
+	dead        *deadWatch
 }
 
 func (n *Node) reconcileLoop() {
 	defer n.wg.Done()
-	rc := &reconciler{leaderSince: map[int]time.Time{}, checked: map[int]time.Time{}}
+	rc := &reconciler{leaderSince: map[int]time.Time{}, checked: map[int]time.Time{}, dead: newDeadWatch()}
 	t := time.NewTicker(reconcileEvery)
 	defer t.Stop()
 	for {
@@ -62,6 +63,9 @@ func (n *Node) reconcile(rc *reconciler) {
 	if n.meta.State() == raft.Leader {
 		n.fitMetaMembers()
 		n.removeDrained(st)
+		n.judgeLiveness(rc.dead, st)
+	} else {
+		rc.dead.forget()
 	}
 	table := st.Placement()
 	migrating := 0 // non-voters being caught up by groups this node leads

@@ -24,7 +24,10 @@ type ClusterConfig struct {
 	Advertise string   // the address other nodes dial, if not Listen's
 	Join      []string // link addresses of members to join through; empty creates a cluster
 	Replicas  int      // replicas per group of a new cluster (default 3)
-	Groups    int      // replica groups of a new cluster (default 16)
+	Groups    int      // replica groups of a new cluster (default cluster.DefaultGroups)
+	// DeadNodeTimeout, if set, removes a member silent for that long and
+	// replaces its replicas (default off: mqkv cluster remove does it).
+	DeadNodeTimeout time.Duration
 
 	SecretFile string // shared secret nodes authenticate each other with
 	TLSCert    string // node certificate and key for the link (mTLS with TLSCA)

@@ -270,6 +270,8 @@ func Start(cfg Config) (*Server, error) {
 		Timings:  timings,
 		Logger:   cfg.Logger,
 		Disk:     s.disk,
+
+		DeadNodeTimeout: cfg.Cluster.DeadNodeTimeout,
 	})
 	if err != nil {
 		return nil, err

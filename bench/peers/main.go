@@ -1,0 +1,216 @@
+// Command peers measures mqkv side by side with the programs its users
+// would otherwise run, on this machine, in alternating rounds: durable
+// SET/GET against etcd put/get (one member, fsync on), and MQTT QoS 1
+// pub/sub round trips against mosquitto. Each workload is a closed loop:
+// every client has one request in flight. It reports throughput, latency
+// percentiles and the server's CPU time per operation (from /proc).
+//
+// It lives in its own module so that the mqkv binary carries no etcd
+// client. Run it through run.sh, which installs the peers if missing.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A workload runs a closed loop against one server until ctx ends,
+// recording each operation's latency.
+type workload interface {
+	name() string
+	// prepare connects n clients (and loads keys); op is then called by
+	// client i in a loop.
+	prepare(ctx context.Context, n int) error
+	op(ctx context.Context, i int, seq int) error
+	close()
+}
+
+// server is a peer process on a private port with a fresh data dir.
+type server struct {
+	name string
+	proc *process
+	addr string
+}
+
+func main() {
+	rounds := flag.Int("rounds", 3, "rounds per workload; mqkv and the peer alternate")
+	duration := flag.Duration("duration", 10*time.Second, "measured time per round")
+	warmup := flag.Duration("warmup", 2*time.Second, "unmeasured time before each round")
+	clients := flag.Int("clients", 64, "clients, each with one operation in flight")
+	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
+	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
+	only := flag.String("only", "set,get,pubsub", "workloads to run")
+	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
+	flag.Parse()
+	log.SetFlags(0)
+
+	work, err := os.MkdirTemp("", "mqkv-peers-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(work)
+	if *mqkvBin == "" {
+		*mqkvBin = filepath.Join(work, "mqkv")
+		if err := buildMQKV(*mqkvBin); err != nil {
+			log.Fatal(err)
+		}
+	}
+	value := []byte(strings.Repeat("v", *valueSize))
+	var results []result
+	for _, w := range strings.Split(*only, ",") {
+		var pair [2]func(addr string) workload
+		var peer func(dir string) (*server, error)
+		switch w {
+		case "set", "get":
+			get := w == "get"
+			pair[0] = func(addr string) workload { return &mqkvKV{addr: addr, get: get, keys: *keys, value: value} }
+			pair[1] = func(addr string) workload { return &etcdKV{addr: addr, get: get, keys: *keys, value: value} }
+			peer = startEtcd
+		case "pubsub":
+			pair[0] = func(addr string) workload { return &pubsub{addr: addr, payload: value} }
+			pair[1] = pair[0]
+			peer = startMosquitto
+		default:
+			log.Fatalf("unknown workload %q", w)
+		}
+		servers := [2]*server{}
+		if servers[0], err = startMQKV(*mqkvBin, filepath.Join(work, w, "mqkv")); err != nil {
+			log.Fatal(err)
+		}
+		if servers[1], err = peer(filepath.Join(work, w, "peer")); err != nil {
+			servers[0].proc.stop()
+			log.Fatal(err)
+		}
+		var sums [2]result
+		for r := 0; r < *rounds; r++ {
+			for k, s := range servers {
+				res, err := measure(pair[k](s.addr), s, *clients, *warmup, *duration)
+				if err != nil {
+					log.Fatalf("%s %s: %v", s.name, w, err)
+				}
+				res.workload = w
+				fmt.Fprintf(os.Stderr, "round %d %-9s %-6s %8.0f ops/s  p50 %6.2f ms  p99 %6.2f ms  %5.0f µs CPU/op\n",
+					r+1, s.name, w, res.opsPerSec(), ms(res.p(50)), ms(res.p(99)), res.cpuPerOp())
+				sums[k].add(res)
+			}
+		}
+		results = append(results, sums[0], sums[1])
+		for _, s := range servers {
+			s.proc.stop()
+		}
+	}
+	printTable(results, *clients, *valueSize, *rounds, *duration)
+}
+
+// measure runs w against s: warmup, then duration measured.
+func measure(w workload, s *server, clients int, warmup, duration time.Duration) (result, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := w.prepare(ctx, clients); err != nil {
+		return result{}, err
+	}
+	defer w.close()
+	var measuring atomic.Bool
+	lat := make([][]time.Duration, clients)
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := 0; ctx.Err() == nil; seq++ {
+				start := time.Now()
+				if err := w.op(ctx, i, seq); err != nil {
+					if ctx.Err() == nil {
+						firstErr.CompareAndSwap(nil, err)
+						cancel()
+					}
+					return
+				}
+				if measuring.Load() {
+					lat[i] = append(lat[i], time.Since(start))
+				}
+			}
+		}()
+	}
+	time.Sleep(warmup)
+	cpu0, err := s.proc.cpu()
+	if err != nil {
+		return result{}, err
+	}
+	measuring.Store(true)
+	t0 := time.Now()
+	time.Sleep(duration)
+	measuring.Store(false)
+	elapsed := time.Since(t0)
+	cpu1, _ := s.proc.cpu()
+	cancel()
+	wg.Wait()
+	if err, ok := firstErr.Load().(error); ok {
+		return result{}, err
+	}
+	res := result{server: s.name, elapsed: elapsed, cpu: cpu1 - cpu0}
+	for _, l := range lat {
+		res.lat = append(res.lat, l...)
+	}
+	return res, nil
+}
+
+type result struct {
+	workload, server string
+	elapsed, cpu     time.Duration
+	lat              []time.Duration
+}
+
+func (r *result) add(o result) {
+	r.workload, r.server = o.workload, o.server
+	r.elapsed += o.elapsed
+	r.cpu += o.cpu
+	r.lat = append(r.lat, o.lat...)
+}
+
+func (r result) opsPerSec() float64 { return float64(len(r.lat)) / r.elapsed.Seconds() }
+
+func (r result) cpuPerOp() float64 {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return float64(r.cpu.Microseconds()) / float64(len(r.lat))
+}
+
+func (r result) p(q float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*q/100))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func printTable(rs []result, clients, size, rounds int, d time.Duration) {
+	fmt.Printf("%d clients, %d-byte values, %d rounds of %v each, alternating; totals over all rounds\n\n", clients, size, rounds, d)
+	fmt.Println("| workload | server | ops/s | p50 ms | p99 ms | server CPU µs/op | mqkv / peer ops/s | mqkv / peer CPU/op |")
+	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|")
+	for i := 0; i+1 < len(rs); i += 2 {
+		m, p := rs[i], rs[i+1]
+		for _, r := range []result{m, p} {
+			ratio, cpuRatio := "", ""
+			if r.server != "mqkv" {
+				ratio = fmt.Sprintf("%.2fx", m.opsPerSec()/p.opsPerSec())
+				cpuRatio = fmt.Sprintf("%.2fx", m.cpuPerOp()/p.cpuPerOp())
+			}
+			fmt.Printf("| %s | %s | %.0f | %.2f | %.2f | %.0f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), ratio, cpuRatio)
+		}
+	}
+}

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// process is a child server.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func spawn(dir, name string, args ...string) (*process, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w (run bench/peers/run.sh, which installs it)", name, err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); logf.Close(); close(p.done) }()
+	return p, nil
+}
+
+func (p *process) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// cpu returns the user and system time the process has used so far.
+func (p *process) cpu() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces): state is
+	// field 3, utime 14, stime 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticks, nil
+}
+
+// freePort picks a loopback port nobody listens on now.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// awaitListening waits until addr accepts connections.
+func awaitListening(p *process, addr string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-p.done:
+			return errors.New("the server exited at start; see its server.log")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	p.stop()
+	return fmt.Errorf("%s not listening after 30 s", addr)
+}
+
+func buildMQKV(out string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/mqkv")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build mqkv: %v\n%s", err, b)
+	}
+	return nil
+}
+
+// repoRoot is the main module's directory: the nearest parent of the
+// working directory whose go.mod names github.com/mqkv/mqkv.
+func repoRoot() (string, error) {
+	dir, _ := os.Getwd()
+	for {
+		f, err := os.Open(filepath.Join(dir, "go.mod"))
+		if err == nil {
+			sc := bufio.NewScanner(f)
+			sc.Scan()
+			f.Close()
+			if strings.TrimSpace(sc.Text()) == "module github.com/mqkv/mqkv" {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run from inside the mqkv repository, or give -mqkv")
+		}
+		dir = parent
+	}
+}
+
+// startMQKV runs mqkv durable (the default) on a fresh data dir.
+func startMQKV(bin, dir string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p, err := spawn(dir, bin, "serve", "--listen", addr, "--data-dir", filepath.Join(dir, "data"))
+	if err != nil {
+		return nil, err
+	}
+	return &server{name: "mqkv", proc: p, addr: addr}, awaitListening(p, addr)
+}
+
+// startEtcd runs one etcd member with its defaults (fsync on every
+// commit) on a fresh data dir.
+func startEtcd(dir string) (*server, error) {
+	client, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	peerPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cu := fmt.Sprintf("http://127.0.0.1:%d", client)
+	pu := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	p, err := spawn(dir, "etcd", "--name", "bench", "--data-dir", filepath.Join(dir, "data"),
+		"--listen-client-urls", cu, "--advertise-client-urls", cu,
+		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+		"--initial-cluster", "bench="+pu, "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", client)
+	return &server{name: "etcd", proc: p, addr: addr}, awaitListening(p, addr)
+}
+
+// startMosquitto runs mosquitto 2 with a listener on a private port,
+// anonymous clients allowed, no persistence (the pub/sub workload uses
+// clean sessions, which mosquitto never writes anyway).
+func startMosquitto(dir string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "mosquitto.conf")
+	err = os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 10000\n", port)), 0o600)
+	if err != nil {
+		return nil, err
+	}
+	p, err := spawn(dir, "mosquitto", "-c", conf)
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	return &server{name: "mosquitto", proc: p, addr: addr}, awaitListening(p, addr)
+}

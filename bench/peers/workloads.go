@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/mqkv/mqkv/client"
+)
+
+func keyOf(i, seq, keys int) []byte { return []byte("k" + strconv.Itoa((i*7919+seq)%keys)) }
+
+// mqkvKV: SET or GET through mqkv's Go client (the request framing of the
+// AIO SDKs), one connection per client.
+type mqkvKV struct {
+	addr  string
+	get   bool
+	keys  int
+	value []byte
+	cs    []*client.Client
+}
+
+func (w *mqkvKV) name() string { return "mqkv" }
+
+func (w *mqkvKV) prepare(ctx context.Context, n int) error {
+	for range n {
+		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + w.addr})
+		if err != nil {
+			return err
+		}
+		w.cs = append(w.cs, c)
+	}
+	if w.get { // every key holds a value
+		for k := range w.keys {
+			if _, err := w.cs[k%n].Set(ctx, keyOf(0, k, w.keys), w.value); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *mqkvKV) op(ctx context.Context, i, seq int) error {
+	k := keyOf(i, seq, w.keys)
+	if w.get {
+		v, err := w.cs[i].Get(ctx, k)
+		if err == nil && !v.Found {
+			err = fmt.Errorf("GET %s: not found", k)
+		}
+		return err
+	}
+	_, err := w.cs[i].Set(ctx, k, w.value)
+	return err
+}
+
+func (w *mqkvKV) close() {
+	for _, c := range w.cs {
+		c.Close()
+	}
+}
+
+// etcdKV: put or get through clientv3, one client (gRPC connection) per
+// client, linearizable gets (etcd's default, as mqkv's).
+type etcdKV struct {
+	addr  string
+	get   bool
+	keys  int
+	value []byte
+	cs    []*clientv3.Client
+}
+
+func (w *etcdKV) name() string { return "etcd" }
+
+func (w *etcdKV) prepare(ctx context.Context, n int) error {
+	for range n {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{w.addr}, DialTimeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		w.cs = append(w.cs, c)
+	}
+	if w.get {
+		for k := range w.keys {
+			if _, err := w.cs[k%n].Put(ctx, string(keyOf(0, k, w.keys)), string(w.value)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *etcdKV) op(ctx context.Context, i, seq int) error {
+	k := string(keyOf(i, seq, w.keys))
+	if w.get {
+		r, err := w.cs[i].Get(ctx, k)
+		if err == nil && len(r.Kvs) == 0 {
+			err = fmt.Errorf("get %s: not found", k)
+		}
+		return err
+	}
+	_, err := w.cs[i].Put(ctx, k, string(w.value))
+	return err
+}
+
+func (w *etcdKV) close() {
+	for _, c := range w.cs {
+		c.Close()
+	}
+}
+
+// pubsub: each client subscribes to its own topic, publishes QoS 1 to it
+// and waits for the message to come back: a round trip through the broker.
+type pubsub struct {
+	addr    string
+	payload []byte
+	cs      []*paho.Client
+	inbox   []chan struct{}
+}
+
+func (w *pubsub) name() string { return "pubsub" }
+
+func (w *pubsub) prepare(ctx context.Context, n int) error {
+	for i := range n {
+		conn, err := net.Dial("tcp", w.addr)
+		if err != nil {
+			return err
+		}
+		in := make(chan struct{}, 1)
+		c := paho.NewClient(paho.ClientConfig{
+			Conn: conn,
+			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(paho.PublishReceived) (bool, error) {
+				in <- struct{}{}
+				return true, nil
+			}},
+		})
+		id := fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i)
+		if _, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30}); err != nil {
+			return err
+		}
+		if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topicOf(i), QoS: 1}}}); err != nil {
+			return err
+		}
+		w.cs, w.inbox = append(w.cs, c), append(w.inbox, in)
+	}
+	return nil
+}
+
+func topicOf(i int) string { return "bench/" + strconv.Itoa(i) }
+
+func (w *pubsub) op(ctx context.Context, i, _ int) error {
+	if _, err := w.cs[i].Publish(ctx, &paho.Publish{Topic: topicOf(i), QoS: 1, Payload: w.payload}); err != nil {
+		return err
+	}
+	select {
+	case <-w.inbox[i]:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(10 * time.Second):
+		return errors.New("message did not come back within 10 s")
+	}
+}
+
+func (w *pubsub) close() {
+	for _, c := range w.cs {
+		c.Disconnect(&paho.Disconnect{})
+	}
+}
