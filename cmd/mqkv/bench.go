@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -40,6 +41,8 @@ func benchCmd() *cobra.Command {
 	patterns := fs.Int("patterns", 0, "register this many pattern KEYNOTIFYs (matching no benchmark key) while measuring; with --baseline nopatterns, compare with none")
 	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
 	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
+	addAfter := fs.Duration("add-node-after", 0, "with --cluster: start one more node this `long` into the measured time and report the rebalancing: how long until its replicas are in place, MB moved to it, and the throughput before and meanwhile")
+	killAfter := fs.Duration("kill-after", 0, "with --cluster 3 or more: SIGKILL the last node this `long` into the measured time (clients use the other nodes) and report the failover: the longest time no request completed, and latencies in the 10 s after")
 	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
 it, waits for the reply, and sends the next. Prints throughput and latency
 percentiles.
@@ -76,6 +79,12 @@ Baselines, measured in the same run:
 		if *clients < 1 || *rounds < 1 || *duration <= 0 || *keys < 1 || *responders < 1 {
 			return fmt.Errorf("bench: --clients, --rounds, --duration, --keys and --responders must be positive")
 		}
+		if *killAfter > 0 && (*nodes < 3 || *rounds != 1 || *baseline != "" || *killAfter >= *duration) {
+			return fmt.Errorf("bench: --kill-after needs --cluster 3 or more, one round, no baseline, and a time inside --duration")
+		}
+		if *addAfter > 0 && (*nodes < 1 || *rounds != 1 || *baseline != "" || *killAfter > 0 || *addAfter >= *duration) {
+			return fmt.Errorf("bench: --add-node-after needs --cluster, one round, no baseline, no --kill-after, and a time inside --duration")
+		}
 		if *valueSize < 0 || *patterns < 0 || *warmup < 0 {
 			return fmt.Errorf("bench: --value-size, --patterns and --warmup must not be negative")
 		}
@@ -85,26 +94,26 @@ Baselines, measured in the same run:
 		mode := "existing server"
 		baseAddr := *addr
 		var children []*server.Process // the servers whose CPU is counted
-		if *addr == "" {
-			// storage gives a child server its flags: in memory, or a
-			// fresh data directory, removed once the servers have stopped.
-			var dirs []string
-			defer func() {
-				for _, d := range dirs {
-					os.RemoveAll(d)
-				}
-			}()
-			storage := func(prefix string) ([]string, error) {
-				if *inMemory {
-					return []string{"--in-memory"}, nil
-				}
-				dir, err := os.MkdirTemp("", prefix)
-				if err != nil {
-					return nil, err
-				}
-				dirs = append(dirs, dir)
-				return []string{"--data-dir", dir}, nil
+		// storage gives a child server its flags: in memory, or a fresh
+		// data directory, removed once the servers have stopped.
+		var dirs []string
+		defer func() {
+			for _, d := range dirs {
+				os.RemoveAll(d)
 			}
+		}()
+		storage := func(prefix string) ([]string, error) {
+			if *inMemory {
+				return []string{"--in-memory"}, nil
+			}
+			dir, err := os.MkdirTemp("", prefix)
+			if err != nil {
+				return nil, err
+			}
+			dirs = append(dirs, dir)
+			return []string{"--data-dir", dir}, nil
+		}
+		if *addr == "" {
 			extra, err := storage("mqkv-bench-")
 			if err != nil {
 				return err
@@ -143,6 +152,9 @@ Baselines, measured in the same run:
 				for _, p := range procs {
 					addrs = append(addrs, p.Addr())
 				}
+				if *killAfter > 0 {
+					addrs = addrs[:len(addrs)-1] // the victim serves no client
+				}
 				*addr = strings.Join(addrs, ",")
 				mode = fmt.Sprintf("%d-node cluster of child servers, durable, RF 3", *nodes)
 			} else {
@@ -161,6 +173,38 @@ Baselines, measured in the same run:
 		cfg := bench.Config{
 			Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
 			Keys: *keys, Duration: *duration, Warmup: *warmup, Patterns: *patterns,
+		}
+		var joined *server.Process
+		if *addAfter > 0 {
+			args, err := storage("mqkv-bench-node-")
+			if err != nil {
+				return err
+			}
+			id := fmt.Sprintf("b%d", len(children)+1)
+			args = append(args, "--node-id", id, "--cluster-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--join", children[0].ClusterAddr())
+			cfg.FaultAt = *addAfter
+			cfg.Fault = func() {
+				p, err := spawnSelf(args...)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "bench: starting %s: %v\n", id, err)
+					return
+				}
+				joined = p
+				for !settled(p.AdminAddr(), min(len(children)+1, cluster.DefaultRF)) {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			defer func() {
+				if joined != nil {
+					joined.Stop()
+				}
+			}()
+		}
+		var victim string
+		if *killAfter > 0 {
+			p := children[len(children)-1]
+			victim = fmt.Sprintf("b%d", len(children))
+			cfg.Fault, cfg.FaultAt = p.Kill, *killAfter
 		}
 		fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
 			mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
@@ -226,6 +270,28 @@ Baselines, measured in the same run:
 		if m := rows[len(rows)-1]; m.CPU > 0 && m.Ops > 0 {
 			fmt.Printf("server CPU: %.1f µs per %s, summed over %d server process(es) (includes warmup)\n",
 				float64(m.CPU.Microseconds())/float64(m.Ops), cfg.Op, len(children))
+		}
+		if m := rows[len(rows)-1]; victim != "" {
+			fmt.Printf("failover: node %s SIGKILLed %v into the round; no request completed for at most %s; in the %v after: %d requests, p99 %s, max %s, %d answered with an error\n",
+				victim, *killAfter, ms(m.Stall), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
+		}
+		if m := rows[len(rows)-1]; joined != nil {
+			// What moved is the state of the groups it now holds (by
+			// snapshot or by log, whichever raft chose): the benchmark's
+			// keys and values, spread evenly over the groups.
+			held, groups := heldGroups(joined.AdminAddr(), fmt.Sprintf("b%d", len(children)+1))
+			moved := 0.0
+			if groups > 0 {
+				moved = float64(*keys) * float64(*valueSize+len("bench/key/")+6) * float64(held) / float64(groups)
+			}
+			line := fmt.Sprintf("rebalancing: node b%d joined %v into the round", len(children)+1, *addAfter)
+			if m.During > 0 {
+				line += fmt.Sprintf("; its replicas were in place %s later; %.1f MB of keys and values moved to it (%d of %d groups), %.1f MB/s; foreground %.0f ops/s before, %.0f meanwhile (%.2fx)",
+					ms(m.FaultTook), moved/1e6, held, groups, moved/1e6/m.FaultTook.Seconds(), m.Before, m.During, m.During/m.Before)
+			} else {
+				line += fmt.Sprintf("; its replicas were not in place by the end of the round (%s after): give a longer --duration", ms(m.FaultTook))
+			}
+			fmt.Println(line)
 		}
 		if len(base) > 0 {
 			b, m := rows[0], rows[1]
@@ -303,6 +369,26 @@ func spawnSelf(extra ...string) (*server.Process, error) {
 		return nil, err
 	}
 	return server.Spawn(exe, extra...)
+}
+
+// heldGroups counts the groups whose replicas include id, and all groups,
+// as the node at admin sees them.
+func heldGroups(admin, id string) (held, groups int) {
+	resp, err := http.Get("http://" + admin + "/v1/cluster")
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	var st cluster.Status
+	if json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return 0, 0
+	}
+	for _, g := range st.Groups {
+		if slices.Contains(g.Replicas, id) {
+			held++
+		}
+	}
+	return held, len(st.Groups)
 }
 
 func uniq(a, b string) []string {

@@ -59,6 +59,11 @@ type Config struct {
 	// Patterns, if positive, registers that many pattern KEYNOTIFYs (none
 	// matching the benchmark's keys) for the run, from more clients.
 	Patterns int
+	// Fault, if set, is called FaultAt into the measured time (a node is
+	// killed, or one joins and Fault returns once replicas have moved);
+	// the Result then describes the service around it.
+	Fault   func()
+	FaultAt time.Duration
 }
 
 // Result is what one measurement found.
@@ -69,7 +74,21 @@ type Result struct {
 	Elapsed   time.Duration
 	CPU       time.Duration   // server CPU during the round, if measured
 	latencies []time.Duration // sorted
+
+	// With a Fault: the longest time in the measured round during which
+	// no request completed, and the requests that completed in the
+	// FaultWindow after the fault (errors included).
+	Stall                 time.Duration
+	FaultOps, FaultErrors int
+	FaultP99, FaultMax    time.Duration
+	// The throughput before the fault, and while Fault ran (zero if it
+	// outlasted the round).
+	Before, During float64
+	FaultTook      time.Duration
 }
+
+// FaultWindow is how long after a fault requests are described apart.
+const FaultWindow = 10 * time.Second
 
 // Throughput returns operations per second.
 func (r Result) Throughput() float64 { return float64(r.Ops) / r.Elapsed.Seconds() }
@@ -272,6 +291,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	stop := make(chan struct{})
 	type tally struct {
 		lat    []time.Duration
+		dones  []done // with a Fault: every request completed
 		errors int
 		err    error
 	}
@@ -322,7 +342,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				if !measuring.Load() {
 					continue
 				}
-				if len(r) > 0 && r[0] == '-' {
+				refused := len(r) > 0 && r[0] == '-'
+				if cfg.Fault != nil {
+					tallies[n].dones = append(tallies[n].dones, done{end: start.Add(d), lat: d, failed: refused})
+				}
+				if refused {
 					tallies[n].errors++ // refused work is not throughput
 					continue
 				}
@@ -336,6 +360,20 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	measuring.Store(true)
 	start := time.Now()
+	var faultAt, faultEnd time.Time
+	faulted := make(chan struct{})
+	if cfg.Fault != nil {
+		go func() {
+			defer close(faulted)
+			select {
+			case <-time.After(cfg.FaultAt):
+				faultAt = time.Now()
+				cfg.Fault()
+				faultEnd = time.Now()
+			case <-stop:
+			}
+		}()
+	}
 	select {
 	case <-time.After(cfg.Duration):
 	case <-ctx.Done():
@@ -345,28 +383,92 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	close(stop)
 	wg.Wait()
 	res := Result{Op: cfg.Op, Elapsed: elapsed}
+	var dones []done
 	for _, t := range tallies {
 		if t.err != nil {
 			return res, t.err
 		}
 		res.latencies = append(res.latencies, t.lat...)
 		res.Errors += t.errors
+		dones = append(dones, t.dones...)
 	}
 	res.Ops = len(res.latencies)
 	slices.Sort(res.latencies)
+	if cfg.Fault != nil {
+		<-faulted // a Fault still running past the round is waited for
+		res.describeFault(dones, start, start.Add(elapsed), faultAt, faultEnd)
+	}
 	return res, nil
 }
 
-// Merge combines the results of several rounds of the same op.
+// done is one completed request of a round with a fault.
+type done struct {
+	end    time.Time
+	lat    time.Duration
+	failed bool // answered with an error
+}
+
+// describeFault finds the longest time without a completed request and
+// the latencies in the FaultWindow after the fault.
+func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time) {
+	slices.SortFunc(ds, func(a, b done) int { return a.end.Compare(b.end) })
+	last := from
+	var window []time.Duration
+	before, during := 0, 0
+	for _, d := range ds {
+		if !d.failed {
+			r.Stall = max(r.Stall, d.end.Sub(last))
+			last = d.end
+			switch {
+			case d.end.Before(fault):
+				before++
+			case !d.end.After(faultEnd):
+				during++
+			}
+		}
+		if fault.IsZero() || d.end.Before(fault) || d.end.After(fault.Add(FaultWindow)) {
+			continue
+		}
+		r.FaultOps++
+		if d.failed {
+			r.FaultErrors++
+		} else {
+			window = append(window, d.lat)
+		}
+	}
+	r.Stall = max(r.Stall, to.Sub(last))
+	if !fault.IsZero() {
+		r.Before = float64(before) / fault.Sub(from).Seconds()
+		r.FaultTook = faultEnd.Sub(fault)
+		if faultEnd.Before(to) && r.FaultTook > 0 {
+			r.During = float64(during) / r.FaultTook.Seconds()
+		}
+	}
+	slices.Sort(window)
+	if len(window) > 0 {
+		r.FaultP99 = window[max(0, int(math.Ceil(0.99*float64(len(window))))-1)]
+		r.FaultMax = window[len(window)-1]
+	}
+}
+
+// Merge combines the results of several rounds of the same op. What a
+// round says about a fault is kept from the round that had one.
 func Merge(rs []Result) Result {
 	var out Result
 	for _, r := range rs {
+		lat := out.latencies
+		if r.FaultOps > 0 || r.Stall > 0 {
+			out = r
+		}
 		out.Op = r.Op
+		out.latencies = append(lat, r.latencies...)
+	}
+	out.Ops, out.Errors, out.Elapsed, out.CPU = 0, 0, 0, 0
+	for _, r := range rs {
 		out.Ops += r.Ops
 		out.Errors += r.Errors
 		out.Elapsed += r.Elapsed
 		out.CPU += r.CPU
-		out.latencies = append(out.latencies, r.latencies...)
 	}
 	slices.Sort(out.latencies)
 	return out
