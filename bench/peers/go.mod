@@ -8,6 +8,7 @@ require (
 	github.com/eclipse/paho.golang v0.23.0
 	github.com/mqkv/mqkv v0.0.0
 	go.etcd.io/etcd/client/v3 v3.6.13
+	go.uber.org/zap v1.27.0
 )
 
 require (
@@ -20,7 +21,6 @@ require (
 	go.etcd.io/etcd/api/v3 v3.6.13 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.6.13 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
-	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect

@@ -50,6 +50,7 @@ func main() {
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
 	only := flag.String("only", "set,get,pubsub", "workloads to run")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
+	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
 	flag.Parse()
 	log.SetFlags(0)
 

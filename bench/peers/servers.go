@@ -127,6 +127,9 @@ func repoRoot() (string, error) {
 	}
 }
 
+// mqkvAdmin, if set, is where mqkv serves its admin endpoint (pprof).
+var mqkvAdmin string
+
 // startMQKV runs mqkv durable (the default) on a fresh data dir.
 func startMQKV(bin, dir string) (*server, error) {
 	port, err := freePort()
@@ -134,7 +137,11 @@ func startMQKV(bin, dir string) (*server, error) {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	p, err := spawn(dir, bin, "serve", "--listen", addr, "--data-dir", filepath.Join(dir, "data"))
+	args := []string{"serve", "--listen", addr, "--data-dir", filepath.Join(dir, "data")}
+	if mqkvAdmin != "" {
+		args = append(args, "--admin-listen", mqkvAdmin)
+	}
+	p, err := spawn(dir, bin, args...)
 	if err != nil {
 		return nil, err
 	}

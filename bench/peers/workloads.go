@@ -10,6 +10,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/mqkv/mqkv/client"
 )
@@ -79,7 +80,7 @@ func (w *etcdKV) name() string { return "etcd" }
 
 func (w *etcdKV) prepare(ctx context.Context, n int) error {
 	for range n {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{w.addr}, DialTimeout: 10 * time.Second})
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{w.addr}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return err
 		}

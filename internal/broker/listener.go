@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -118,11 +119,11 @@ func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
 }
 
 // clientConn is a client's connection as mochi sees it: the first packet's
-// header, already read to check its size, is read again first; every write
-// has a deadline; and the packets read are framed as they pass, so that a
-// packet larger than the server's maximum gets DISCONNECT 0x95 (§3.2.2.3.6)
-// before mochi, which finds it from the header, closes the connection
-// without a word.
+// header, already read to check its size, is read again first; the
+// packets read are framed as they pass, so that a packet larger than the
+// server's maximum gets DISCONNECT 0x95 (§3.2.2.3.6) before mochi, which
+// finds it from the header, closes the connection without a word; and
+// writes are coalesced (see Write).
 type clientConn struct {
 	net.Conn
 	r io.Reader
@@ -130,8 +131,21 @@ type clientConn struct {
 	max    uint32
 	frames framer
 
-	wmu sync.Mutex // one packet write at a time: mochi's, or the DISCONNECT
+	wmu     sync.Mutex
+	pending []byte      // written by mochi, not yet sent
+	werr    error       // a send failed: every later write fails
+	waiting bool        // the reader is blocked for input
+	woke    time.Time   // when the reader last got input
+	timer   *time.Timer // sends what is pending if the reader takes long
+	closed  bool
 }
+
+// Coalescing bounds: what waits is sent once this much is pending, or
+// this long after the reader got the input that caused it.
+const (
+	coalesceBytes = 32 << 10
+	coalesceHold  = 200 * time.Microsecond
+)
 
 var errConnectTooLarge = errors.New("first packet larger than 64 KiB")
 
@@ -162,21 +176,98 @@ func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 	return &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize}, nil
 }
 
+// Read sends what is pending before it waits for input: the
+// acknowledgements and messages caused by the packets just read leave in
+// one system call.
 func (c *clientConn) Read(p []byte) (int, error) {
+	c.wmu.Lock()
+	if len(c.pending) > 0 {
+		// Writers the packets just read woke (the routed message's
+		// write loop) get to add theirs first.
+		c.wmu.Unlock()
+		runtime.Gosched()
+		c.wmu.Lock()
+		c.sendLocked()
+	}
+	c.waiting = true
+	c.wmu.Unlock()
+
 	n, err := c.r.Read(p)
+
+	c.wmu.Lock()
+	c.waiting, c.woke = false, time.Now()
+	c.wmu.Unlock()
 	if c.frames.feed(p[:n], c.max) && c.frames.version == 5 {
 		c.disconnect(packets.ErrPacketTooLarge)
 	}
 	return n, err
 }
 
+// Write coalesces packets: mochi writes each packet with its own system
+// call (a PUBACK, then the PUBLISH it routed; a reply, then the next),
+// about a fifth of the broker's CPU under load. A packet written while
+// the client's reader is busy with the input that caused it waits until
+// the reader is done (see Read), at most coalesceHold; one written while
+// the reader waits for input, the common case when idle, is sent at once.
 func (c *clientConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return 0, c.werr
+	}
+	c.pending = append(c.pending, p...)
+	if c.waiting || c.closed || len(c.pending) >= coalesceBytes || time.Since(c.woke) >= coalesceHold {
+		if err := c.sendLocked(); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	if c.timer == nil {
+		c.timer = time.AfterFunc(coalesceHold, c.send)
+	} else {
+		c.timer.Reset(coalesceHold)
+	}
+	return len(p), nil
+}
+
+func (c *clientConn) send() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.sendLocked()
+}
+
+// sendLocked writes what is pending, with a deadline.
+func (c *clientConn) sendLocked() error {
+	if len(c.pending) == 0 || c.werr != nil {
+		return c.werr
+	}
 	if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
 		_ = c.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 	}
-	return c.Conn.Write(p)
+	_, err := c.Conn.Write(c.pending)
+	c.pending = c.pending[:0]
+	if cap(c.pending) > 4*coalesceBytes {
+		c.pending = nil // a burst's buffer is not kept
+	}
+	c.werr = err
+	return err
+}
+
+// Close sends what is pending (a DISCONNECT, often) before closing.
+func (c *clientConn) Close() error {
+	c.wmu.Lock()
+	c.closed = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if len(c.pending) > 0 && c.werr == nil {
+		if _, ws := c.Conn.(*wsConn); !ws {
+			_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+		}
+		c.sendLocked()
+	}
+	c.wmu.Unlock()
+	return c.Conn.Close()
 }
 
 // disconnect writes a DISCONNECT with a reason code (and its reason
@@ -198,8 +289,8 @@ type framer struct {
 	inHeader bool // reading the remaining length
 	length   int
 	shift    uint
-	skip     int // body bytes still to pass
-	packets  int // packets whose header was read
+	skip     int    // body bytes still to pass
+	packets  int    // packets whose header was read
 	first    []byte // the first bytes of the first packet's body
 	version  byte
 	read     bool // the version was read (or cannot be)

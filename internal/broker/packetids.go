@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -28,7 +29,8 @@ import (
 // until PUBREL: only those renames outlive one packet. They belong to the
 // session (by client id), because a resumed session resends its PUBRECs.
 type idSpace struct {
-	sessions sync.Map // client id → *renames in force; most clients have none
+	sessions sync.Map     // client id → *renames in force; most clients have none
+	count    atomic.Int64 // entries in sessions: none, the common case, costs no lookup
 }
 
 type renames struct {
@@ -48,6 +50,9 @@ func (s *idSpace) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 		}
 	case packets.Subscribe, packets.Unsubscribe:
 	case packets.Pubrel: // the client's QoS 2 flow goes on
+		if s.count.Load() == 0 {
+			return pk
+		}
 		if r := s.of(cl.ID); r != nil {
 			r.mu.Lock()
 			if m, ok := r.toMochi[id]; ok {
@@ -60,12 +65,18 @@ func (s *idSpace) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 		return pk // acknowledgements of the server's own messages
 	}
 	held, busy := cl.State.Inflight.Get(id)
+	if !busy && s.count.Load() == 0 {
+		return pk // the common case: nothing to rename, no lookup
+	}
 	r := s.of(cl.ID)
 	if r == nil && (!busy || inbound(held)) {
-		return pk // the common case: nothing to rename
+		return pk // nothing to rename
 	}
 	if r == nil {
-		v, _ := s.sessions.LoadOrStore(cl.ID, &renames{toClient: map[uint16]uint16{}, toMochi: map[uint16]uint16{}, next: 0xFFFF})
+		v, loaded := s.sessions.LoadOrStore(cl.ID, &renames{toClient: map[uint16]uint16{}, toMochi: map[uint16]uint16{}, next: 0xFFFF})
+		if !loaded {
+			s.count.Add(1)
+		}
 		r = v.(*renames)
 	}
 	r.mu.Lock()
@@ -129,6 +140,9 @@ func (s *idSpace) write(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	default:
 		return pk
 	}
+	if s.count.Load() == 0 {
+		return pk
+	}
 	r := s.of(cl.ID)
 	if r == nil {
 		return pk
@@ -148,4 +162,8 @@ func (s *idSpace) write(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 }
 
 // forget drops the renames of a session that ended.
-func (s *idSpace) forget(clientID string) { s.sessions.Delete(clientID) }
+func (s *idSpace) forget(clientID string) {
+	if _, ok := s.sessions.LoadAndDelete(clientID); ok {
+		s.count.Add(-1)
+	}
+}
