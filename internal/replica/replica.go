@@ -311,6 +311,9 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 	if err := os.MkdirAll(walDir, 0o700); err != nil {
 		return nil, nil, nil, fmt.Errorf("replica: %w", err)
 	}
+	if err := checkTail(walDir); err != nil {
+		return nil, nil, nil, err
+	}
 	w, err := raftwal.Open(walDir)
 	if err != nil {
 		return nil, nil, nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}

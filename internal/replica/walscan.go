@@ -1,0 +1,91 @@
+package replica
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// raft-wal's segment format, as far as checkTail needs it: a 32-byte file
+// header, then frames of an 8-byte header (type, three zero bytes, then a
+// little-endian length, or for a commit frame the CRC-32C of the batch it
+// closes) and a payload padded to 8 bytes.
+const (
+	walFileHeader  = 32
+	walFrameHeader = 8
+	walFrameCommit = 3
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checkTail looks for acknowledged batches that raft-wal would silently
+// drop. Opening a log, raft-wal reads the newest segment frame by frame
+// and takes the first frame it cannot decode for the end of a torn write,
+// keeping what comes before. A torn write can only be the last batch, which
+// was never acknowledged; but a damaged frame header earlier in the segment
+// would end the log there and throw away every later batch, which were.
+// So before the log is opened (raft-wal would overwrite them with the
+// next append), the rest of the segment after that point is searched for
+// a complete batch: two commit frames of which the second carries the
+// checksum of the bytes between them. If there is one, the log is
+// damaged, not torn.
+func checkTail(walDir string) error {
+	segs, err := filepath.Glob(filepath.Join(walDir, "*.wal"))
+	if err != nil || len(segs) == 0 {
+		return nil
+	}
+	slices.Sort(segs) // named by base index, zero-padded: the newest last
+	tail := segs[len(segs)-1]
+	data, err := os.ReadFile(tail)
+	if err != nil {
+		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: err}
+	}
+	end := walkFrames(data)
+	if n := completeBatchesAfter(data, end); n > 0 {
+		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
+			"the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)}
+	}
+	return nil
+}
+
+// walkFrames returns where raft-wal's reading of a segment stops: the
+// first frame header that is zero or does not decode.
+func walkFrames(data []byte) int {
+	off := walFileHeader
+	for off+walFrameHeader <= len(data) {
+		h := data[off : off+walFrameHeader]
+		if h[0] == 0 || h[0] > walFrameCommit || h[1]|h[2]|h[3] != 0 {
+			return off
+		}
+		n := 0
+		if h[0] != walFrameCommit {
+			n = int(binary.LittleEndian.Uint32(h[4:]))
+			n += (walFrameHeader - n%walFrameHeader) % walFrameHeader
+		}
+		off += walFrameHeader + n
+	}
+	return min(off, len(data))
+}
+
+// completeBatchesAfter counts the batches after offset from whose commit
+// frames and checksums are intact.
+func completeBatchesAfter(data []byte, from int) int {
+	from += walFrameHeader - from%walFrameHeader // the next aligned frame
+	if !slices.ContainsFunc(data[min(from, len(data)):], func(b byte) bool { return b != 0 }) {
+		return 0 // zeros to the end: the usual case
+	}
+	prev, n := -1, 0
+	for c := from; c+walFrameHeader <= len(data); c += walFrameHeader {
+		if data[c] != walFrameCommit || data[c+1]|data[c+2]|data[c+3] != 0 {
+			continue
+		}
+		if prev >= 0 && crc32.Checksum(data[prev+walFrameHeader:c], castagnoli) == binary.LittleEndian.Uint32(data[c+4:]) {
+			n++
+		}
+		prev = c
+	}
+	return n
+}
