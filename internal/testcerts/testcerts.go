@@ -57,15 +57,21 @@ func (l Leaf) TLS() (tls.Certificate, error) { return tls.X509KeyPair(l.CertPEM,
 
 // Server signs a server certificate for 127.0.0.1 and localhost.
 func (ca *CA) Server() (Leaf, error) {
-	return ca.sign(pkix.Name{CommonName: "localhost"}, x509.ExtKeyUsageServerAuth, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"})
+	return ca.sign(pkix.Name{CommonName: "localhost"}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"})
 }
 
 // Client signs a client certificate with the given subject.
 func (ca *CA) Client(subject pkix.Name) (Leaf, error) {
-	return ca.sign(subject, x509.ExtKeyUsageClientAuth, nil, nil)
+	return ca.sign(subject, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, nil)
 }
 
-func (ca *CA) sign(subject pkix.Name, usage x509.ExtKeyUsage, ips []net.IP, names []string) (Leaf, error) {
+// Node signs a cluster node's certificate: it serves the node link and
+// dials it.
+func (ca *CA) Node(id string) (Leaf, error) {
+	return ca.sign(pkix.Name{CommonName: id}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+}
+
+func (ca *CA) sign(subject pkix.Name, usage []x509.ExtKeyUsage, ips []net.IP, names []string) (Leaf, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return Leaf{}, err
@@ -76,7 +82,7 @@ func (ca *CA) sign(subject pkix.Name, usage x509.ExtKeyUsage, ips []net.IP, name
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		ExtKeyUsage:  usage,
 		IPAddresses:  ips,
 		DNSNames:     names,
 	}

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"math/rand"
@@ -9,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -537,6 +540,30 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 	if _, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "remove", "nobody", "--admin", admin); code != 2 {
 		t.Fatalf("removing an unknown node: exit %d, want 2", code)
 	}
+
+	// A fourth node joins, then leaves through the CLI: drained, removed,
+	// and no group holds it any more.
+	fourth := startNode(t, "s4", []string{nodes[0].ClusterAddr()}, nil)
+	eventuallyWithin(t, 60*time.Second, "the fourth node's share", func() bool {
+		st := nodes[0].Node().Status()
+		return len(st.Nodes) == 4 && st.Settled(3, true)
+	})
+	if out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "leave", "--node", "s4", "--admin", admin); code != 0 {
+		t.Fatalf("cluster leave --node s4: exit %d\n%s", code, out)
+	}
+	eventuallyWithin(t, 60*time.Second, "s4 drained and removed", func() bool {
+		st := nodes[0].Node().Status()
+		if len(st.Nodes) != 3 || !st.Settled(3, true) {
+			return false
+		}
+		for _, g := range st.Groups {
+			if slices.Contains(g.Replicas, "s4") {
+				return false
+			}
+		}
+		return true
+	})
+	fourth.Close()
 }
 
 // startNodes starts n in-process nodes of a new cluster (4 groups), named
@@ -609,4 +636,55 @@ func addrsOf(nodes []*server.Server) []string {
 		out = append(out, s.Addr())
 	}
 	return out
+}
+
+// TestClusterMutualTLS: three nodes whose link is mutual TLS with a
+// cluster CA form a cluster and serve through any node; a process with a
+// certificate from another CA, or none, gets no TLS session on the link.
+func TestClusterMutualTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three nodes")
+	}
+	p := newPKI(t)
+	nodeFiles := func(id string) (string, string) {
+		leaf, err := p.ca.Node(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, key, err := leaf.WriteFiles(p.dir, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert, key
+	}
+	nodes := startNodes(t, "tls", 3, func(c *server.Config) {
+		c.InMemory, c.DataDir = true, ""
+		c.Cluster.TLSCert, c.Cluster.TLSKey = nodeFiles(c.Cluster.NodeID)
+		c.Cluster.TLSCA = p.caFile
+	})
+	w := dialRaw(t, nodes[1], "tls-writer", rawOpts{cleanStart: true})
+	expectPayload(t, w.call("SET", "over-tls", "v"), "+OK\r\n")
+	r := dialRaw(t, nodes[2], "tls-reader", rawOpts{cleanStart: true})
+	expectPayload(t, r.call("GET", "over-tls"), "$1\r\nv\r\n")
+
+	other := newPKI(t) // another CA
+	stranger, err := other.ca.Node("stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := stranger.TLS()
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	for name, certs := range map[string][]tls.Certificate{"a certificate from another CA": {cert}, "no certificate": nil} {
+		conn, err := tls.Dial("tcp", nodes[0].ClusterAddr(), &tls.Config{RootCAs: pool, Certificates: certs, InsecureSkipVerify: true})
+		if err == nil {
+			// TLS 1.3 reports a refused client certificate on the first read.
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = conn.Read(make([]byte, 1))
+			conn.Close()
+		}
+		if err == nil || strings.Contains(err.Error(), "timeout") {
+			t.Fatalf("%s: the node link accepted the TLS session (%v)", name, err)
+		}
+	}
 }
