@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -28,6 +29,7 @@ const (
 	opConfig  callOp = 6 // a group's configuration, at its leader
 	opEvents  callOp = 7 // follow a group's change events (a stream)
 	opCluster callOp = 8 // the cluster as this node sees it (mqkv cluster status)
+	opCopy    callOp = 9 // a point-in-time copy of a group, at its leader (backups)
 )
 
 type callReq struct {
@@ -68,6 +70,7 @@ type callResp struct {
 	Status     *Status
 	Events     []entryEvents // opEvents frames
 	Last       uint64        // opEvents: the index the frame leaves its reader at
+	Snapshot   []byte        // opCopy: the group's store, in snapshot format
 }
 
 type server struct {
@@ -104,13 +107,13 @@ func (n *Node) serveCall(from string, body []byte) []byte {
 func (n *Node) answer(ctx context.Context, req callReq) callResp {
 	var resp callResp
 	switch req.Op {
-	case opSubmit, opGet, opAscend, opConfig:
+	case opSubmit, opGet, opAscend, opConfig, opCopy:
 		r := n.local(req.Group)
 		if r == nil {
 			return callResp{Kind: errNotLeader, Leader: n.leaderOf(req.Group)}
 		}
 		ready := r.LeaderReady
-		if req.Op == opGet || req.Op == opAscend {
+		if req.Op == opGet || req.Op == opAscend || req.Op == opCopy {
 			ready = r.ReadReady
 		}
 		if err := ready(5 * time.Second); err != nil {
@@ -130,6 +133,12 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 				resp.Entries = append(resp.Entries, *e)
 				return true
 			})
+		case opCopy:
+			var buf bytes.Buffer
+			if err := r.Copy().WriteSnapshot(&buf); err != nil {
+				return callResp{Kind: errOther, Err: err.Error()}
+			}
+			resp.Snapshot = buf.Bytes()
 		case opConfig:
 			for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
 				resp.Servers = append(resp.Servers, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})

@@ -408,6 +408,22 @@ func (s *Store) Split(n int, part func(key []byte) int) []*Store {
 	return out
 }
 
+// Merge joins stores holding different keys (a cluster's groups) into
+// one, with the highest of their maximum versions. Entries are shared.
+func Merge(parts []*Store) *Store {
+	out := New(Limits{})
+	for _, p := range parts {
+		if p.maxVersion.Compare(out.maxVersion) > 0 {
+			out.maxVersion = p.maxVersion
+		}
+		p.keys.Ascend(func(e *Entry) bool {
+			out.replace(out.lookup(e.Key), e)
+			return true
+		})
+	}
+	return out
+}
+
 func (s *Store) remove(e *Entry) {
 	s.keys.Delete(e)
 	s.bytes -= e.size()
