@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/mqkv/mqkv/internal/admin"
+	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -159,13 +160,25 @@ func topCmd() *cobra.Command {
 		for {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			st, err := fetchStatus(rctx, *url)
+			var cl *cluster.Status
+			if err == nil {
+				cl = fetchCluster(rctx, *url)
+			}
 			cancel()
-			fmt.Print("\x1b[H\x1b[2J") // home, clear screen
+			if terminal(os.Stdout) {
+				fmt.Print("\x1b[H\x1b[2J") // home, clear screen
+			} else {
+				fmt.Println()
+			}
 			fmt.Printf("mqkv top — %s — %s\n\n", baseURL(*url), time.Now().Format(time.TimeOnly))
 			if err != nil {
 				fmt.Println("error:", err)
 			} else {
 				printStatus(os.Stdout, st)
+				if cl != nil {
+					fmt.Println()
+					printCluster(os.Stdout, *cl)
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -284,4 +297,26 @@ corrupt or truncated backup is refused and nothing is written.`,
 		return nil
 	}
 	return cmd
+}
+
+// fetchCluster returns the cluster as the node sees it, or nil for a node
+// on its own (or if it cannot be had: top shows what it can).
+func fetchCluster(ctx context.Context, url string) *cluster.Status {
+	resp, err := adminGet(ctx, url, "/v1/cluster")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var st cluster.Status
+	if json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return nil
+	}
+	return &st
+}
+
+// terminal reports whether f is a terminal (a character device), where
+// screen control codes belong.
+func terminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

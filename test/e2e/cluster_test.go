@@ -532,6 +532,19 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 	if out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "status", "--admin", admin); code != 0 || !strings.Contains(out, "3 nodes, 4 groups, 0 migrating") {
 		t.Fatalf("cluster status: exit %d\n%s", code, out)
 	}
+	// mqkv top shows the cluster too; piped, it writes no screen codes.
+	top := exec.Command(mqkvBinary(t), "top", "--admin", admin)
+	var topOut lockedBuffer
+	top.Stdout = &topOut
+	if err := top.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "mqkv top's cluster table", func() bool { return strings.Contains(topOut.String(), "migrating (as seen by") })
+	top.Process.Signal(os.Interrupt)
+	top.Wait()
+	if o := topOut.String(); strings.Contains(o, "\x1b[") || !strings.Contains(o, "NODE") || !strings.Contains(o, "s3") {
+		t.Fatalf("mqkv top, piped:\n%q", o)
+	}
 	_, body := httpGet(t, admin+"/metrics")
 	for _, want := range []string{`mqkv_group_leader{group="0"}`, `mqkv_group_leader_changes_total{group="3"}`, `mqkv_group_apply_lag{group="1"}`, `mqkv_group_voters{group="2"} 3`} {
 		if !strings.Contains(string(body), want) {

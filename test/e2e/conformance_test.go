@@ -122,7 +122,7 @@ func TestReceiveMaximumExceeded(t *testing.T) {
 		w := bufio.NewWriter(conn)
 		for id := 1; id <= rm+1; id++ {
 			body := append(mqttString("flow/control"), byte(id>>8), byte(id), 0) // packet id, no properties
-			w.Write(packet(0x34, append(body, 'x')))                        // PUBLISH QoS 2
+			w.Write(packet(0x34, append(body, 'x')))                             // PUBLISH QoS 2
 		}
 		w.Flush()
 	}()
@@ -150,7 +150,6 @@ func TestReceiveMaximumExceeded(t *testing.T) {
 		}
 	}
 }
-
 
 // TestServerKeepAlive (MQTT-3.1.2-21, §3.2.2.3.14): with
 // --server-keep-alive the CONNACK carries Server Keep Alive, whatever the

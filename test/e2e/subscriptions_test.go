@@ -167,6 +167,12 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func (l *lockedBuffer) count(s string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
