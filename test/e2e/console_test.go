@@ -13,6 +13,8 @@ import (
 
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/mqkv/mqkv/internal/server"
 )
 
 // browser returns the path of a Chromium, or skips the test when there is
@@ -42,42 +44,7 @@ func TestConsole(t *testing.T) {
 	expectPayload(t, c.call("SET", "config/site", `{"mode":"auto"}`, "PX", "3600000"), "+OK\r\n")
 	expectPayload(t, c.call("SET", "firmware/blob", "\x00\x01\xfe\xff"), "+OK\r\n")
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1366, 900),
-	)
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-
-	var mu sync.Mutex
-	var problems []string
-	err := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch ev := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeAssert {
-				problems = append(problems, fmt.Sprintf("console.%s: %v", ev.Type, ev.Args))
-			}
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, fmt.Sprintf("exception: %s %+v", ev.ExceptionDetails.Text, ev.ExceptionDetails.Exception))
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-
+	ctx, problems := openBrowser(t, exe)
 	base := "http://" + s.AdminAddr() + "/"
 	if err := chromedp.Do(ctx, chromedp.Navigate(base), chromedp.WaitVisible(`#keys tr[data-key]`)); err != nil {
 		t.Fatal(err)
@@ -151,9 +118,91 @@ func TestConsole(t *testing.T) {
 	if err := os.WriteFile(out, shot, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Fatalf("the page reported errors:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
+	}
+}
+
+// openBrowser starts a headless Chromium for the test and returns its
+// context and a function that reports the page's console errors and
+// exceptions so far.
+func openBrowser(t *testing.T, exe string) (context.Context, func() []string) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1366, 900),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(cancel)
+
+	var mu sync.Mutex
+	var problems []string
+	err := chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeAssert {
+				problems = append(problems, fmt.Sprintf("console.%s: %v", ev.Type, ev.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, fmt.Sprintf("exception: %s %+v", ev.ExceptionDetails.Text, ev.ExceptionDetails.Exception))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	return ctx, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), problems...)
+	}
+}
+
+// TestConsoleShowsTheCluster: on a cluster member the console lists the
+// nodes and groups with their leaders; the fencing token of a key is shown
+// itself.
+func TestConsoleShowsTheCluster(t *testing.T) {
+	exe := browser(t)
+	skipInCluster(t, "starts its own nodes")
+	nodes := startNodes(t, "c", 3, func(c *server.Config) { c.AdminListen = "127.0.0.1:0"; c.InMemory, c.DataDir = true, "" })
+	w := dialRaw(t, nodes[0], "console-cluster-writer", rawOpts{cleanStart: true})
+	token := now()
+	expectPayload(t, w.do(req{args: []string{"SET", "fenced/key", "v"}, ts: now(), ft: token}), "+OK\r\n")
+
+	ctx, problems := openBrowser(t, exe)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+nodes[1].AdminAddr()+"/"), chromedp.WaitVisible(`#cluster-nodes tr`), chromedp.WaitVisible(`#keys tr[data-key]`)); err != nil {
+		t.Fatal(err)
+	}
+	text, err := chromedp.Run(ctx, chromedp.Text(`#cluster`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"c1", "c2", "c3", "alive", "3 nodes, 4 groups"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("cluster panel lacks %q:\n%s", want, text)
+		}
+	}
+	keys, err := chromedp.Run(ctx, chromedp.Text(`#keys`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(keys, *token) {
+		t.Fatalf("the key table does not show the fencing token %s:\n%s", *token, keys)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
 	}
 }
