@@ -117,7 +117,7 @@ func printJSON(v any) {
 }
 
 func kvCmds() []*cobra.Command {
-	return []*cobra.Command{getCmd(), setCmd(), delCmd(), vdelCmd(), watchCmd(), lockCmd()}
+	return []*cobra.Command{getCmd(), setCmd(), delCmd(), vdelCmd(), watchCmd(), lockCmd(), keysCmd(), ttlCmd()}
 }
 
 func getCmd() *cobra.Command {
@@ -138,6 +138,11 @@ func getCmd() *cobra.Command {
 				}
 				if !c.json {
 					os.Stdout.Write(v.Value)
+					if !v.Found {
+						say(c, "(nil)")
+					} else if terminal(os.Stdout) && (len(v.Value) == 0 || v.Value[len(v.Value)-1] != '\n') {
+						fmt.Println() // the prompt starts on its own line
+					}
 					return v.Found, nil
 				}
 				out := map[string]any{"key": args[0], "found": v.Found}
@@ -225,6 +230,10 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
 				}
 				if c.json {
 					printJSON(map[string]any{"key": args[0], "applied": res.Applied, "version": res.Version.String()})
+				} else if res.Applied {
+					say(c, "OK")
+				} else {
+					say(c, "(not applied: the --nx or --nex condition did not hold)")
 				}
 				return res.Applied, nil
 			})
@@ -326,26 +335,37 @@ func printDel(c conn, key string, res client.DelResult, err error) (bool, error)
 			out["version"] = res.Version.String()
 		}
 		printJSON(out)
+	} else if res.Deleted == 1 {
+		say(c, "OK (deleted)")
+	} else {
+		say(c, "(nil: nothing deleted)")
 	}
 	return res.Deleted == 1, nil
 }
 
 func watchCmd() *cobra.Command {
 	var c conn
+	var patterns bool
 	cmd := &cobra.Command{
 		Use:   "watch KEY...",
 		Short: "Print every change to keys until interrupted",
 		Long: `Registers for changes to each KEY and prints one line per change, with its
 version, until interrupted: "SET key version value" or "DELETE key version"
 (or JSON lines with --json). It survives server restarts: after reconnecting
-it registers again and reports what changed meanwhile (marked resync).`,
-		Example: "  mqkv watch config/site lock/printer\n  mqkv watch --json sensors/temp | jq .",
+it registers again and reports what changed meanwhile (marked resync).
+With --pattern each argument is a glob (sensors/*) and every matching key
+is watched, also keys created later.`,
+		Example: "  mqkv watch config/site lock/printer\n  mqkv watch --pattern 'sensors/*'\n  mqkv watch --json sensors/temp | jq .",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			return c.run(func(ctx context.Context, cl *client.Client) (bool, error) {
 				events := make(chan client.Event)
 				for _, k := range args {
-					w, err := cl.Watch(ctx, []byte(k))
+					watch := cl.Watch
+					if patterns {
+						watch = cl.WatchPattern
+					}
+					w, err := watch(ctx, []byte(k))
 					if err != nil {
 						return false, err
 					}
@@ -367,6 +387,7 @@ it registers again and reports what changed meanwhile (marked resync).`,
 		},
 	}
 	c.flags(cmd.Flags())
+	cmd.Flags().BoolVar(&patterns, "pattern", false, "each argument is a glob: watch every key matching it")
 	return cmd
 }
 

@@ -34,7 +34,9 @@ Without a command it runs the server (mqkv serve).`,
 	root.Flags().AddFlagSet(serve.Flags())
 	root.AddCommand(serve, benchCmd(), passwdCmd())
 	root.AddCommand(kvCmds()...)
-	root.AddCommand(statusCmd(), topCmd(), backupCmd(), restoreCmd(), clusterCmd())
+	root.AddCommand(statusCmd(), topCmd(), backupCmd(), restoreCmd(), clusterCmd(), versionCmd())
+	root.Version = versionString()
+	root.SetVersionTemplate("{{.Version}}\n")
 	err := root.Execute()
 	var code exitCode
 	switch {

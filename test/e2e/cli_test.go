@@ -92,6 +92,59 @@ func TestCLI(t *testing.T) {
 	expect("", 2, "", "set", "--fencing-token", "not-a-version", "k", "v")
 	expect("", 2, "", "get", "--server", "mqtt://127.0.0.1:1", "--timeout", "500ms", "k")
 
+	// keys lists by glob, in order; ttl reports the time left; version.
+	expect("", 0, "", "set", "list/b", "2")
+	expect("", 0, "", "set", "list/a", "1")
+	expect("", 0, "", "set", "other", "x")
+	expect("list/a\nlist/b\n", 0, "", "keys", "list/*")
+	expect("list/a\n", 0, "", "keys", "--limit", "1", "--count", "1", "list/*")
+	expect("{\"key\":\"list/a\"}\n{\"key\":\"list/b\"}\n", 0, "", "keys", "--json", "list/*")
+	expect("", 1, "", "keys", "nothing/*")
+	expect("no expiry\n", 0, "", "ttl", "list/a")
+	expect("", 1, "", "ttl", "missing")
+	if out := expect("*", 0, "", "ttl", "ttl-key"); !strings.HasSuffix(out, "s\n") {
+		t.Fatalf("ttl of a key with 1m: %q", out)
+	}
+	if out := expect("*", 0, "", "version"); !strings.HasPrefix(out, "mqkv ") || !strings.Contains(out, "go1.") {
+		t.Fatalf("version: %q", out)
+	}
+	if out := expect("*", 0, "", "--version"); !strings.HasPrefix(out, "mqkv ") {
+		t.Fatalf("--version: %q", out)
+	}
+
+	// watch --pattern follows every key matching a glob.
+	pw := exec.Command(mqkvBinary(t), "watch", "--pattern", "pat/*")
+	pw.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
+	pout, _ := pw.StdoutPipe()
+	if err := pw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Process.Kill()
+	plines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(pout)
+		for sc.Scan() {
+			plines <- sc.Text()
+		}
+	}()
+	var pline string
+	for i := 0; !strings.Contains(pline, "pat/new"); i++ {
+		if i > 50 {
+			t.Fatal("watch --pattern printed nothing for pat/new")
+		}
+		expect("", 0, "", "set", "nomatch", "v")
+		expect("", 0, "", "set", "pat/new", "v")
+		select {
+		case pline = <-plines:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if strings.Contains(pline, "nomatch") {
+		t.Fatalf("watch --pattern printed a key outside the glob: %q", pline)
+	}
+	pw.Process.Signal(os.Interrupt)
+	pw.Wait()
+
 	// watch prints changes until interrupted.
 	w := exec.Command(mqkvBinary(t), "watch", "watched")
 	w.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
