@@ -56,30 +56,40 @@ func (c *conn) flags(fs *pflag.FlagSet) {
 
 func (c *conn) dial(ctx context.Context) (*client.Client, error) {
 	cfg := client.Config{URL: c.server, ClientID: c.clientID, Username: c.username, Password: c.password, Timeout: c.timeout}
-	if c.tlsCA != "" || c.tlsCert != "" {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if c.tlsCA != "" {
-			pem, err := os.ReadFile(c.tlsCA)
-			if err != nil {
-				return nil, err
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("%s holds no PEM certificate", c.tlsCA)
-			}
-		}
-		if c.tlsCert != "" {
-			cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-			if err != nil {
-				return nil, err
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		cfg.TLS = tc
+	tc, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
 	}
+	cfg.TLS = tc
 	dctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return client.Dial(dctx, cfg)
+}
+
+// tlsConfig builds the TLS settings the flags ask for; nil for none.
+func (c *conn) tlsConfig() (*tls.Config, error) {
+	if c.tlsCA == "" && c.tlsCert == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.tlsCA != "" {
+		pem, err := os.ReadFile(c.tlsCA)
+		if err != nil {
+			return nil, err
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", c.tlsCA)
+		}
+	}
+	if c.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+		if err != nil {
+			return nil, err
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }
 
 // run connects, calls fn, and turns its outcome into the exit code:

@@ -34,6 +34,7 @@ Without a command it runs the server (mqkv serve).`,
 	root.Flags().AddFlagSet(serve.Flags())
 	root.AddCommand(serve, benchCmd(), passwdCmd())
 	root.AddCommand(kvCmds()...)
+	root.AddCommand(pubCmd(), subCmd())
 	root.AddCommand(statusCmd(), topCmd(), backupCmd(), restoreCmd(), clusterCmd(), versionCmd())
 	root.Version = versionString()
 	root.SetVersionTemplate("{{.Version}}\n")

@@ -112,6 +112,35 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("--version: %q", out)
 	}
 
+	// pub and sub speak plain MQTT. The subscription is in place once a
+	// message shows up: publish until one does.
+	sub := exec.Command(mqkvBinary(t), "sub", "--json", "--qos", "1", "cli/#")
+	sub.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
+	var subOut lockedBuffer
+	sub.Stdout = &subOut
+	if err := sub.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Process.Kill()
+	for i := 0; !strings.Contains(subOut.String(), `"payload":"first"`); i++ {
+		if i > 50 {
+			t.Fatalf("sub printed nothing: %q", subOut.String())
+		}
+		expect("", 0, "", "pub", "--qos", "1", "--user-property", "k=v", "cli/a", "first")
+		time.Sleep(100 * time.Millisecond)
+	}
+	expect("", 0, "second", "pub", "cli/b")
+	eventually(t, "the second message", func() bool { return strings.Contains(subOut.String(), `"topic":"cli/b"`) })
+	sub.Process.Signal(os.Interrupt)
+	if err := sub.Wait(); err != nil {
+		t.Fatalf("sub after SIGINT: %v", err)
+	}
+	if o := subOut.String(); !strings.Contains(o, `"user_properties":{"k":"v"}`) || !strings.Contains(o, `"payload":"second"`) {
+		t.Fatalf("sub output:\n%s", o)
+	}
+	expect("", 2, "", "pub", "--qos", "3", "cli/a", "x")
+	expect("", 2, "", "pub", "--user-property", "novalue", "cli/a", "x")
+
 	// watch --pattern follows every key matching a glob.
 	pw := exec.Command(mqkvBinary(t), "watch", "--pattern", "pat/*")
 	pw.Env = append(os.Environ(), "MQKV_SERVER=mqtt://"+s.Addr())
