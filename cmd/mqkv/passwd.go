@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/mqkv/mqkv/internal/auth"
 )
@@ -19,8 +20,8 @@ func passwdCmd() *cobra.Command {
 		Short: "Add, change or delete a user in a password file",
 		Long: `Adds USERNAME to the password file FILE (creating it), or changes its
 password, storing a bcrypt hash. The password is read from standard input:
-typed at the prompt, or piped (the first line). Then run
-mqkv serve --password-file FILE; SIGHUP reloads it.`,
+typed at the prompt (not shown, asked twice), or piped (the first line).
+Then run mqkv serve --password-file FILE; SIGHUP reloads it.`,
 		Example: `  mqkv passwd /etc/mqkv/passwd alice
   printf '%s\n' "$PASSWORD" | mqkv passwd /etc/mqkv/passwd sensor-17
   mqkv passwd --delete /etc/mqkv/passwd alice`,
@@ -30,8 +31,12 @@ mqkv serve --password-file FILE; SIGHUP reloads it.`,
 			if del {
 				return auth.DeletePassword(file, user)
 			}
-			if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-				fmt.Fprintf(os.Stderr, "Password for %s (shown as typed; pipe it in to keep it off the screen): ", user)
+			if fd := int(os.Stdin.Fd()); term.IsTerminal(fd) {
+				pw, err := askTwice(fd, user)
+				if err != nil {
+					return err
+				}
+				return auth.SetPassword(file, user, pw)
 			}
 			line, err := bufio.NewReader(os.Stdin).ReadString('\n')
 			if err != nil && line == "" {
@@ -42,4 +47,24 @@ mqkv serve --password-file FILE; SIGHUP reloads it.`,
 	}
 	cmd.Flags().BoolVar(&del, "delete", false, "remove the user instead")
 	return cmd
+}
+
+// askTwice reads a password at the terminal without echo, twice.
+func askTwice(fd int, user string) ([]byte, error) {
+	fmt.Fprintf(os.Stderr, "Password for %s: ", user)
+	first, err := term.ReadPassword(fd)
+	fmt.Fprintln(os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprint(os.Stderr, "Again: ")
+	again, err := term.ReadPassword(fd)
+	fmt.Fprintln(os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	if string(first) != string(again) {
+		return nil, errors.New("passwd: the two passwords differ; nothing changed")
+	}
+	return first, nil
 }

@@ -37,7 +37,9 @@ func TestPasswordFileRoundTrip(t *testing.T) {
 	for _, c := range []struct {
 		user, pw string
 		ok       bool
-	}{{"alice", "changed", true}, {"alice", "s3cret", false}, {"bob", "hunter2", true}, {"bob", "", false}, {"carol", "x", false}} {
+	}{{"alice", "changed", true}, {"alice", "s3cret", false}, {"bob", "hunter2", true}, {"bob", "", false}, {"carol", "x", false},
+		// A password file sent as it is by an SDK ends with a newline.
+		{"bob", "hunter2\n", true}, {"bob", "hunter2\r\n", true}, {"bob", "hunter\n", false}, {"bob", "\n", false}} {
 		for i := 0; i < 2; i++ { // the second time through the cache
 			if got := p.Check(c.user, []byte(c.pw)); got != c.ok {
 				t.Fatalf("Check(%s, %s) = %v", c.user, c.pw, got)

@@ -83,8 +83,18 @@ func LoadPasswords(file string) (*Passwords, error) {
 // Users returns how many users the file lists.
 func (p *Passwords) Users() int { return len(p.hashes) }
 
-// Check reports whether password is user's.
+// Check reports whether password is user's. A password sent with a line
+// ending at its end is taken without it: the AIO SDKs send the file named
+// by AIO_MQTT_PASSWORD_FILE as it is, and most editors end a file with a
+// newline. (Stored passwords never end with one: mqkv passwd reads a line.)
 func (p *Passwords) Check(user string, password []byte) bool {
+	if trimmed := bytes.TrimRight(password, "\r\n"); len(trimmed) < len(password) {
+		return p.check(user, trimmed)
+	}
+	return p.check(user, password)
+}
+
+func (p *Passwords) check(user string, password []byte) bool {
 	hash, ok := p.hashes[user]
 	if !ok {
 		// Spend the same time as a wrong password, so probing does not

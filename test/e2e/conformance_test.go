@@ -156,33 +156,51 @@ func TestReceiveMaximumExceeded(t *testing.T) {
 // client asked (even no keep-alive at all), and a client silent for 1.5
 // times it is disconnected; one that pings in time stays.
 func TestServerKeepAlive(t *testing.T) {
-	s := startServer(t, inMemory(), func(c *serverConfig) { c.ServerKeepAlive = 1 })
+	const keepAlive = 2 // seconds
+	s := startServer(t, inMemory(), func(c *serverConfig) { c.ServerKeepAlive = keepAlive })
+	type silent struct {
+		r     *bufio.Reader
+		start time.Time
+	}
+	var clients []silent
 	for _, asked := range []uint16{0, 60} {
 		conn, r, props := connectRawV5(t, s.Addr(), fmt.Sprintf("silent-%d", asked), asked, nil)
 		v, ok := props[0x13]
-		if !ok || binary.BigEndian.Uint16(v) != 1 {
-			t.Fatalf("asked %d: CONNACK Server Keep Alive %v, want 1", asked, v)
+		if !ok || binary.BigEndian.Uint16(v) != keepAlive {
+			t.Fatalf("asked %d: CONNACK Server Keep Alive %v, want %d", asked, v, keepAlive)
 		}
-		start := time.Now()
-		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := readPacket(r); err == nil {
+		conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+		clients = append(clients, silent{r, time.Now()})
+	}
+	// A client that pings once a second from the start stays connected
+	// past 1.5 times the keep-alive.
+	pinger, pr, _ := connectRawV5(t, s.Addr(), "pinger", 60, nil)
+	pinged := make(chan error, 1)
+	go func() {
+		for range 5 {
+			pinger.Write([]byte{0xC0, 0}) // PINGREQ
+			pinger.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if p, err := readPacket(pr); err != nil || p.typ != 0xD0 {
+				pinged <- fmt.Errorf("PINGRESP: %v %#x", err, p.typ)
+				return
+			}
+			time.Sleep(time.Second)
+		}
+		pinged <- nil
+	}()
+	for i, c := range clients {
+		if _, err := readPacket(c.r); err == nil {
 			t.Fatal("a packet came to a silent client")
 		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-			t.Fatalf("asked %d: a silent client was not disconnected within 10 s", asked)
+			t.Fatalf("client %d: a silent client was not disconnected within 15 s", i)
 		}
-		if d := time.Since(start); d < time.Second {
-			t.Fatalf("asked %d: disconnected after %v, before the keep-alive ran out", asked, d)
+		// mochi allows keep-alive + keep-alive/2 in whole seconds.
+		if d := time.Since(c.start); d < keepAlive*time.Second {
+			t.Fatalf("client %d: disconnected after %v, before the keep-alive ran out", i, d)
 		}
 	}
-	// A client that pings every half second stays connected past 1.5 s.
-	conn, r, _ := connectRawV5(t, s.Addr(), "pinger", 60, nil)
-	for range 5 {
-		time.Sleep(500 * time.Millisecond)
-		conn.Write([]byte{0xC0, 0}) // PINGREQ
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if p, err := readPacket(r); err != nil || p.typ != 0xD0 {
-			t.Fatalf("PINGRESP: %v %#x", err, p.typ)
-		}
+	if err := <-pinged; err != nil {
+		t.Fatal(err)
 	}
 }
 
