@@ -154,6 +154,12 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		return c, nil
 	case err := <-connErr:
 		c.Close()
+		if inner := errors.Unwrap(err); inner != nil && strings.Contains(err.Error(), u.String()) {
+			err = inner // autopaho's message repeats the URL
+		}
+		if (u.Scheme == "mqtt" || u.Scheme == "tcp") && speaksTLS(ctx, u.Host) {
+			return nil, fmt.Errorf("connect %s: the server speaks TLS on this port: use tls://%s (with the CA that signed its certificate)", u, u.Host)
+		}
 		return nil, fmt.Errorf("connect %s: %w", u, err)
 	case err := <-c.setup:
 		c.Close()
@@ -448,4 +454,19 @@ func userProperty(p *paho.Publish, key string) string {
 
 func unexpected(cmd string, v resp.Value) error {
 	return fmt.Errorf("client: unexpected %s reply %c%q", cmd, v.Kind, v.Str)
+}
+
+// speaksTLS reports whether addr answers a TLS handshake: what a plain
+// MQTT connection to a TLS port gets is an end of file, which says nothing.
+func speaksTLS(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} // only asking whether it is TLS
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err == nil {
+		conn.Close()
+		return true
+	}
+	var alert tls.AlertError
+	return errors.As(err, &alert) // it answered in TLS, if only to refuse
 }

@@ -56,13 +56,32 @@ func adminGet(ctx context.Context, base, path string) (*http.Response, error) {
 	}
 	resp, err := adminHTTP.Do(req)
 	if err != nil {
-		return nil, err
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("no admin endpoint answers at %s (%v): start the server with --admin-listen ADDRESS and point --admin (or MQKV_ADMIN) at that address", baseURL(base), innermost(err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		return nil, fmt.Errorf("%s: %s", req.URL, resp.Status)
+		defer resp.Body.Close()
+		var body struct{ Error string }
+		if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil && body.Error != "" {
+			return nil, fmt.Errorf("%s: %s", path, body.Error)
+		}
+		return nil, fmt.Errorf("%s: %s (is %s an mqkv admin endpoint?)", path, resp.Status, baseURL(base))
 	}
 	return resp, nil
+}
+
+// innermost is the error at the end of err's chain: "connection refused"
+// says more than the URL and the dial that wrap it.
+func innermost(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
 }
 
 func fetchStatus(ctx context.Context, base string) (admin.Status, error) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -22,7 +23,7 @@ func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var maxPacket uint
 	var maxOutbound int
-	var logLevel, logFormat, cpuProfile string
+	var logLevel, logFormat, cpuProfile, pidFile string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the MQTT broker and state store (the default command)",
@@ -55,6 +56,15 @@ password files; SIGINT or SIGTERM stop the server.`,
 			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
+			}
+			if pidFile != "" {
+				// Written once serving, so that kill -HUP "$(cat FILE)"
+				// reaches this server even when others run.
+				if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+					srv.Close()
+					return fmt.Errorf("--pid-file: %w", err)
+				}
+				defer os.Remove(pidFile)
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
@@ -98,6 +108,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "HTTP admin endpoint `address` (health, metrics, pprof, web console, backups); off if empty; no authentication, keep it on 127.0.0.1 or a trusted network")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", broker.DefaultConnectTimeout, "time a new connection has to send CONNECT (TLS handshake included) before it is closed")
 	fs.Uint16Var(&cfg.ServerKeepAlive, "server-keep-alive", 0, "keep-alive in `seconds` every MQTT 5 client must use (Server Keep Alive in CONNACK; silent for 1.5 times it ends the connection); 0: the client's own")
+	fs.StringVar(&pidFile, "pid-file", "", "write the server's process id to this `file` once it serves (removed at exit): kill -HUP \"$(cat FILE)\" reloads")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "authorization policy `file` (YAML, AIO BrokerAuthorization rules); reloaded on SIGHUP")
 	fs.UintVar(&maxPacket, "max-packet-size", uint(d.MaxPacketSize), "largest MQTT packet in `bytes` (advertised in CONNACK)")
 	fs.IntVar(&cfg.Limits.MaxKeyLength, "max-key-length", d.MaxKeyLength, "longest state store key in `bytes`")

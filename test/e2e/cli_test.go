@@ -310,3 +310,27 @@ func TestCLILockSignalsAndLoss(t *testing.T) {
 		t.Fatalf("the new holder's lease was touched: %q", out)
 	}
 }
+
+// TestCLIErrorsNameTheFix: the mistakes a new user makes first get an error
+// that says what to do.
+func TestCLIErrorsNameTheFix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	s := startServer(t, inMemory(), withTLS(newPKI(t), false))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--admin", "http://" + s.Addr()}, "start the server with --admin-listen"},
+		{[]string{"get", "--server", "mqtt://" + s.Addrs()["tls"], "--timeout", "3s", "k"}, "use tls://" + s.Addrs()["tls"]},
+	} {
+		out, err := exec.Command(mqkvBinary(t), c.args...).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) {
+			t.Fatalf("mqkv %v: %v\n%s\nwant exit 2 and %q", c.args, err, out, c.want)
+		}
+		if strings.Count(string(out), strings.TrimPrefix(c.args[2], "mqtt://")) > 2 {
+			t.Fatalf("mqkv %v repeats the address: %s", c.args, out)
+		}
+	}
+}

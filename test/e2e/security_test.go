@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -469,7 +471,8 @@ func TestPolicyReloadOnSIGHUP(t *testing.T) {
 		return []byte("rules:\n  - principals: {clientIds: [\"*\"]}\n    brokerResources: [{method: Connect}]\n    stateStoreResources: [{method: ReadWrite, keys: [\"" + keys + "\"]}]\n")
 	}
 	os.WriteFile(pol, rule("x/*"), 0o600)
-	p, err := server.Spawn(mqkvBinary(t), "--in-memory", "--policy", pol)
+	pidFile := filepath.Join(t.TempDir(), "mqkv.pid")
+	p, err := server.Spawn(mqkvBinary(t), "--in-memory", "--policy", pol, "--pid-file", pidFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,11 +480,24 @@ func TestPolicyReloadOnSIGHUP(t *testing.T) {
 	c := dialRaw(t, p, "sighup", rawOpts{cleanStart: true})
 	expectPayload(t, c.call("SET", "y/1", "v"), "-ERR not authorized\r\n")
 	os.WriteFile(pol, rule("y/*"), 0o600)
-	if err := p.Signal(sigHUP); err != nil {
+	// kill -HUP "$(cat mqkv.pid)", as the README says.
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("--pid-file: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("--pid-file holds %q", b)
+	}
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the policy reload on SIGHUP", func() bool { return string(c.call("SET", "y/1", "v").Payload) == "+OK\r\n" })
 	expectPayload(t, c.call("SET", "x/1", "v"), "-ERR not authorized\r\n")
+	p.Stop()
+	if _, err := os.Stat(pidFile); !os.IsNotExist(err) {
+		t.Fatalf("the pid file outlived the server: %v", err)
+	}
 }
 
 func TestStartRefusesBadSecurityFiles(t *testing.T) {
