@@ -195,19 +195,7 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
   mqkv set --fencing-token "$MQKV_FENCING_TOKEN" guarded/key value`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(_ *cobra.Command, args []string) error {
-			var value []byte
-			var err error
-			switch {
-			case file != "":
-				if len(args) == 2 {
-					return errors.New("set: give VALUE or --file, not both")
-				}
-				value, err = os.ReadFile(file)
-			case len(args) == 2 && args[1] != "-":
-				value = []byte(args[1])
-			default:
-				value, err = io.ReadAll(os.Stdin)
-			}
+			value, err := content("set", file, args)
 			if err != nil {
 				return err
 			}
@@ -257,6 +245,22 @@ applied, 1 not applied (--nx or --nex condition), 2 error.`,
 	cmd.Flags().StringVar(&fence, "fencing-token", "", "fencing token (a version) protecting the write")
 	cmd.Flags().StringVarP(&file, "file", "f", "", "read the value from this file")
 	return cmd
+}
+
+// content is what set stores and pub publishes: args[1], or the file, or
+// standard input when neither is given (or args[1] is "-").
+func content(cmd, file string, args []string) ([]byte, error) {
+	switch {
+	case file != "":
+		if len(args) == 2 {
+			return nil, fmt.Errorf("%s: give the value or --file, not both", cmd)
+		}
+		return os.ReadFile(file)
+	case len(args) == 2 && args[1] != "-":
+		return []byte(args[1]), nil
+	default:
+		return io.ReadAll(os.Stdin)
+	}
 }
 
 // expiryOf reads --px or --ttl: given, it must be positive (the server

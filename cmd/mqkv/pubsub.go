@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -106,16 +105,7 @@ broker's acknowledgement and fails if the broker refuses the message.`,
 			if qos < 0 || qos > 2 {
 				return fmt.Errorf("pub: --qos %d: want 0, 1 or 2", qos)
 			}
-			var payload []byte
-			var err error
-			switch {
-			case file != "":
-				payload, err = os.ReadFile(file)
-			case len(args) == 2 && args[1] != "-":
-				payload = []byte(args[1])
-			default:
-				payload, err = io.ReadAll(os.Stdin)
-			}
+			payload, err := content("pub", file, args)
 			if err != nil {
 				return err
 			}
