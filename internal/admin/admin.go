@@ -24,6 +24,7 @@ import (
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
@@ -134,6 +135,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Status()) })
 	mux.HandleFunc("GET /v1/keys", s.keys)
 	mux.HandleFunc("POST /v1/keys/delete", s.deleteKey)
+	mux.HandleFunc("POST /v1/keys/set", s.setKey)
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("GET /v1/backup", s.backup)
 	mux.HandleFunc("GET /v1/cluster", s.clusterStatus)
@@ -376,6 +378,104 @@ func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]any{"deleted": res.Outcome == store.Applied})
+}
+
+// setRequest is the console editor's write: a new key (Create: only if
+// absent) or a change to the version it showed (Version: only if the key
+// still holds it).
+type setRequest struct {
+	KeyHex   string  `json:"key_hex"`
+	Value    *string `json:"value"`     // text...
+	ValueHex *string `json:"value_hex"` // ...or bytes in hex
+	TTLms    int64   `json:"ttl_ms"`    // 0: no expiry
+	Create   bool    `json:"create"`
+	Version  string  `json:"version"`
+}
+
+// maxSetBody bounds a write from the console (values up to 16 MiB in hex).
+const maxSetBody = 32 << 20
+
+// setKey creates or changes a key for the console. A key under a fencing
+// token is written with its own token: the operator has the authority a
+// lease holder has (as for deletes).
+func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
+	var req setRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSetBody)).Decode(&req); err != nil {
+		httpError(w, http.StatusBadRequest, "body: %v", err)
+		return
+	}
+	key, err := hex.DecodeString(req.KeyHex)
+	if err != nil || len(key) == 0 {
+		httpError(w, http.StatusBadRequest, "key_hex: want the key in hex")
+		return
+	}
+	var value []byte
+	switch {
+	case req.Value != nil && req.ValueHex == nil:
+		value = []byte(*req.Value)
+	case req.ValueHex != nil && req.Value == nil:
+		if value, err = hex.DecodeString(*req.ValueHex); err != nil {
+			httpError(w, http.StatusBadRequest, "value_hex: %v", err)
+			return
+		}
+	default:
+		httpError(w, http.StatusBadRequest, "give value or value_hex")
+		return
+	}
+	if req.TTLms < 0 {
+		httpError(w, http.StatusBadRequest, "ttl_ms: a positive number of milliseconds, or 0 for no expiry")
+		return
+	}
+	cmd := store.Command{Op: store.OpSet, Key: key, Value: value, TTL: req.TTLms}
+	switch {
+	case req.Create:
+		cmd.Cond = store.IfVersion // a zero Expected: only if absent
+	case req.Version != "":
+		v, err := hlc.Parse(req.Version)
+		if err != nil {
+			httpError(w, http.StatusBadRequest, "version: %v", err)
+			return
+		}
+		cmd.Cond, cmd.Expected = store.IfVersion, v
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), statestore.RequestTimeout)
+	defer cancel()
+	e, exists, err := s.node.Data.Get(ctx, key)
+	if err != nil {
+		httpError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	if exists {
+		cmd.Fence = e.Fence
+	}
+	done := make(chan error, 1)
+	var res store.Result
+	s.node.Data.Submit(ctx, replica.Proposal{Cmd: cmd, Done: func(r store.Result, err error) { res = r; done <- err }})
+	if err := <-done; err != nil {
+		httpError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	switch res.Outcome {
+	case store.Applied:
+		writeJSON(w, map[string]any{"applied": true, "version": res.Version.String()})
+	case store.NotApplied:
+		if req.Create {
+			httpError(w, http.StatusConflict, "the key exists (version %s): reload to edit it", res.Version)
+		} else {
+			httpError(w, http.StatusConflict, "the key changed since it was shown (now version %s; it was %s): reload to see it", orNone(res.Version), req.Version)
+		}
+	case store.QuotaExceeded:
+		httpError(w, http.StatusInsufficientStorage, "the quota has been exceeded (--max-keys, --max-bytes)")
+	default:
+		httpError(w, http.StatusConflict, "not written (outcome %d)", res.Outcome)
+	}
+}
+
+func orNone(v hlc.Timestamp) string {
+	if v.IsZero() {
+		return "none: deleted"
+	}
+	return v.String()
 }
 
 // events streams changes as server-sent events.

@@ -206,3 +206,68 @@ func TestConsoleShowsTheCluster(t *testing.T) {
 		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
 	}
 }
+
+// TestConsoleEditsKeys: the console creates a key (text, TTL), edits one
+// at the version it shows, and reports a conflict instead of overwriting a
+// change made meanwhile.
+func TestConsoleEditsKeys(t *testing.T) {
+	exe := browser(t)
+	s := startServer(t, withAdmin())
+	c := dialRaw(t, s, "console-editor", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "edit/me", "before"), "+OK\r\n")
+
+	ctx, problems := openBrowser(t, exe)
+	row := fmt.Sprintf(`#keys tr[data-key="%x"]`, "edit/me")
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+s.AdminAddr()+"/"), chromedp.WaitVisible(row)); err != nil {
+		t.Fatal(err)
+	}
+	// A new key, with a TTL.
+	for i, step := range []chromedp.Action[chromedp.Void]{
+		chromedp.Click(`#new-key`), chromedp.WaitVisible(`#ed-save`),
+		chromedp.SetValue(`#ed-key`, "created/by/console"),
+		chromedp.SetValue(`#ed-value`, "fresh"),
+		chromedp.SetValue(`#ed-ttl`, "60"),
+		chromedp.Click(`#ed-save`),
+	} {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := chromedp.Do(sctx, step)
+		cancel()
+		if err != nil {
+			t.Fatalf("step %d: %v (page errors: %v)", i, err, problems())
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := chromedp.Do(wctx, chromedp.WaitVisible(fmt.Sprintf(`#keys tr[data-key="%x"]`, "created/by/console"))); err != nil {
+		msg, _ := chromedp.Run(ctx, chromedp.Text(`#ed-error`))
+		t.Fatalf("the new key did not show: %v; editor says %q; page errors %v", err, msg, problems())
+	}
+	expectPayload(t, c.call("GET", "created/by/console"), "$5\r\nfresh\r\n")
+	if p := string(c.call("PTTL", "created/by/console").Payload); !strings.HasPrefix(p, ":") || p == ":-1\r\n" {
+		t.Fatalf("PTTL of the console's key: %q, want a positive expiry", p)
+	}
+
+	// An edit at the version shown.
+	if err := chromedp.Do(ctx, chromedp.Click(row+` button.edit`), chromedp.WaitVisible(`#ed-save`), chromedp.SetValue(`#ed-value`, "after"), chromedp.Click(`#ed-save`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the console's edit", func() bool { return string(c.call("GET", "edit/me").Payload) == "$5\r\nafter\r\n" })
+
+	// A change meanwhile: the console says so and leaves it.
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(row), chromedp.Sleep(300*time.Millisecond), chromedp.Click(row+` button.edit`), chromedp.WaitVisible(`#ed-save`)); err != nil {
+		t.Fatal(err)
+	}
+	expectPayload(t, c.call("SET", "edit/me", "sneaky"), "+OK\r\n")
+	if err := chromedp.Do(ctx, chromedp.SetValue(`#ed-value`, "mine"), chromedp.Click(`#ed-save`)); err != nil {
+		t.Fatal(err)
+	}
+	var msg string
+	eventually(t, "the conflict message", func() bool {
+		msg, _ = chromedp.Run(ctx, chromedp.Text(`#ed-error`))
+		return strings.Contains(msg, "conflict")
+	})
+	expectPayload(t, c.call("GET", "edit/me"), "$6\r\nsneaky\r\n")
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
+	}
+}
