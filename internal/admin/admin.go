@@ -68,6 +68,8 @@ type Server struct {
 	http    *http.Server
 	ln      net.Listener
 
+	rates topicRates
+
 	mu      sync.Mutex
 	history []Sample // one per second, the last historyLen
 	stop    chan struct{}
@@ -139,6 +141,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("GET /v1/backup", s.backup)
 	mux.HandleFunc("GET /v1/cluster", s.clusterStatus)
+	mux.HandleFunc("GET /v1/mqtt", s.mqtt)
 	mux.HandleFunc("POST /v1/cluster/leave", s.clusterChange(Keyspace.Leave))
 	mux.HandleFunc("POST /v1/cluster/remove", s.clusterChange(Keyspace.Remove))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {

@@ -148,6 +148,7 @@ type Broker struct {
 	seq       *sequencer
 	ids       idSpace
 	subLimits subscriptionLimits
+	topics    topicCounts
 	wills     wills
 	stop      chan struct{}
 	closeOnce sync.Once

@@ -115,6 +115,9 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 // numbered for in-order resends (see sequencer).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
+		if !cl.Net.Inline {
+			h.b.topics.add(pk.TopicName)
+		}
 		h.b.seq.stamp(&pk)
 		return pk, nil
 	}

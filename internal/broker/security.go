@@ -40,6 +40,7 @@ type conn struct {
 	responsePrefixes [2]string
 	notifyPrefixes   [2]string
 	slow             atomic.Bool          // being disconnected as a slow consumer
+	since            time.Time            // when it connected
 	will             atomic.Pointer[will] // nil: none, or already sent
 }
 
@@ -90,6 +91,7 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	c := &conn{
 		id:               b.nextConn.Add(1),
+		since:            time.Now(),
 		principal:        p,
 		responsePrefixes: [2]string{"clients/" + hexID, ""},
 		notifyPrefixes:   [2]string{"", strings.TrimSuffix(statestore.NotifyClientPrefix(cl.ID), "/")},

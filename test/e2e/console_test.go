@@ -13,6 +13,7 @@ import (
 
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/mqkv/mqkv/internal/server"
 )
@@ -267,6 +268,39 @@ func TestConsoleEditsKeys(t *testing.T) {
 		return strings.Contains(msg, "conflict")
 	})
 	expectPayload(t, c.call("GET", "edit/me"), "$6\r\nsneaky\r\n")
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
+	}
+}
+
+// TestConsoleShowsMQTT: the console lists the sessions (connected and
+// offline), the busiest topics with their rates, and retained messages.
+func TestConsoleShowsMQTT(t *testing.T) {
+	exe := browser(t)
+	s := startServer(t, withAdmin())
+	sub := dialRaw(t, s, "telemetry-reader", rawOpts{cleanStart: true, noSubscribe: true})
+	sub.subscribe("telemetry/#", 1)
+	away := dialRaw(t, s, "gone-for-now", rawOpts{cleanStart: true, sessionExpiry: 3600, noSubscribe: true})
+	away.subscribe("alerts/#", 1)
+	away.c.Disconnect(&paho.Disconnect{})
+	pub := dialRaw(t, s, "telemetry-writer", rawOpts{cleanStart: true, noSubscribe: true})
+	pub.publish("config/retained", 1, true, "kept")
+
+	ctx, problems := openBrowser(t, exe)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+s.AdminAddr()+"/"), chromedp.WaitVisible(`#mqtt-clients tr`)); err != nil {
+		t.Fatal(err)
+	}
+	var text string
+	eventually(t, "the MQTT panel", func() bool {
+		pub.publish("telemetry/site-1", 1, false, "21.5") // keeps a rate going
+		text, _ = chromedp.Run(ctx, chromedp.Text(`#mqtt`))
+		return strings.Contains(text, "telemetry/site-1") && strings.Contains(text, "offline session") && strings.Contains(text, "config/retained")
+	})
+	for _, want := range []string{"telemetry-reader", "gone-for-now", "connected"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("MQTT panel lacks %q:\n%s", want, text)
+		}
+	}
 	if p := problems(); len(p) > 0 {
 		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
 	}
