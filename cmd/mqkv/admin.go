@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -180,8 +181,10 @@ func topCmd() *cobra.Command {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			st, err := fetchStatus(rctx, *url)
 			var cl *cluster.Status
+			var act *admin.Activity
 			if err == nil {
 				cl = fetchCluster(rctx, *url)
+				act = fetchActivity(rctx, *url)
 			}
 			cancel()
 			if terminal(os.Stdout) {
@@ -194,6 +197,10 @@ func topCmd() *cobra.Command {
 				fmt.Println("error:", err)
 			} else {
 				printStatus(os.Stdout, st)
+				if act != nil {
+					fmt.Println()
+					printActivity(os.Stdout, *act)
+				}
 				if cl != nil {
 					fmt.Println()
 					printCluster(os.Stdout, *cl)
@@ -316,6 +323,47 @@ corrupt or truncated backup is refused and nothing is written.`,
 		return nil
 	}
 	return cmd
+}
+
+// fetchActivity returns the busiest clients and keys and the slow
+// requests, or nil if the endpoint has none (an older server).
+func fetchActivity(ctx context.Context, url string) *admin.Activity {
+	resp, err := adminGet(ctx, url, "/v1/activity")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var a admin.Activity
+	if json.NewDecoder(resp.Body).Decode(&a) != nil {
+		return nil
+	}
+	return &a
+}
+
+func printActivity(w io.Writer, a admin.Activity) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "BUSIEST CLIENTS\tREQ/S\t\tHOTTEST KEYS\tREQ/S\n")
+	for i := range max(len(a.Clients), len(a.Keys)) {
+		var c, k [2]string
+		if i < len(a.Clients) {
+			c = [2]string{a.Clients[i].Name, fmt.Sprintf("%.1f", a.Clients[i].PerSecond)}
+		}
+		if i < len(a.Keys) {
+			k = [2]string{strconv.Quote(a.Keys[i].Name), fmt.Sprintf("%.1f", a.Keys[i].PerSecond)}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t\t%s\t%s\n", c[0], c[1], k[0], k[1])
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "(over the last %.0f s)\n", a.WindowSeconds)
+	if len(a.Slow) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SLOW REQUESTS\tCLIENT\tCOMMAND\tKEY\tMS")
+		for _, r := range a.Slow {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\n", r.At.Format(time.TimeOnly), r.ClientID, r.Command, strconv.Quote(r.Key), r.MS)
+		}
+		tw.Flush()
+	}
 }
 
 // fetchCluster returns the cluster as the node sees it, or nil for a node

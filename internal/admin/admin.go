@@ -142,6 +142,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/backup", s.backup)
 	mux.HandleFunc("GET /v1/cluster", s.clusterStatus)
 	mux.HandleFunc("GET /v1/mqtt", s.mqtt)
+	mux.HandleFunc("GET /v1/activity", s.activity)
 	mux.HandleFunc("POST /v1/cluster/leave", s.clusterChange(Keyspace.Leave))
 	mux.HandleFunc("POST /v1/cluster/remove", s.clusterChange(Keyspace.Remove))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 // Metrics are the node's Prometheus metrics. Create them before the replica
@@ -21,6 +22,8 @@ type Metrics struct {
 	sync      prometheus.Histogram
 	snapBytes prometheus.Gauge
 	snapTime  prometheus.Histogram
+
+	activity *activity
 
 	// recent holds the latencies of the last requests, for the p99 that
 	// status and the console show.
@@ -51,7 +54,8 @@ func NewMetrics() *Metrics {
 		snapTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "mqkv_snapshot_duration_seconds", Help: "Time to write a snapshot.", Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10),
 		}),
-		recent: make([]time.Duration, 0, 4096),
+		recent:   make([]time.Duration, 0, 4096),
+		activity: newActivity(),
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.commit, m.sync, m.snapBytes, m.snapTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -71,9 +75,11 @@ func (m *Metrics) Timings() replica.Timings {
 }
 
 // ObserveReply is the state store service's OnReply.
-func (m *Metrics) ObserveReply(command, result string, d time.Duration) {
-	m.requests.WithLabelValues(command, result).Inc()
-	m.latency.WithLabelValues(command).Observe(d.Seconds())
+func (m *Metrics) ObserveReply(r statestore.Reply) {
+	d := r.Duration
+	m.requests.WithLabelValues(r.Command, r.Result).Inc()
+	m.latency.WithLabelValues(r.Command).Observe(d.Seconds())
+	m.activity.observe(r)
 	m.mu.Lock()
 	if len(m.recent) < cap(m.recent) {
 		m.recent = append(m.recent, d)

@@ -110,6 +110,7 @@ type Request struct {
 
 	start   time.Time // when Handle took it, for latency metrics
 	command string    // the verb, for metrics
+	key     []byte    // the key it names, if any, for activity figures
 }
 
 // follower is a Router whose change events must be asked for: Follow
@@ -172,9 +173,9 @@ type Service struct {
 	dispatch  sync.Mutex
 	observing []*observer // reused by Events under dispatch
 
-	// OnReply, if set, is told of every reply: the command, its result
+	// OnReply, if set, is told of every reply (see Reply): the command, its result
 	// (ok, miss, not_applied or error) and how long the request took.
-	OnReply func(command, result string, d time.Duration)
+	OnReply func(Reply)
 }
 
 // New returns a service over router. Call SetTransport (if t is nil)
@@ -224,6 +225,9 @@ func (s *Service) Handle(r *Request) {
 		return
 	}
 	r.command = commandName(args[0])
+	if len(args) > 1 && r.command != "SCAN" {
+		r.key = args[1]
+	}
 	switch r.command {
 	case "GET":
 		s.get(r, args)
@@ -274,8 +278,17 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 		if cmd == "PTTL" && res == "not_applied" {
 			res = "ok" // -1: a key without expiry
 		}
-		s.OnReply(cmd, res, time.Since(r.start))
+		s.OnReply(Reply{Command: cmd, Result: res, Duration: time.Since(r.start), ClientID: r.ClientID, Key: r.key})
 	}
+}
+
+// Reply describes one answered request, for metrics and activity figures.
+// Key aliases the request: copy it to keep it.
+type Reply struct {
+	Command, Result string
+	Duration        time.Duration
+	ClientID        string
+	Key             []byte
 }
 
 var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN"}

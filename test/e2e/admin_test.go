@@ -373,3 +373,32 @@ func versionAfter(s string) string {
 	}
 	return ""
 }
+
+// TestTopShowsActivity: mqkv top shows the busiest clients and the hottest
+// keys, and writes no screen codes when piped.
+func TestTopShowsActivity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	s := startServer(t, inMemory(), withAdmin())
+	c := dialRaw(t, s, "busy-reader", rawOpts{cleanStart: true})
+	top := exec.Command(mqkvBinary(t), "top", "--admin", "http://"+s.AdminAddr())
+	var out lockedBuffer
+	top.Stdout = &out
+	if err := top.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer top.Process.Kill()
+	eventually(t, "mqkv top's activity", func() bool {
+		for range 20 {
+			c.call("GET", "hot/key")
+		}
+		o := out.String()
+		return strings.Contains(o, `"hot/key"`) && strings.Contains(o, "busy-reader")
+	})
+	top.Process.Signal(os.Interrupt)
+	top.Wait()
+	if strings.Contains(out.String(), "\x1b[") {
+		t.Fatal("mqkv top wrote screen codes into a pipe")
+	}
+}

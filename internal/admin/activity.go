@@ -1,0 +1,141 @@
+package admin
+
+import (
+	"cmp"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// activity gathers what kumotop and redis-cli --stat show: requests per
+// client and per key over the last complete window of activityWindow, and
+// the recent slow requests. Windows are fixed, so that several viewers see
+// the same figures. Counting costs a map update under a lock per request;
+// past maxTracked distinct clients or keys in one window the rest count
+// together under "(others)", so the maps stay bounded.
+type activity struct {
+	mu        sync.Mutex
+	cur, last window
+	slow      []SlowRequest // the last maxSlow, oldest first
+}
+
+type window struct {
+	since, until time.Time
+	clients      map[string]int64
+	keys         map[string]int64
+}
+
+const activityWindow = 5 * time.Second
+
+const (
+	maxTracked  = 10_000
+	maxSlow     = 20
+	slowRequest = 50 * time.Millisecond
+	othersName  = "(others)"
+	topShown    = 10
+)
+
+// SlowRequest is a request that took longer than slowRequest.
+type SlowRequest struct {
+	At       time.Time `json:"at"`
+	ClientID string    `json:"client"`
+	Command  string    `json:"command"`
+	Key      string    `json:"key,omitempty"`
+	MS       float64   `json:"ms"`
+}
+
+// Rate is a client's or key's requests per second over the window.
+type Rate struct {
+	Name      string  `json:"name"`
+	PerSecond float64 `json:"per_second"`
+}
+
+// Activity is what GET /v1/activity returns.
+type Activity struct {
+	WindowSeconds float64       `json:"window_seconds"`
+	Clients       []Rate        `json:"clients"` // busiest first
+	Keys          []Rate        `json:"keys"`    // hottest first
+	Slow          []SlowRequest `json:"slow"`    // newest first
+}
+
+func newActivity() *activity {
+	return &activity{cur: newWindow(time.Now())}
+}
+
+func newWindow(at time.Time) window {
+	return window{since: at, clients: map[string]int64{}, keys: map[string]int64{}}
+}
+
+// rotate starts a new window when the current one is over.
+func (a *activity) rotate(now time.Time) {
+	if now.Sub(a.cur.since) < activityWindow {
+		return
+	}
+	a.last, a.cur = a.cur, newWindow(now)
+	a.last.until = now
+	if now.Sub(a.last.since) > 2*activityWindow { // idle since: nothing to show
+		a.last = window{since: now.Add(-activityWindow), until: now}
+	}
+}
+
+func (a *activity) observe(r statestore.Reply) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rotate(time.Now())
+	count(a.cur.clients, r.ClientID)
+	if r.Key != nil {
+		count(a.cur.keys, string(r.Key))
+	}
+	if r.Duration >= slowRequest {
+		if len(a.slow) == maxSlow {
+			a.slow = append(a.slow[:0], a.slow[1:]...)
+		}
+		a.slow = append(a.slow, SlowRequest{At: time.Now(), ClientID: r.ClientID, Command: r.Command, Key: string(r.Key), MS: float64(r.Duration.Microseconds()) / 1000})
+	}
+}
+
+func count(m map[string]int64, name string) {
+	if _, ok := m[name]; !ok && len(m) >= maxTracked {
+		name = othersName
+	}
+	m[name]++
+}
+
+// take returns the figures of the last complete window (the current one
+// if none is complete yet).
+func (a *activity) take() Activity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	a.rotate(now)
+	w := a.last
+	if w.since.IsZero() {
+		w = a.cur
+		w.until = now
+	}
+	secs := max(w.until.Sub(w.since).Seconds(), 1e-3)
+	slow := slices.Clone(a.slow)
+	slices.Reverse(slow)
+	return Activity{WindowSeconds: secs, Clients: top(w.clients, secs), Keys: top(w.keys, secs), Slow: slow}
+}
+
+func top(m map[string]int64, secs float64) []Rate {
+	out := make([]Rate, 0, len(m))
+	for name, n := range m {
+		out = append(out, Rate{Name: name, PerSecond: float64(n) / secs})
+	}
+	slices.SortFunc(out, func(a, b Rate) int {
+		if c := cmp.Compare(b.PerSecond, a.PerSecond); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	return out[:min(len(out), topShown)]
+}
+
+func (s *Server) activity(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, s.metrics.activity.take())
+}

@@ -1,0 +1,50 @@
+package admin
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+func TestActivityRanksClientsAndKeys(t *testing.T) {
+	a := newActivity()
+	for i := range 30 {
+		a.observe(statestore.Reply{Command: "GET", ClientID: "busy", Key: []byte("hot"), Duration: time.Millisecond})
+		if i%3 == 0 {
+			a.observe(statestore.Reply{Command: "SET", ClientID: "calm", Key: []byte(fmt.Sprintf("k%d", i)), Duration: time.Millisecond})
+		}
+	}
+	a.observe(statestore.Reply{Command: "SET", ClientID: "calm", Key: []byte("slow-key"), Duration: 80 * time.Millisecond})
+	got := a.take() // no complete window yet: the current one
+	if len(got.Clients) != 2 || got.Clients[0].Name != "busy" || got.Keys[0].Name != "hot" {
+		t.Fatalf("ranking %+v", got)
+	}
+	if len(got.Slow) != 1 || got.Slow[0].Key != "slow-key" || got.Slow[0].MS < 80 {
+		t.Fatalf("slow requests %+v", got.Slow)
+	}
+	// A complete window is what everyone sees, whoever looked before.
+	a.cur.since = a.cur.since.Add(-activityWindow)
+	a.observe(statestore.Reply{Command: "GET", ClientID: "late", Key: []byte("later")})
+	w1, w2 := a.take(), a.take()
+	if len(w1.Clients) != 2 || len(w2.Clients) != 2 || w1.Clients[0].Name != "busy" {
+		t.Fatalf("the last complete window: %+v / %+v", w1, w2)
+	}
+}
+
+func TestActivityIsBounded(t *testing.T) {
+	a := newActivity()
+	for i := range maxTracked + 500 {
+		a.observe(statestore.Reply{ClientID: fmt.Sprint(i), Key: []byte(fmt.Sprint(i))})
+	}
+	if len(a.cur.clients) > maxTracked+1 || a.cur.clients[othersName] != 500 {
+		t.Fatalf("%d clients tracked, %d under others", len(a.cur.clients), a.cur.clients[othersName])
+	}
+	for range 3 * maxSlow {
+		a.observe(statestore.Reply{Duration: time.Second})
+	}
+	if len(a.slow) != maxSlow {
+		t.Fatalf("%d slow requests kept", len(a.slow))
+	}
+}
