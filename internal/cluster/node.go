@@ -92,11 +92,12 @@ type Node struct {
 	link  *peer.Link
 
 	// metadata (nil on a node on its own)
-	meta    *raft.Raft
-	metaFSM *meta.FSM
-	metaWAL io.Closer
-	state   atomic.Pointer[meta.State]
-	changed chan struct{} // the metadata changed: reconcile now
+	meta      *raft.Raft
+	metaFSM   *meta.FSM
+	metaWAL   io.Closer
+	metaTrans raft.WithClose
+	state     atomic.Pointer[meta.State]
+	changed   chan struct{} // the metadata changed: reconcile now
 
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
@@ -265,7 +266,11 @@ func (n *Node) Close() error {
 		}
 		wg.Wait()
 		if n.meta != nil {
-			n.meta.Shutdown().Error()
+			f := n.meta.Shutdown()
+			if n.metaTrans != nil {
+				n.metaTrans.Close() // see replica.Group.Close
+			}
+			f.Error()
 		}
 		if n.metaWAL != nil {
 			n.metaWAL.Close()
@@ -276,12 +281,27 @@ func (n *Node) Close() error {
 
 // transport builds the raft transport of a group over the link.
 func (n *Node) transport(g uint32) raft.Transport {
-	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	return unpipelined{raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.link.StreamLayer(g),
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  replica.RaftLogger("raft-net", n.log),
-	})
+	})}
+}
+
+// unpipelined is raft's network transport without pipelined replication.
+// hashicorp/raft v1.7.3's pipeline deadlocks when a follower answers an
+// AppendEntries with Success=false (a log mismatch after a leader change,
+// for one): the decoder stops, the sender parks on a channel nobody reads,
+// the follower gets no entry again while heartbeats keep it from calling
+// an election, and the leader's Shutdown waits forever (seen in CI; also
+// grafana/pyroscope#5518, which disables it for the same reason). Raft
+// falls back to one AppendEntries at a time per follower, each carrying
+// every entry not yet sent (up to MaxAppendEntries).
+type unpipelined struct{ *raft.NetworkTransport }
+
+func (unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	return nil, raft.ErrPipelineReplicationNotSupported
 }
 
 // groupDir is where replica g lives ("" in memory).
@@ -387,6 +407,7 @@ func (n *Node) startMeta() error {
 		logs, stable, snaps = w, w, fss
 	}
 	trans := n.transport(metaGroup)
+	n.metaTrans = trans.(raft.WithClose)
 	exists, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		return err

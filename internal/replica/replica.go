@@ -682,7 +682,15 @@ func (g *Group) Close() error {
 		g.submitMu.Unlock()
 		close(g.closing)
 		g.wg.Wait()
-		err = g.raft.Shutdown().Error()
+		f := g.raft.Shutdown()
+		// Raft closes its transport only after its goroutines end; one of
+		// them may wait for an answer from a peer that will not come
+		// until the request's deadline. Closed first, the RPCs in flight
+		// end now.
+		if c, ok := g.cfg.Transport.(raft.WithClose); ok {
+			c.Close()
+		}
+		err = f.Error()
 		if werr := g.closeWAL(); err == nil {
 			err = werr
 		}
