@@ -392,7 +392,8 @@ type setRequest struct {
 	Value    *string `json:"value"`     // text...
 	ValueHex *string `json:"value_hex"` // ...or bytes in hex
 	TTLms    int64   `json:"ttl_ms"`    // 0: no expiry
-	Create   bool    `json:"create"`
+	Create   bool    `json:"create"`    // only if absent (NX)
+	NEX      bool    `json:"nex"`       // only if absent or holding the same value
 	Version  string  `json:"version"`
 }
 
@@ -434,6 +435,8 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case req.Create:
 		cmd.Cond = store.IfVersion // a zero Expected: only if absent
+	case req.NEX:
+		cmd.Cond = store.NEX
 	case req.Version != "":
 		v, err := hlc.Parse(req.Version)
 		if err != nil {
@@ -463,9 +466,12 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 	case store.Applied:
 		writeJSON(w, map[string]any{"applied": true, "version": res.Version.String()})
 	case store.NotApplied:
-		if req.Create {
+		switch {
+		case req.Create:
 			httpError(w, http.StatusConflict, "the key exists (version %s): reload to edit it", res.Version)
-		} else {
+		case req.NEX:
+			httpError(w, http.StatusConflict, "the key holds another value (version %s)", res.Version)
+		default:
 			httpError(w, http.StatusConflict, "the key changed since it was shown (now version %s; it was %s): reload to see it", orNone(res.Version), req.Version)
 		}
 	case store.QuotaExceeded:

@@ -268,6 +268,24 @@ func TestConsoleEditsKeys(t *testing.T) {
 		return strings.Contains(msg, "conflict")
 	})
 	expectPayload(t, c.call("GET", "edit/me"), "$6\r\nsneaky\r\n")
+	// A new key that exists: refused under NX (the default); under NEX
+	// only when it holds another value.
+	if err := chromedp.Do(ctx, chromedp.Click(`#ed-cancel`), chromedp.Click(`#new-key`), chromedp.WaitVisible(`#ed-save`),
+		chromedp.SetValue(`#ed-key`, "edit/me"), chromedp.SetValue(`#ed-value`, "other"), chromedp.Click(`#ed-save`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the NX refusal", func() bool {
+		msg, _ = chromedp.Run(ctx, chromedp.Text(`#ed-error`))
+		return strings.Contains(msg, "the key exists")
+	})
+	if err := chromedp.Do(ctx, chromedp.SetValue(`#ed-cond`, "nex"), chromedp.SetValue(`#ed-value`, "sneaky"), chromedp.Click(`#ed-save`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the NEX write of the same value", func() bool {
+		hidden, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("editor").hidden`))
+		return hidden
+	})
+	expectPayload(t, c.call("GET", "edit/me"), "$6\r\nsneaky\r\n")
 	if p := problems(); len(p) > 0 {
 		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
 	}
