@@ -614,6 +614,28 @@ func TestPasswdCommand(t *testing.T) {
 	run("second\n", file, "alice") // change
 	run("b\n", file, "bob")
 	run("", "--delete", file, "bob")
+	// At a terminal (script(1) gives it one) the password is asked twice;
+	// two different answers change nothing.
+	if script, err := exec.LookPath("script"); err == nil {
+		tty := func(answers string) error {
+			cmd := exec.Command(script, "-qec", mqkvBinary(t)+" passwd "+file+" carol", "/dev/null")
+			cmd.Stdin = strings.NewReader(answers)
+			out, err := cmd.CombinedOutput()
+			if !strings.Contains(string(out), "Again:") {
+				t.Fatalf("passwd at a terminal did not ask twice:\n%s", out)
+			}
+			return err
+		}
+		if err := tty("c4rol-pw\nsomething-else\n"); err == nil {
+			t.Fatal("passwd accepted two different passwords")
+		}
+		if b, _ := os.ReadFile(file); strings.Contains(string(b), "carol:") {
+			t.Fatal("two different passwords changed the file")
+		}
+		if err := tty("c4rol-pw\nc4rol-pw\n"); err != nil {
+			t.Fatalf("passwd at a terminal: %v", err)
+		}
+	}
 	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile = file })
 	conn := dialTCP(t, s.Addr())
 	if _, _, err := connectRaw(t, "alice", rawOpts{cleanStart: true, conn: conn, username: "alice", password: "second"}); err != nil {
@@ -622,5 +644,11 @@ func TestPasswdCommand(t *testing.T) {
 	conn = dialTCP(t, s.Addr())
 	if _, ack, _ := connectRaw(t, "bob", rawOpts{conn: conn, username: "bob", password: "b"}); ack == nil || ack.ReasonCode != 0x86 {
 		t.Fatalf("deleted bob: %+v", ack)
+	}
+	if b, _ := os.ReadFile(file); strings.Contains(string(b), "carol:") {
+		conn = dialTCP(t, s.Addr())
+		if _, _, err := connectRaw(t, "carol", rawOpts{cleanStart: true, conn: conn, username: "carol", password: "c4rol-pw"}); err != nil {
+			t.Fatalf("carol, whose password was typed at a terminal: %v", err)
+		}
 	}
 }
