@@ -112,10 +112,19 @@ func connectRaw(t testing.TB, id string, o rawOpts) (*rawClient, *paho.Connack, 
 	expiry := o.sessionExpiry
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// paho sends its first PINGREQ as soon as CONNACK arrives, from its
+	// own goroutine, and writes a packet as several Write calls where the
+	// connection is not a TCP socket (TLS, WebSocket): a SUBSCRIBE sent at
+	// once can interleave with it and reach the server garbled ("malformed
+	// packet"). Without a keep-alive paho never pings; tests are short.
+	keepAlive := uint16(30)
+	if _, tcp := conn.(*net.TCPConn); !tcp {
+		keepAlive = 0
+	}
 	cp := &paho.Connect{
 		ClientID:   id,
 		CleanStart: o.cleanStart,
-		KeepAlive:  30,
+		KeepAlive:  keepAlive,
 		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry},
 	}
 	if o.receiveMaximum != 0 {
