@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -137,11 +138,15 @@ type clientConn struct {
 	waiting bool        // the reader is blocked for input
 	woke    time.Time   // when the reader last got input
 	timer   *time.Timer // sends what is pending if the reader takes long
+	armed   bool        // the timer runs
 	closed  bool
+
+	hurry    atomic.Bool // being ended: writes get endTimeout
+	tooLarge atomic.Bool // an MQTT 5 client sent a packet over the maximum
 }
 
-// Coalescing bounds: what waits is sent once this much is pending, or
-// this long after the reader got the input that caused it.
+// Coalescing bounds: what waits is sent once this much is pending, and
+// at the latest this long after the reader got the input that caused it.
 const (
 	coalesceBytes = 32 << 10
 	coalesceHold  = 200 * time.Microsecond
@@ -198,7 +203,10 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	c.waiting, c.woke = false, time.Now()
 	c.wmu.Unlock()
 	if c.frames.feed(p[:n], c.max) && c.frames.version == 5 {
-		c.disconnect(packets.ErrPacketTooLarge)
+		// mochi finds the header when it reaches it and closes the
+		// connection; Close then sends the DISCONNECT, after whatever
+		// answers the packets before it.
+		c.tooLarge.Store(true)
 	}
 	return n, err
 }
@@ -207,8 +215,9 @@ func (c *clientConn) Read(p []byte) (int, error) {
 // call (a PUBACK, then the PUBLISH it routed; a reply, then the next),
 // about a fifth of the broker's CPU under load. A packet written while
 // the client's reader is busy with the input that caused it waits until
-// the reader is done (see Read), at most coalesceHold; one written while
-// the reader waits for input, the common case when idle, is sent at once.
+// the reader is done (see Read), and never longer than coalesceHold after
+// that input arrived; one written while the reader waits for input, the
+// common case when idle, is sent at once.
 func (c *clientConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -216,16 +225,20 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		return 0, c.werr
 	}
 	c.pending = append(c.pending, p...)
-	if c.waiting || c.closed || len(c.pending) >= coalesceBytes || time.Since(c.woke) >= coalesceHold {
+	held := time.Since(c.woke)
+	if c.waiting || c.closed || len(c.pending) >= coalesceBytes || held >= coalesceHold {
 		if err := c.sendLocked(); err != nil {
 			return 0, err
 		}
 		return len(p), nil
 	}
-	if c.timer == nil {
-		c.timer = time.AfterFunc(coalesceHold, c.send)
-	} else {
-		c.timer.Reset(coalesceHold)
+	if !c.armed {
+		c.armed = true
+		if c.timer == nil {
+			c.timer = time.AfterFunc(coalesceHold-held, c.send)
+		} else {
+			c.timer.Reset(coalesceHold - held)
+		}
 	}
 	return len(p), nil
 }
@@ -233,16 +246,22 @@ func (c *clientConn) Write(p []byte) (int, error) {
 func (c *clientConn) send() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	c.armed = false
 	c.sendLocked()
 }
 
-// sendLocked writes what is pending, with a deadline.
+// sendLocked writes what is pending, with a deadline: writeTimeout, or a
+// second once the connection is being ended (see Hurry).
 func (c *clientConn) sendLocked() error {
 	if len(c.pending) == 0 || c.werr != nil {
 		return c.werr
 	}
 	if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
-		_ = c.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+		d := writeTimeout
+		if c.hurry.Load() {
+			d = endTimeout
+		}
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
 	}
 	_, err := c.Conn.Write(c.pending)
 	c.pending = c.pending[:0]
@@ -253,32 +272,34 @@ func (c *clientConn) sendLocked() error {
 	return err
 }
 
-// Close sends what is pending (a DISCONNECT, often) before closing.
+// endTimeout bounds the last writes to a connection being ended: a client
+// that reads nothing must not hold up a kick or a shutdown.
+const endTimeout = time.Second
+
+// Hurry bounds every write from now on, one in progress included, to
+// endTimeout: the connection is being ended.
+func (c *clientConn) Hurry() {
+	c.hurry.Store(true)
+	if _, ws := c.Conn.(*wsConn); !ws {
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(endTimeout))
+	}
+}
+
+// Close sends what is pending (often a DISCONNECT; DISCONNECT 0x95 after
+// an oversized packet) before closing, within endTimeout.
 func (c *clientConn) Close() error {
+	c.Hurry() // a send in progress gives up in time to take the lock
 	c.wmu.Lock()
 	c.closed = true
 	if c.timer != nil {
 		c.timer.Stop()
 	}
-	if len(c.pending) > 0 && c.werr == nil {
-		if _, ws := c.Conn.(*wsConn); !ws {
-			_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-		}
-		c.sendLocked()
+	if c.tooLarge.Swap(false) && c.werr == nil {
+		c.pending = append(c.pending, disconnectPacket(packets.ErrPacketTooLarge, true, 0)...)
 	}
+	c.sendLocked()
 	c.wmu.Unlock()
 	return c.Conn.Close()
-}
-
-// disconnect writes a DISCONNECT with a reason code (and its reason
-// string) between two of mochi's writes.
-func (c *clientConn) disconnect(code packets.Code) {
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code, ProtocolVersion: 5}
-	pk.Properties.ReasonString = code.Reason
-	var buf bytes.Buffer
-	if pk.DisconnectEncode(&buf) == nil {
-		_, _ = c.Write(buf.Bytes())
-	}
 }
 
 // framer follows MQTT framing over the bytes a client sends: a type byte,

@@ -327,42 +327,49 @@ func (b *Broker) overReceiveMaximum(cl *mqtt.Client, pk packets.Packet) bool {
 	return open >= max
 }
 
-// endConnection writes a DISCONNECT with the reason code straight to the
-// client's socket, then closes it. mochi's DisconnectClient would queue
-// the packet behind what waits in the client's write buffer and close the
-// socket before the buffer is flushed: a client with messages on their way
-// to it saw its connection cut with no reason (and lost the
+// endConnection writes a DISCONNECT with the reason code to the client's
+// connection (after what it holds pending, see clientConn), then closes
+// it. mochi's DisconnectClient would queue the packet in its own write
+// buffer and close the socket before flushing it: a client with messages
+// on their way to it saw its connection cut with no reason (and lost the
 // acknowledgements sent before). The write takes the lock mochi holds
-// around every write to the socket, so it never lands inside another
-// packet; a writer stuck on a socket nobody reads holds that lock, so after
-// a second the connection is closed without a DISCONNECT.
+// around every write, so it never lands inside another packet. Every write
+// is bounded to endTimeout from here on (Hurry): a writer stuck on a
+// socket nobody reads gives up the lock in time, or the connection is
+// closed without a DISCONNECT.
 func endConnection(cl *mqtt.Client, code packets.Code) {
 	defer cl.Stop(code)
 	if cl.Properties.ProtocolVersion < 5 || cl.Net.Conn == nil {
 		return // MQTT 3.1.1 has no DISCONNECT from the server
 	}
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code, ProtocolVersion: 5}
 	quiet := cl.Properties.Props.RequestProblemInfoFlag && cl.Properties.Props.RequestProblemInfo == 0
-	if code.Code >= packets.ErrUnspecifiedError.Code && !quiet {
-		pk.Properties.ReasonString = code.Reason
+	pk := disconnectPacket(code, !quiet, cl.Properties.Props.MaximumPacketSize)
+	if h, ok := cl.Net.Conn.(interface{ Hurry() }); ok {
+		h.Hurry()
 	}
-	var buf bytes.Buffer
-	if pk.DisconnectEncode(&buf) != nil {
-		return
-	}
-	if max := cl.Properties.Props.MaximumPacketSize; max > 0 && uint32(buf.Len()) > max {
-		buf.Reset() // the reason string does not fit what the client accepts
-		pk.Properties.ReasonString = ""
-		_ = pk.DisconnectEncode(&buf)
-	}
-	for deadline := time.Now().Add(time.Second); !cl.TryLock(); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(endTimeout); !cl.TryLock(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			return
 		}
 	}
 	defer cl.Unlock()
-	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = cl.Net.Conn.Write(buf.Bytes())
+	_, _ = cl.Net.Conn.Write(pk)
+}
+
+// disconnectPacket encodes an MQTT 5 DISCONNECT with a reason code, and
+// its reason string if asked and if it fits the client's maximum packet
+// size (0: none given).
+func disconnectPacket(code packets.Code, reason bool, max uint32) []byte {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code, ProtocolVersion: 5}
+	if reason && code.Code >= packets.ErrUnspecifiedError.Code {
+		pk.Properties.ReasonString = code.Reason
+	}
+	var buf bytes.Buffer
+	_ = pk.DisconnectEncode(&buf)
+	if max > 0 && uint32(buf.Len()) > max && pk.Properties.ReasonString != "" {
+		return disconnectPacket(code, false, max)
+	}
+	return buf.Bytes()
 }
 
 // responseAllowed decides whether a client may have state store replies
