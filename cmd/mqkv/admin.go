@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"github.com/spf13/pflag"
 
 	"github.com/mqkv/mqkv/internal/admin"
@@ -381,9 +382,6 @@ func fetchCluster(ctx context.Context, url string) *cluster.Status {
 	return &st
 }
 
-// terminal reports whether f is a terminal (a character device), where
-// screen control codes belong.
-func terminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
+// terminal reports whether f is a terminal, where screen control codes
+// and remarks for people belong.
+func terminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }

@@ -165,11 +165,18 @@ properties), until interrupted or --count messages have arrived.`,
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			msgs := make(chan *paho.Publish, 1024)
-			pc, err := c.mqttSession(ctx, func(p *paho.Publish) { msgs <- p })
+			quit := make(chan struct{})
+			pc, err := c.mqttSession(ctx, func(p *paho.Publish) {
+				select {
+				case msgs <- p:
+				case <-quit:
+				}
+			})
 			if err != nil {
 				return err
 			}
 			defer pc.Disconnect(&paho.Disconnect{})
+			defer close(quit) // runs first: paho's Disconnect waits for a callback blocked on msgs
 			subs := make([]paho.SubscribeOptions, len(args))
 			for i, f := range args {
 				subs[i] = paho.SubscribeOptions{Topic: f, QoS: byte(qos)}

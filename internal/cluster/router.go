@@ -80,6 +80,9 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 				return
 			case err == nil && resp.Kind == errNotLeader:
 				n.hint(g, resp.Leader)
+			case err == nil && resp.Kind == errDiskFull && resp.DiskFull != nil:
+				done(store.Result{}, resp.DiskFull) // the statestore answers it as it is
+				return
 			case err == nil:
 				done(store.Result{}, errors.New(resp.Err))
 				return

@@ -53,6 +53,7 @@ const (
 	errNotLeader errKind = 1 // nothing done; Leader is the hint
 	errUnknown   errKind = 2 // a write's outcome is unknown
 	errOther     errKind = 3 // Err says what; nothing done
+	errDiskFull  errKind = 4 // DiskFull says how full; nothing done
 )
 
 type callResp struct {
@@ -71,6 +72,7 @@ type callResp struct {
 	Events     []entryEvents // opEvents frames
 	Last       uint64        // opEvents: the index the frame leaves its reader at
 	Snapshot   []byte        // opCopy: the group's store, in snapshot format
+	DiskFull   *replica.DiskFullError
 }
 
 type server struct {
@@ -165,6 +167,7 @@ func (n *Node) submitHere(r *replica.Group, req callReq) callResp {
 	ch := make(chan callResp, 1)
 	r.Submit(replica.Proposal{Cmd: req.Cmd, After: req.After, Done: func(res store.Result, err error) {
 		var nl *replica.NotLeaderError
+		var df *replica.DiskFullError
 		switch {
 		case err == nil:
 			ch <- callResp{Result: res}
@@ -172,6 +175,8 @@ func (n *Node) submitHere(r *replica.Group, req callReq) callResp {
 			ch <- callResp{Kind: errNotLeader, Leader: nl.Leader}
 		case errors.Is(err, replica.ErrOutcomeUnknown):
 			ch <- callResp{Kind: errUnknown, Err: err.Error()}
+		case errors.As(err, &df):
+			ch <- callResp{Kind: errDiskFull, Err: err.Error(), DiskFull: df}
 		default:
 			ch <- callResp{Kind: errOther, Err: err.Error()}
 		}

@@ -1,7 +1,9 @@
 // Package logthrottle keeps one misbehaving client from flooding the log:
 // a line repeated for the same client (same message, level and "client"
 // attribute) is written once per window, and the next one written says how
-// many were held back in between.
+// many were held back in between. Lines about no client pass as they are:
+// the server's own lines differ in other attributes (a group, a node) that
+// a key on the message alone would merge.
 package logthrottle
 
 import (
@@ -59,6 +61,9 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 		}
 		return true
 	})
+	if k.client == "" {
+		return h.next.Handle(ctx, r)
+	}
 	held, pass := h.s.admit(k)
 	if !pass {
 		return nil

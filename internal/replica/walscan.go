@@ -43,49 +43,72 @@ func checkTail(walDir string) error {
 	if err != nil {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: err}
 	}
-	end := walkFrames(data)
-	if n := completeBatchesAfter(data, end); n > 0 {
+	end, lastCommit := walkFrames(data)
+	if n := completeBatchesAfter(data, end, lastCommit); n > 0 {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
 			"the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)}
 	}
 	return nil
 }
 
-// walkFrames returns where raft-wal's reading of a segment stops: the
-// first frame header that is zero or does not decode.
-func walkFrames(data []byte) int {
-	off := walFileHeader
+// walkFrames returns where raft-wal's reading of a segment stops (the
+// first frame header that is zero or does not decode) and the offset of
+// the last commit frame before it (-1 if none).
+func walkFrames(data []byte) (stop, lastCommit int) {
+	off, lastCommit := walFileHeader, -1
 	for off+walFrameHeader <= len(data) {
 		h := data[off : off+walFrameHeader]
 		if h[0] == 0 || h[0] > walFrameCommit || h[1]|h[2]|h[3] != 0 {
-			return off
+			return off, lastCommit
 		}
 		n := 0
-		if h[0] != walFrameCommit {
+		if h[0] == walFrameCommit {
+			lastCommit = off
+		} else {
 			n = int(binary.LittleEndian.Uint32(h[4:]))
 			n += (walFrameHeader - n%walFrameHeader) % walFrameHeader
 		}
 		off += walFrameHeader + n
 	}
-	return min(off, len(data))
+	return min(off, len(data)), lastCommit
 }
 
-// completeBatchesAfter counts the batches after offset from whose commit
-// frames and checksums are intact.
-func completeBatchesAfter(data []byte, from int) int {
-	from += walFrameHeader - from%walFrameHeader // the next aligned frame
+// pairWindow is how many earlier commit-frame candidates each candidate is
+// checked against: bytes in an entry's payload can look like a commit
+// frame header, and one such false candidate between two real commit
+// frames must not hide the batch between them.
+const pairWindow = 16
+
+// completeBatchesAfter counts the complete batches after the reading
+// stopped at from: commit frames (after the last commit the reading
+// passed, lastCommit) whose checksum matches the bytes since an earlier
+// commit frame. A damaged length can make the reading jump past real
+// commit frames, so candidates are searched from lastCommit on.
+func completeBatchesAfter(data []byte, from, lastCommit int) int {
+	from += (walFrameHeader - from%walFrameHeader) % walFrameHeader // the next aligned frame
 	if !slices.ContainsFunc(data[min(from, len(data)):], func(b byte) bool { return b != 0 }) {
 		return 0 // zeros to the end: the usual case
 	}
-	prev, n := -1, 0
-	for c := from; c+walFrameHeader <= len(data); c += walFrameHeader {
+	start := walFileHeader
+	if lastCommit >= 0 {
+		start = lastCommit
+	}
+	var cands []int // commit-frame candidates, from start on
+	n := 0
+	for c := start; c+walFrameHeader <= len(data); c += walFrameHeader {
 		if data[c] != walFrameCommit || data[c+1]|data[c+2]|data[c+3] != 0 {
 			continue
 		}
-		if prev >= 0 && crc32.Checksum(data[prev+walFrameHeader:c], castagnoli) == binary.LittleEndian.Uint32(data[c+4:]) {
-			n++
+		if c >= from {
+			sum := binary.LittleEndian.Uint32(data[c+4:])
+			for _, p := range cands[max(0, len(cands)-pairWindow):] {
+				if crc32.Checksum(data[p+walFrameHeader:c], castagnoli) == sum {
+					n++
+					break
+				}
+			}
 		}
-		prev = c
+		cands = append(cands, c)
 	}
 	return n
 }

@@ -31,26 +31,33 @@ func segment(batches ...[]string) []byte {
 
 func TestCompleteBatchesAfterADamagedHeader(t *testing.T) {
 	seg := segment([]string{"a", "bb"}, []string{"ccc"}, []string{"dddd", "e"}, []string{"f"})
-	if end := walkFrames(seg); completeBatchesAfter(seg, end) != 0 {
+	if end, last := walkFrames(seg); completeBatchesAfter(seg, end, last) != 0 {
 		t.Fatalf("an intact segment reports damage (walk stopped at %d)", end)
 	}
 	// Damage the header of "ccc": the two batches after it are intact.
 	damaged := append([]byte(nil), seg...)
 	off := walFileHeader + 8 + 8 + 8 + 8 + 8 // a, bb frames and the first commit
 	damaged[off] = 0x55
-	end := walkFrames(damaged)
+	end, last := walkFrames(damaged)
 	if end != off {
 		t.Fatalf("walk stopped at %d, want %d", end, off)
 	}
-	if n := completeBatchesAfter(damaged, end); n != 2 {
+	if n := completeBatchesAfter(damaged, end, last); n != 2 {
 		t.Fatalf("%d complete batches after the damage, want 2", n)
 	}
 	// A torn last batch: its commit does not match; nothing after it.
 	torn := append([]byte(nil), seg...)
-	last := len(seg) - 256 - 8 - 16 // the "f" frame of the last batch
-	torn[last+8] ^= 0xFF
-	if n := completeBatchesAfter(torn, walkFrames(torn)); n != 0 {
-		t.Fatalf("a torn last batch counted as %d complete batches after it", n)
+	f := len(seg) - 256 - 8 - 16 // the "f" frame of the last batch
+	torn[f+8] ^= 0xFF
+	if end, last := walkFrames(torn); completeBatchesAfter(torn, end, last) != 0 {
+		t.Fatal("a torn last batch counted as complete batches after it")
+	}
+	// A payload that looks like a commit frame between two real ones
+	// must not hide the batch after the damage.
+	tricky := segment([]string{"a"}, []string{"b"}, []string{"\x03\x00\x00\x00\x01\x02\x03\x04"})
+	tricky[walFileHeader+8+8+8] = 0x55 // the header of the second batch's entry
+	if end, last := walkFrames(tricky); completeBatchesAfter(tricky, end, last) < 1 {
+		t.Fatal("a payload shaped like a commit frame hid the batches after the damage")
 	}
 }
 
@@ -58,6 +65,7 @@ func FuzzCheckTailScan(f *testing.F) {
 	f.Add(segment([]string{"a"}, []string{"b"}))
 	f.Add(make([]byte, 40))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		completeBatchesAfter(data, walkFrames(data)) // must not panic
+		end, last := walkFrames(data)
+		completeBatchesAfter(data, end, last) // must not panic
 	})
 }
