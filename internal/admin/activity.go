@@ -62,23 +62,29 @@ type Activity struct {
 }
 
 func newActivity() *activity {
-	return &activity{cur: newWindow(time.Now())}
+	return &activity{cur: newWindow(time.Now().Truncate(activityWindow))}
 }
 
 func newWindow(at time.Time) window {
 	return window{since: at, clients: map[string]int64{}, keys: map[string]int64{}}
 }
 
-// rotate starts a new window when the current one is over.
+// rotate starts a new window when the current one is over. Windows are
+// aligned on activityWindow: the last complete one is the one before the
+// current, empty if nothing was counted in it.
 func (a *activity) rotate(now time.Time) {
-	if now.Sub(a.cur.since) < activityWindow {
+	start := now.Truncate(activityWindow)
+	if !a.cur.since.Before(start) {
 		return
 	}
-	a.last, a.cur = a.cur, newWindow(now)
-	a.last.until = now
-	if now.Sub(a.last.since) > 2*activityWindow { // idle since: nothing to show
-		a.last = window{since: now.Add(-activityWindow), until: now}
+	prev := start.Add(-activityWindow)
+	if a.cur.since.Equal(prev) {
+		a.last = a.cur
+	} else {
+		a.last = newWindow(prev)
 	}
+	a.last.until = start
+	a.cur = newWindow(start)
 }
 
 func (a *activity) observe(r statestore.Reply) {
@@ -112,7 +118,7 @@ func (a *activity) take() Activity {
 	now := time.Now()
 	a.rotate(now)
 	w := a.last
-	if w.since.IsZero() {
+	if w.since.IsZero() { // none complete yet: the current one so far
 		w = a.cur
 		w.until = now
 	}

@@ -26,6 +26,7 @@ func TestActivityRanksClientsAndKeys(t *testing.T) {
 	}
 	// A complete window is what everyone sees, whoever looked before.
 	a.cur.since = a.cur.since.Add(-activityWindow)
+	a.rotate(time.Now())
 	a.observe(statestore.Reply{Command: "GET", ClientID: "late", Key: []byte("later")})
 	w1, w2 := a.take(), a.take()
 	if len(w1.Clients) != 2 || len(w2.Clients) != 2 || w1.Clients[0].Name != "busy" {

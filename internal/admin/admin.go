@@ -542,7 +542,7 @@ const (
 func (s *Server) backup(w http.ResponseWriter, _ *http.Request) {
 	snap, err := s.node.Data.Copy()
 	if err != nil {
-		httpError(w, http.StatusNotImplemented, "%v", err)
+		httpError(w, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")

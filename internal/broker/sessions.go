@@ -27,6 +27,11 @@ type sessions struct {
 	db  *bbolt.DB
 	log *slog.Logger
 
+	// storeMu orders flush against forget: a flush that took a client's
+	// messages must commit before forget looks for them, or they would
+	// outlive the session in the file.
+	storeMu sync.Mutex
+
 	mu         sync.Mutex
 	pendingPut map[inflightID]packets.Packet // messages not yet written
 	pendingDel map[inflightID]struct{}       // records to delete
@@ -210,6 +215,8 @@ func (s *sessions) OnClientExpired(cl *mqtt.Client) { s.forget(cl.ID) }
 // forget removes every trace of a client's session, in one transaction,
 // and writes nothing when there is nothing to remove.
 func (s *sessions) forget(clientID string) {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
 	s.dropPending(clientID)
 	if !s.holds(clientID) {
 		return
@@ -397,6 +404,8 @@ func (s *sessions) flushLoop() {
 // flush writes the inflight changes gathered since the last flush in one
 // transaction.
 func (s *sessions) flush() {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
 	s.mu.Lock()
 	puts, dels := s.pendingPut, s.pendingDel
 	if len(puts) == 0 && len(dels) == 0 {

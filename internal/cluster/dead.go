@@ -21,6 +21,7 @@ import (
 type deadWatch struct {
 	mu      sync.Mutex
 	seen    map[string]time.Time // member → last answer (or start of judging)
+	probed  map[string]time.Time // member → last probe sent
 	probing map[string]bool
 	removed map[string]bool // removals asked, not yet applied
 }
@@ -64,10 +65,10 @@ func (n *Node) judgeLiveness(d *deadWatch, st *meta.State) {
 			}(m.ID)
 			continue
 		}
-		if d.probing[m.ID] || now.Sub(last) < probeEvery {
+		if d.probing[m.ID] || now.Sub(last) < probeEvery || now.Sub(d.probed[m.ID]) < probeEvery {
 			continue
 		}
-		d.probing[m.ID] = true
+		d.probing[m.ID], d.probed[m.ID] = true, now
 		go func(id string) {
 			ctx, cancel := context.WithTimeout(context.Background(), probeEvery)
 			defer cancel()
@@ -84,6 +85,7 @@ func (n *Node) judgeLiveness(d *deadWatch, st *meta.State) {
 	for id := range d.seen { // forget who left
 		if !members[id] {
 			delete(d.seen, id)
+			delete(d.probed, id)
 			delete(d.removed, id)
 		}
 	}
@@ -98,5 +100,5 @@ func (d *deadWatch) forget() {
 }
 
 func newDeadWatch() *deadWatch {
-	return &deadWatch{seen: map[string]time.Time{}, probing: map[string]bool{}, removed: map[string]bool{}}
+	return &deadWatch{seen: map[string]time.Time{}, probed: map[string]time.Time{}, probing: map[string]bool{}, removed: map[string]bool{}}
 }
