@@ -48,8 +48,8 @@ type Keyspace interface {
 	Stats() replica.Stats
 	// GroupStats are the figures of each replica held here, by group.
 	GroupStats() map[int]replica.Stats
-	// Copy is a consistent copy of the store, for backups (a node on
-	// its own only).
+	// Copy is a copy of the store for backups: at one point on a node on
+	// its own, each group at its own point in a cluster.
 	Copy() (*store.Store, error)
 	// Status, Leave and Remove are the cluster's (mqkv cluster).
 	Clustered() bool

@@ -29,9 +29,9 @@ type MQTTView struct {
 
 const maxTopicsShown = 50
 
-// topicRates turns the broker's running counts into rates over the time
-// since the previous look (at least a second apart; sooner looks get the
-// last rates again).
+// topicRates turns the broker's running counts into rates: the average
+// since the previous look, however long ago that was (looks less than a
+// second apart get the last rates again).
 type topicRates struct {
 	mu    sync.Mutex
 	at    time.Time
