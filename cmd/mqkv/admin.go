@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/cluster"

@@ -18,7 +18,7 @@ func TestRepeatedLinesAreCounted(t *testing.T) {
 	for range 5000 {
 		log.Warn("client store quota reached", "client", "flooder")
 	}
-	log.Warn("client store quota reached", "client", "other") // another client: its own line
+	log.Warn("client store quota reached", "client", "other")   // another client: its own line
 	log.Info("client store quota reached", "client", "flooder") // another level: its own line
 	for range 3 {
 		log.Debug("debug lines all pass", "client", "flooder")
