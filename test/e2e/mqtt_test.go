@@ -145,6 +145,9 @@ func TestMQTTSessionsSurviveRestart(t *testing.T) {
 	}
 
 	s = startServerIn(t, dir)
+	// A fresh budget: in cluster mode the restart itself (three nodes
+	// settling) can take most of the first one.
+	ctx = ctxFor(t, 10*time.Second)
 	conn := dialTCP(t, s.Addr())
 	inbox := make(chan *paho.Publish, 10)
 	pc := paho.NewClient(paho.ClientConfig{ClientID: "persistent", Conn: conn, OnClientError: func(error) {},
@@ -250,7 +253,7 @@ func TestSDKSurvivesServerRestart(t *testing.T) {
 	s := startServerIn(t, dir)
 	addr := s.Addr()
 	c := newSDKClient(t, s)
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := ctxFor(t, 60*time.Second) // a restart in cluster mode waits for three nodes to settle
 	key := uniqueKey(t)
 	set, err := c.store.Set(ctx, key, "durable")
 	if err != nil {
