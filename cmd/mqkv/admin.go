@@ -86,14 +86,22 @@ func innermost(err error) error {
 	}
 }
 
-func fetchStatus(ctx context.Context, base string) (admin.Status, error) {
-	var st admin.Status
-	resp, err := adminGet(ctx, base, "/v1/status")
+// adminJSON GETs path from the admin endpoint and decodes its JSON.
+func adminJSON[T any](ctx context.Context, base, path string) (T, error) {
+	var v T
+	resp, err := adminGet(ctx, base, path)
 	if err != nil {
-		return st, err
+		return v, err
 	}
 	defer resp.Body.Close()
-	return st, json.NewDecoder(resp.Body).Decode(&st)
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return v, fmt.Errorf("%s: %w", path, err)
+	}
+	return v, nil
+}
+
+func fetchStatus(ctx context.Context, base string) (admin.Status, error) {
+	return adminJSON[admin.Status](ctx, base, "/v1/status")
 }
 
 func printStatus(w io.Writer, st admin.Status) {
@@ -329,16 +337,7 @@ corrupt or truncated backup is refused and nothing is written.`,
 // fetchActivity returns the busiest clients and keys and the slow
 // requests, or nil if the endpoint has none (an older server).
 func fetchActivity(ctx context.Context, url string) *admin.Activity {
-	resp, err := adminGet(ctx, url, "/v1/activity")
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	var a admin.Activity
-	if json.NewDecoder(resp.Body).Decode(&a) != nil {
-		return nil
-	}
-	return &a
+	return orNil(adminJSON[admin.Activity](ctx, url, "/v1/activity"))
 }
 
 func printActivity(w io.Writer, a admin.Activity) {
@@ -370,16 +369,15 @@ func printActivity(w io.Writer, a admin.Activity) {
 // fetchCluster returns the cluster as the node sees it, or nil for a node
 // on its own (or if it cannot be had: top shows what it can).
 func fetchCluster(ctx context.Context, url string) *cluster.Status {
-	resp, err := adminGet(ctx, url, "/v1/cluster")
+	return orNil(adminJSON[cluster.Status](ctx, url, "/v1/cluster"))
+}
+
+// orNil is v, or nil after an error: what top shows when a part is missing.
+func orNil[T any](v T, err error) *T {
 	if err != nil {
 		return nil
 	}
-	defer resp.Body.Close()
-	var st cluster.Status
-	if json.NewDecoder(resp.Body).Decode(&st) != nil {
-		return nil
-	}
-	return &st
+	return &v
 }
 
 // terminal reports whether f is a terminal, where screen control codes

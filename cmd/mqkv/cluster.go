@@ -42,14 +42,9 @@ func clusterStatusCmd() *cobra.Command {
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 		defer cancel()
-		resp, err := adminGet(ctx, *base, "/v1/cluster")
+		st, err := adminJSON[cluster.Status](ctx, *base, "/v1/cluster")
 		if err != nil {
 			return err
-		}
-		defer resp.Body.Close()
-		var st cluster.Status
-		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-			return fmt.Errorf("cluster status: %w", err)
 		}
 		if asJSON {
 			e := json.NewEncoder(cmd.OutOrStdout())
