@@ -34,7 +34,10 @@ type Config struct {
 	NodeID string // stable id of this node; the group's raft server id
 	// Dir holds the log and snapshots. Empty means in memory: nothing
 	// survives the process.
-	Dir    string
+	Dir string
+	// Log, if set, is the group's log and stable store (the node's shared
+	// journal), and Dir holds only the snapshots.
+	Log    LogStore
 	Limits store.Limits
 	// SnapshotThreshold is how many log entries trigger a snapshot;
 	// zero picks a default.
@@ -300,46 +303,142 @@ func raftConfig(cfg Config) *raft.Config {
 	return rc
 }
 
+// LogStore is a group's log and raft's stable store in one.
+type LogStore interface {
+	raft.LogStore
+	raft.StableStore
+}
+
+// logCache is how many recent entries a group on the shared journal keeps
+// in memory: replication and apply read them back right after the append.
+const logCache = 512
+
 // openStores opens the log, stable and snapshot stores: on disk under
-// cfg.Dir (the log verified entry by entry), or in memory.
+// cfg.Dir, or the node's journal with snapshots under cfg.Dir (the log
+// verified entry by entry either way), or in memory.
 func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.StableStore, raft.SnapshotStore, error) {
 	if cfg.Dir == "" {
 		mem := raft.NewInmemStore()
 		return mem, mem, raft.NewInmemSnapshotStore(), nil
 	}
-	walDir := filepath.Join(cfg.Dir, "wal")
-	if err := os.MkdirAll(walDir, 0o700); err != nil {
-		return nil, nil, nil, fmt.Errorf("replica: %w", err)
+	var logs raft.LogStore
+	var stable raft.StableStore
+	where := filepath.Join(cfg.Dir, "wal")
+	if cfg.Log != nil {
+		if err := verifyLog(cfg.Log, "the node's journal"); err != nil {
+			return nil, nil, nil, err
+		}
+		cache, err := raft.NewLogCache(logCache, cfg.Log)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		logs, stable, where = cache, cfg.Log, "the node's journal"
+	} else {
+		w, err := openWAL(where, true)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		g.wal = w
+		logs, stable = &wedgeCheck{WAL: w, fail: g.Fail, dir: where}, w
 	}
-	if err := checkTail(walDir); err != nil {
-		return nil, nil, nil, err
-	}
-	w, err := raftwal.Open(walDir)
-	if err != nil {
-		return nil, nil, nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}
-	}
-	g.wal = w
 	fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, retainSnapshots, rc.Logger)
 	if err != nil {
 		g.closeWAL()
 		return nil, nil, nil, fmt.Errorf("replica: open snapshots: %w", err)
 	}
-	if err := verifyLog(w, walDir); err != nil {
-		g.closeWAL()
-		return nil, nil, nil, err
-	}
 	// A log compacted behind a snapshot needs that snapshot (raft itself
 	// panics without it).
-	if first, err := w.FirstIndex(); err == nil && first > 1 {
+	if first, err := logs.FirstIndex(); err == nil && first > 1 {
 		if snaps, err := fss.List(); err != nil || len(snaps) == 0 {
 			g.closeWAL()
 			if err == nil {
-				err = fmt.Errorf("the log starts at entry %d and no snapshot holds the entries before it", first)
+				err = fmt.Errorf("the log in %s starts at entry %d and no snapshot holds the entries before it", where, first)
 			}
 			return nil, nil, nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "the snapshot the log continues", Err: err}
 		}
 	}
-	return &wedgeCheck{WAL: w, fail: g.Fail, dir: walDir}, w, fss, nil
+	return logs, stable, fss, nil
+}
+
+// openWAL opens a group's own log in walDir, creating it, and verifies it
+// entry by entry (batches: its entries are batches of store commands).
+func openWAL(walDir string, batches bool) (*raftwal.WAL, error) {
+	if err := os.MkdirAll(walDir, 0o700); err != nil {
+		return nil, fmt.Errorf("replica: %w", err)
+	}
+	if err := checkTail(walDir); err != nil {
+		return nil, err
+	}
+	w, err := raftwal.Open(walDir)
+	if err != nil {
+		return nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}
+	}
+	if batches {
+		if err := verifyLog(w, walDir); err != nil {
+			w.Close()
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// raftStableKeys are the keys hashicorp/raft keeps in its stable store.
+var raftStableKeys = []string{"CurrentTerm", "LastVoteTerm", "LastVoteCand"}
+
+// ImportWAL copies the log and stable values of a group's own log in
+// walDir (as releases before the shared journal kept it) into dst, which
+// must be empty, and removes walDir once dst holds them. batches says the
+// entries are batches of store commands, checked on the way.
+func ImportWAL(walDir string, dst LogStore, batches bool) error {
+	w, err := openWAL(walDir, batches)
+	if err != nil {
+		return err
+	}
+	err = copyLog(w, dst)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("replica: import %s: %w", walDir, err)
+	}
+	return os.RemoveAll(walDir)
+}
+
+func copyLog(src, dst LogStore) error {
+	for _, k := range raftStableKeys {
+		v, err := src.Get([]byte(k))
+		if err != nil {
+			return err
+		}
+		if len(v) > 0 {
+			if err := dst.Set([]byte(k), v); err != nil {
+				return err
+			}
+		}
+	}
+	first, err := src.FirstIndex()
+	if err != nil {
+		return err
+	}
+	last, err := src.LastIndex()
+	if err != nil || first == 0 {
+		return err
+	}
+	const chunk = 256
+	for i := first; i <= last; i += chunk {
+		var batch []*raft.Log
+		for k := i; k < i+chunk && k <= last; k++ {
+			l := new(raft.Log)
+			if err := src.GetLog(k, l); err != nil {
+				return err
+			}
+			batch = append(batch, l)
+		}
+		if err := dst.StoreLogs(batch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // wedgeCheck stops the node when the log can take no more entries until it

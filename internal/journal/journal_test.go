@@ -1,0 +1,319 @@
+package journal
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+func open(t testing.TB, dir string, opts Options) *Journal {
+	t.Helper()
+	j, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return j
+}
+
+func entry(i uint64, data string) *raft.Log {
+	return &raft.Log{Index: i, Term: 1 + i/100, Type: raft.LogCommand, Data: []byte(data)}
+}
+
+func store(t testing.TB, l *Log, from, to uint64) {
+	t.Helper()
+	var logs []*raft.Log
+	for i := from; i <= to; i++ {
+		logs = append(logs, entry(i, fmt.Sprintf("g%d-%d", l.id, i)))
+	}
+	if err := l.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expect checks a group's bounds and that every entry reads back.
+func expect(t testing.TB, l *Log, first, last uint64) {
+	t.Helper()
+	f, _ := l.FirstIndex()
+	la, _ := l.LastIndex()
+	if f != first || la != last {
+		t.Fatalf("group %d: log is %d..%d, want %d..%d", l.id, f, la, first, last)
+	}
+	for i := first; i <= last && last > 0; i++ {
+		var got raft.Log
+		if err := l.GetLog(i, &got); err != nil {
+			t.Fatalf("group %d entry %d: %v", l.id, i, err)
+		}
+		if want := fmt.Sprintf("g%d-%d", l.id, i); string(got.Data) != want || got.Index != i || got.Term != 1+i/100 {
+			t.Fatalf("group %d entry %d: got %d/%d %q", l.id, i, got.Index, got.Term, got.Data)
+		}
+	}
+	var none raft.Log
+	if err := l.GetLog(last+1, &none); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("group %d entry %d: %v, want not found", l.id, last+1, err)
+	}
+}
+
+func TestGroupsKeepTheirOwnLogsAcrossReopen(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, Options{})
+	a, b := j.Group(1), j.Group(2)
+	store(t, a, 1, 10)
+	store(t, b, 5, 7) // a group may start anywhere (after a snapshot)
+	store(t, a, 11, 12)
+	if err := a.DeleteRange(1, 3); err != nil { // compaction
+		t.Fatal(err)
+	}
+	if err := a.DeleteRange(11, 12); err != nil { // a conflicting suffix
+		t.Fatal(err)
+	}
+	if err := a.DeleteRange(5, 6); err == nil {
+		t.Fatal("deleting the middle of a log succeeded")
+	}
+	if err := a.StoreLogs([]*raft.Log{entry(13, "x")}); err == nil {
+		t.Fatal("a gap in the log was accepted")
+	}
+	store(t, a, 11, 11)
+	if err := b.SetUint64([]byte("CurrentTerm"), 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Set([]byte("LastVoteCand"), []byte("n2")); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, a, 4, 11)
+	expect(t, b, 5, 7)
+	j.Close()
+	if err := a.StoreLogs([]*raft.Log{entry(12, "x")}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("store after close: %v", err)
+	}
+
+	j = open(t, dir, Options{})
+	a, b = j.Group(1), j.Group(2)
+	expect(t, a, 4, 11)
+	expect(t, b, 5, 7)
+	if v, _ := b.GetUint64([]byte("CurrentTerm")); v != 7 {
+		t.Fatalf("CurrentTerm = %d", v)
+	}
+	if v, _ := b.Get([]byte("LastVoteCand")); string(v) != "n2" {
+		t.Fatalf("LastVoteCand = %q", v)
+	}
+	if v, err := a.GetUint64([]byte("CurrentTerm")); v != 0 || err != nil {
+		t.Fatalf("unset key: %d, %v", v, err)
+	}
+	// Deleting everything empties the log; the next append may start anywhere.
+	if err := a.DeleteRange(4, 100); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, a, 0, 0)
+	store(t, a, 50, 51)
+	expect(t, a, 50, 51)
+	if err := j.Drop(2); err != nil {
+		t.Fatal(err)
+	}
+	if j.Has(2) || !j.Has(1) {
+		t.Fatalf("after drop: groups %v", j.Groups())
+	}
+	j.Close()
+	j = open(t, dir, Options{})
+	expect(t, j.Group(1), 50, 51)
+	expect(t, j.Group(2), 0, 0)
+	if got := j.Groups(); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("groups after reopen: %v", got)
+	}
+}
+
+// The appends of groups writing at once share fsyncs, and each group's
+// entries stay in order.
+func TestConcurrentGroupsShareWrites(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, Options{})
+	const groups, per = 8, 100
+	var wg sync.WaitGroup
+	for g := uint32(1); g <= groups; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := j.Group(g)
+			for i := uint64(1); i <= per; i++ {
+				store(t, l, i, i)
+			}
+		}()
+	}
+	wg.Wait()
+	var commits int
+	data, err := os.ReadFile(filepath.Join(dir, segName(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := int64(headerSize); off < int64(len(data)); off += recordLen(data[off:]) {
+		if data[off+8] == kindCommit {
+			commits++
+		}
+	}
+	// One commit begins the segment; every other ends a write batch.
+	if commits-1 >= groups*per {
+		t.Fatalf("%d appends took %d fsyncs: nothing was shared", groups*per, commits-1)
+	}
+	t.Logf("%d appends, %d fsyncs", groups*per, commits-1)
+	j.Close()
+	j = open(t, dir, Options{})
+	for g := uint32(1); g <= groups; g++ {
+		expect(t, j.Group(g), 1, per)
+	}
+}
+
+func segments(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Old segments go once compacted; a quiet group's few entries pinning
+// one are copied forward; stable values survive the old segments.
+func TestSegmentsAreCollected(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{SegmentSize: 4096}
+	j := open(t, dir, opts)
+	quiet, busy := j.Group(1), j.Group(2)
+	store(t, quiet, 1, 3)
+	if err := quiet.SetUint64([]byte("CurrentTerm"), 3); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 2000; i += 10 {
+		store(t, busy, i, i+9)
+		if i > 100 {
+			if err := busy.DeleteRange(i-100, i-91); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := len(segments(t, dir)); n > 4 {
+		t.Fatalf("%d segments left: old ones are not collected", n)
+	}
+	if _, err := os.Stat(filepath.Join(dir, segName(1))); err == nil {
+		t.Fatal("the quiet group's entries still pin the first segment")
+	}
+	expect(t, quiet, 1, 3)
+	expect(t, busy, 1901, 2000)
+	j.Close()
+	j = open(t, dir, opts)
+	expect(t, j.Group(1), 1, 3)
+	expect(t, j.Group(2), 1901, 2000)
+	if v, _ := j.Group(1).GetUint64([]byte("CurrentTerm")); v != 3 {
+		t.Fatalf("CurrentTerm = %d after its segment went", v)
+	}
+}
+
+func lastSegment(t *testing.T, dir string) string {
+	t.Helper()
+	s := segments(t, dir)
+	return s[len(s)-1]
+}
+
+// A write cut short by a crash (never acknowledged) is dropped at open;
+// the acknowledged entries before it are all there.
+func TestTornTailIsCut(t *testing.T) {
+	for _, tear := range []struct {
+		name string
+		do   func(path string, size int64) error
+	}{
+		{"half a record", func(path string, size int64) error { return os.Truncate(path, size-7) }},
+		{"garbage after", func(path string, size int64) error {
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.Write(bytes.Repeat([]byte{0xa5}, 100))
+			return err
+		}},
+		{"zeros after", func(path string, size int64) error { return os.Truncate(path, size+4096) }},
+	} {
+		t.Run(tear.name, func(t *testing.T) {
+			dir := t.TempDir()
+			j := open(t, dir, Options{})
+			l := j.Group(1)
+			store(t, l, 1, 5)
+			store(t, l, 6, 6)
+			j.Close()
+			path := lastSegment(t, dir)
+			st, _ := os.Stat(path)
+			if err := tear.do(path, st.Size()); err != nil {
+				t.Fatal(err)
+			}
+			j = open(t, dir, Options{})
+			want := uint64(6)
+			if tear.name == "half a record" {
+				want = 5 // the last batch was torn
+			}
+			expect(t, j.Group(1), 1, want)
+			store(t, j.Group(1), want+1, want+1)
+			j.Close()
+			j = open(t, dir, Options{})
+			expect(t, j.Group(1), 1, want+1)
+		})
+	}
+}
+
+// Damage before the last commit is not a torn tail: the journal refuses
+// to open rather than drop acknowledged entries.
+func TestDamageIsReported(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, Options{})
+	l := j.Group(1)
+	store(t, l, 1, 5)
+	store(t, l, 6, 10)
+	j.Close()
+	path := lastSegment(t, dir)
+	data, _ := os.ReadFile(path)
+	i := bytes.Index(data, []byte("g1-3"))
+	data[i] ^= 0x20
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(dir, Options{})
+	var d *DamagedError
+	if !errors.As(err, &d) {
+		t.Fatalf("open of a damaged journal: %v", err)
+	}
+	t.Log(err)
+}
+
+// A journal cut off just after its first segment was created opens empty.
+func TestEmptySegmentFromACrash(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, segName(1)), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := open(t, dir, Options{})
+	store(t, j.Group(3), 1, 2)
+	expect(t, j.Group(3), 1, 2)
+}
+
+func TestWriteFailureStopsTheJournal(t *testing.T) {
+	dir := t.TempDir()
+	failed := make(chan error, 1)
+	j := open(t, dir, Options{OnFail: func(err error) { failed <- err }})
+	store(t, j.Group(1), 1, 1)
+	j.mu.Lock()
+	j.segs[len(j.segs)-1].f.Close() // the next write fails
+	j.mu.Unlock()
+	if err := j.Group(1).StoreLogs([]*raft.Log{entry(2, "x")}); err == nil {
+		t.Fatal("a failed write was acknowledged")
+	}
+	if err := <-failed; err == nil {
+		t.Fatal("OnFail got no error")
+	}
+	if err := j.Group(2).SetUint64([]byte("k"), 1); err == nil {
+		t.Fatal("the journal took a write after a failure")
+	}
+}
