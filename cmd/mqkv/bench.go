@@ -42,6 +42,7 @@ func benchCmd() *cobra.Command {
 	responders := fs.Int("responders", 4, "echo responder connections (a shared subscription)")
 	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
 	addAfter := fs.Duration("add-node-after", 0, "with --cluster: start one more node this `long` into the measured time and report the rebalancing: how long until its replicas are in place, MB moved to it, and the throughput before and meanwhile")
+	rate := fs.Float64("rate", 0, "pace the clients to about this many requests a `second` in all (0: as fast as replies come); compares CPU per op at the same load")
 	killAfter := fs.Duration("kill-after", 0, "with --cluster 3 or more: SIGKILL the last node this `long` into the measured time (clients use the other nodes) and report the failover: the longest time no request completed, and latencies in the 10 s after")
 	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
 it, waits for the reply, and sends the next. Prints throughput and latency
@@ -172,7 +173,7 @@ Baselines, measured in the same run:
 		}
 		cfg := bench.Config{
 			Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
-			Keys: *keys, Duration: *duration, Warmup: *warmup, Patterns: *patterns,
+			Keys: *keys, Duration: *duration, Warmup: *warmup, Patterns: *patterns, Rate: *rate,
 		}
 		var joined *server.Process
 		if *addAfter > 0 {
@@ -235,12 +236,19 @@ Baselines, measured in the same run:
 				}
 				base = append(base, res)
 			}
-			before := cpuOf(children)
+			var cpu time.Duration
+			cfg.Window = func(begin bool) {
+				if begin {
+					cpu = -cpuOf(children)
+				} else {
+					cpu += cpuOf(children)
+				}
+			}
 			res, err := bench.Run(ctx, cfg)
 			if err != nil {
 				return fmt.Errorf("bench: %s: %w", cfg.Op, err)
 			}
-			res.CPU = cpuOf(children) - before
+			res.CPU = cpu
 			main = append(main, res)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -268,7 +276,7 @@ Baselines, measured in the same run:
 			}
 		}
 		if m := rows[len(rows)-1]; m.CPU > 0 && m.Ops > 0 {
-			fmt.Printf("server CPU: %.1f µs per %s, summed over %d server process(es) (includes warmup)\n",
+			fmt.Printf("server CPU: %.1f µs per %s, summed over %d server process(es), measured time only\n",
 				float64(m.CPU.Microseconds())/float64(m.Ops), cfg.Op, len(children))
 		}
 		if m := rows[len(rows)-1]; victim != "" {

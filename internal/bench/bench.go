@@ -64,6 +64,13 @@ type Config struct {
 	// the Result then describes the service around it.
 	Fault   func()
 	FaultAt time.Duration
+	// Rate, if positive, paces the clients to about that many requests a
+	// second in all (each still waits for its reply): CPU per operation
+	// is then compared at the same load, below the machine's saturation.
+	Rate float64
+	// Window, if set, is called as the measured time begins (true) and
+	// ends (false), to sample what the server used in it.
+	Window func(begin bool)
 }
 
 // Result is what one measurement found.
@@ -303,12 +310,27 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			defer wg.Done()
 			rng := mrand.New(mrand.NewPCG(uint64(n), 42))
 			holder := []byte(cl.id)
+			var every time.Duration
+			next := time.Now()
+			if cfg.Rate > 0 {
+				every = time.Duration(float64(time.Second) * float64(len(clients)) / cfg.Rate)
+				next = next.Add(time.Duration(rng.Int64N(int64(every) + 1))) // spread the clients' slots
+			}
 			for {
-				select {
-				case <-stop:
-					return
-				default:
+				if wait := time.Until(next); every > 0 && wait > 0 {
+					select {
+					case <-stop:
+						return
+					case <-time.After(wait):
+					}
+				} else {
+					select {
+					case <-stop:
+						return
+					default:
+					}
 				}
+				next = next.Add(every)
 				k := key(rng.IntN(max(cfg.Keys, 1)))
 				var payload []byte
 				op := cfg.Op
@@ -358,6 +380,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	case <-time.After(cfg.Warmup):
 	case <-ctx.Done():
 	}
+	if cfg.Window != nil {
+		cfg.Window(true)
+	}
 	measuring.Store(true)
 	start := time.Now()
 	var faultAt, faultEnd time.Time
@@ -380,6 +405,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	if cfg.Window != nil {
+		cfg.Window(false)
+	}
 	close(stop)
 	wg.Wait()
 	res := Result{Op: cfg.Op, Elapsed: elapsed}
