@@ -157,6 +157,12 @@ const (
 	// applied; more would only split what arrives meanwhile into smaller
 	// entries (group commit works by making writers wait for the sync).
 	pipelineDepth = 2
+	// sharedPipelineDepth is the same for a group on the node's journal:
+	// there the other groups' entries keep the journal busy while this
+	// one's is applied, and a second entry in flight would only be a
+	// smaller one (a one-node cluster of 8 groups: 0.79x a node on its
+	// own's durable SET throughput with 2, 0.88x with 1).
+	sharedPipelineDepth = 1
 )
 
 // Group is one replica group.
@@ -205,12 +211,16 @@ func Open(cfg Config) (*Group, error) {
 			return nil, err
 		}
 	}
+	depth := pipelineDepth
+	if cfg.Log != nil {
+		depth = sharedPipelineDepth
+	}
 	g := &Group{
 		cfg:      cfg,
 		clock:    clock,
 		in:       make(chan Proposal, maxBatch),
-		slots:    make(chan struct{}, pipelineDepth),
-		inflight: make(chan pending, pipelineDepth),
+		slots:    make(chan struct{}, depth),
+		inflight: make(chan pending, depth),
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 		Fault:    NewFault(),
