@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -44,17 +45,12 @@ func joinCluster(t testing.TB, cfg *server.Config) {
 	key := helperKey{t, cfg.DataDir}
 	others := helpers[key]
 	if others == nil {
-		first := startHelper(t, "h1", nil)
-		third := startHelper(t, "h3", []string{first.ClusterAddr()})
-		others = []*server.Server{first, third}
+		others = takePair(t)
 		helpers[key] = others
 		t.Cleanup(func() {
 			helpersMu.Lock()
 			delete(helpers, key)
 			helpersMu.Unlock()
-			for _, s := range others {
-				s.Close()
-			}
 		})
 	}
 	cfg.Cluster.Listen = "127.0.0.1:0"
@@ -64,16 +60,69 @@ func joinCluster(t testing.TB, cfg *server.Config) {
 	}
 }
 
-func startHelper(t testing.TB, id string, join []string) *server.Server {
+// A new cluster's first node takes about three seconds to start (its
+// metadata group, then its replica groups, each wait out an election
+// timeout before electing themselves), so the helper pair of the next
+// test starts while the current one runs.
+var (
+	spareOnce sync.Once
+	spare     chan helperPair
+)
+
+type helperPair struct {
+	nodes []*server.Server
+	dirs  []string
+	err   error
+}
+
+// takePair returns the two other nodes of a new cluster, closed (and
+// their directories removed) when the test ends.
+func takePair(t testing.TB) []*server.Server {
 	t.Helper()
-	s, err := server.Start(server.Config{
-		Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: quietLogger(),
-		Cluster: server.ClusterConfig{NodeID: id, Listen: "127.0.0.1:0", Join: join, Groups: 4, Replicas: 3},
+	spareOnce.Do(func() {
+		spare = make(chan helperPair, 1)
+		go startPair()
 	})
-	if err != nil {
-		t.Fatal(err)
+	p := <-spare
+	go startPair()
+	t.Cleanup(func() {
+		for _, s := range p.nodes {
+			s.Close()
+		}
+		for _, d := range p.dirs {
+			os.RemoveAll(d)
+		}
+	})
+	if p.err != nil {
+		t.Fatal(p.err)
 	}
-	return s
+	return p.nodes
+}
+
+func startPair() {
+	var p helperPair
+	defer func() { spare <- p }()
+	for i, id := range []string{"h1", "h3"} {
+		dir, err := os.MkdirTemp("", "mqkv-e2e-helper-")
+		if err != nil {
+			p.err = err
+			return
+		}
+		p.dirs = append(p.dirs, dir)
+		var join []string
+		if i > 0 {
+			join = []string{p.nodes[0].ClusterAddr()}
+		}
+		s, err := server.Start(server.Config{
+			Listen: "127.0.0.1:0", DataDir: dir, Logger: quietLogger(),
+			Cluster: server.ClusterConfig{NodeID: id, Listen: "127.0.0.1:0", Join: join, Groups: 4, Replicas: 3},
+		})
+		if err != nil {
+			p.err = fmt.Errorf("helper %s: %w", id, err)
+			return
+		}
+		p.nodes = append(p.nodes, s)
+	}
 }
 
 // awaitSettled waits until every group has its three replicas and its
