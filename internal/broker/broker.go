@@ -206,7 +206,8 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetReadBufferSize:  32 << 10,
 	})
 	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, seq: newSequencer(), stop: make(chan struct{})}
-	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{}}
+	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{},
+		allowed: func(cl *mqtt.Client, filter string) bool { return b.allowed(cl, filter, false) }}
 	sec := cfg.Security
 	b.security.Store(&sec)
 	b.inline = srv.NewClient(nil, mqtt.LocalListener, "mqkv-statestore", true)

@@ -31,6 +31,9 @@ const (
 // read, so at most one override per client is pending.
 type subscriptionLimits struct {
 	max, maxLength, maxLevels int
+	// allowed says whether the client may subscribe to a filter: one the
+	// policy refuses (mochi answers it 0x87) takes no place in the count.
+	allowed func(cl *mqtt.Client, filter string) bool
 
 	mu      sync.Mutex
 	pending map[*mqtt.Client]override
@@ -64,6 +67,9 @@ func (l *subscriptionLimits) read(cl *mqtt.Client, pk packets.Packet) packets.Pa
 		default:
 			if _, again := cl.State.Subscriptions.Get(f.Filter); again {
 				continue // replacing a subscription adds none
+			}
+			if l.allowed != nil && !l.allowed(cl, f.Filter) {
+				continue // refused by mochi: subscribes nothing
 			}
 			if held >= l.max {
 				code, reason = packets.ErrQuotaExceeded.Code, fmt.Sprintf("more than %d subscriptions", l.max)

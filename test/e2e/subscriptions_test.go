@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -111,6 +113,27 @@ func TestSubscriptionLimits(t *testing.T) {
 	back := dialRaw(t, s, "many", rawOpts{sessionExpiry: 3600, noSubscribe: true})
 	if code := back.subscribe("a/new", 1); code != 0x97 {
 		t.Fatalf("after restart the session holds fewer than 10 filters: %#x", code)
+	}
+}
+
+// TestRefusedFiltersTakeNoQuota: a filter the policy refuses (SUBACK
+// 0x87) does not count toward --max-subscriptions, also within the same
+// SUBSCRIBE as granted ones.
+func TestRefusedFiltersTakeNoQuota(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte(`rules:
+  - principals: {clientIds: ["*"]}
+    brokerResources:
+      - {method: Connect}
+      - {method: Subscribe, topics: ["ok/#"]}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxSubscriptions: 3}), func(c *server.Config) { c.PolicyFile = pol })
+	c := dialRaw(t, s, "quota", rawOpts{cleanStart: true, noSubscribe: true})
+	codes := c.subscribeMany([]string{"no/1", "ok/1", "no/2", "ok/2", "no/3", "ok/3", "ok/4"})
+	if want := []byte{0x87, 1, 0x87, 1, 0x87, 1, 0x97}; string(codes) != string(want) {
+		t.Fatalf("SUBACK reasons %x, want %x", codes, want)
 	}
 }
 
