@@ -15,11 +15,11 @@ func FuzzOpen(f *testing.F) {
 	var b []byte
 	b = appendEntry(b, 1, &raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: []byte("hello")})
 	b = appendStable(b, 1, []byte("CurrentTerm"), []byte{1, 0, 0, 0, 0, 0, 0, 0})
-	f.Add(appendCommit(b, int64(headerSize+len(b)), 1))
+	f.Add(appendCommit(b, int64(headerSize+len(b)), 1, int64(headerSize)))
 	b = appendEntry(b, 2, &raft.Log{Index: 9, Term: 2, Type: raft.LogCommand, Extensions: []byte("x"), Data: []byte("y")})
 	b = appendDelete(b, 1, 1, 1)
 	b = appendDrop(b, 7)
-	f.Add(appendCommit(b, int64(headerSize+len(b)), 1))
+	f.Add(appendCommit(b, int64(headerSize+len(b)), 1, int64(headerSize)))
 	f.Add(b)
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {

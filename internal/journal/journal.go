@@ -247,7 +247,7 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 			err = errBadRecord
 		}
 		if err != nil {
-			if newest && !commitAfter(data, off, seq) {
+			if newest && !laterBatch(data, off, seq) {
 				return j.cut(s, committed)
 			}
 			return &DamagedError{Path: path, Off: off, Err: err}
@@ -272,19 +272,22 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 	return nil
 }
 
-// commitAfter reports whether a valid commit record of segment seq starts
-// anywhere after off: then the bad record at off was acknowledged once
-// and is damage, not a torn tail.
-func commitAfter(data []byte, off int64, seq uint64) bool {
-	for p := off + 1; p+recHeader+16 <= int64(len(data)); p++ {
-		if data[p+8] != kindCommit || recordLen(data[p:]) != recHeader+16 {
+// laterBatch reports whether a valid commit record of segment seq after
+// off ends a batch that began after off: that batch was written only once
+// the one holding off had been synced and acknowledged, so the bad record
+// at off is damage, not a torn write. (A torn final batch may still show
+// its own commit record, if the disk kept a later sector and lost an
+// earlier one: that commit's batch begins at or before off.)
+func laterBatch(data []byte, off int64, seq uint64) bool {
+	for p := off + 1; p+commitSize <= int64(len(data)); p++ {
+		if data[p+8] != kindCommit || recordLen(data[p:]) != commitSize {
 			continue
 		}
-		kind, body, err := checkRecord(data[p : p+recHeader+16])
+		kind, body, err := checkRecord(data[p : p+commitSize])
 		if err != nil {
 			continue
 		}
-		if r, err := decode(kind, body); err == nil && r.off == p && r.seg == seq {
+		if r, err := decode(kind, body); err == nil && r.off == p && r.seg == seq && r.batch > off {
 			return true
 		}
 	}
@@ -470,7 +473,7 @@ func (j *Journal) write(ops []*op) error {
 		b = append(b, o.recs...)
 	}
 	j.mu.RUnlock()
-	b = appendCommit(b, base+int64(len(b)), s.seq)
+	b = appendCommit(b, base+int64(len(b)), s.seq, base)
 	j.keep(b)
 	if _, err := s.f.WriteAt(b, base); err != nil {
 		return fmt.Errorf("journal: write: %w", err)
@@ -614,7 +617,7 @@ func (j *Journal) rotate() error {
 		}
 	}
 	j.mu.RUnlock()
-	b = appendCommit(b, int64(len(b)), seq)
+	b = appendCommit(b, int64(len(b)), seq, int64(headerSize))
 	if _, err := f.Write(b); err == nil {
 		err = f.Sync()
 	}
@@ -696,7 +699,7 @@ func (j *Journal) copyForward(old *segment) error {
 		}
 		newLocs[k] = loc{s, base + int64(start), m.loc.n}
 	}
-	b = appendCommit(b, base+int64(len(b)), s.seq)
+	b = appendCommit(b, base+int64(len(b)), s.seq, base)
 	j.keep(b)
 	if _, err := s.f.WriteAt(b, base); err != nil {
 		return fmt.Errorf("journal: write: %w", err)

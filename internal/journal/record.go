@@ -16,10 +16,10 @@ import (
 //	record: body length u32 | crc32c(kind | body) u32 | kind u8 | body
 //
 // All integers are little-endian. Every write batch ends with a commit
-// record naming its own offset and segment, and a batch counts only once
-// its commit record is read back: what follows the last commit of the
-// newest segment was never acknowledged (the fsync did not return) and is
-// cut off at open. Record kinds are append-only: a kind, once released,
+// record naming its own offset, its segment and where its batch began, and
+// a batch counts only once its commit record is read back: what follows
+// the last commit of the newest segment was never acknowledged (the fsync
+// did not return) and is cut off at open. Record kinds are append-only: a kind, once released,
 // keeps its number and its body for good.
 const (
 	magic      = "MQKVJRNL"
@@ -31,7 +31,7 @@ const (
 	kindDelete = 2 // group u32 | min u64 | max u64: entries min..max (inclusive) are gone
 	kindStable = 3 // group u32 | key len u16 | key | value: raft's stable store
 	kindDrop   = 4 // group u32: the group's entries and stable values are gone
-	kindCommit = 5 // offset u64 | segment u64: the batch before this record is durable
+	kindCommit = 5 // offset u64 | segment u64 | batch start u64: the batch from start to this record is durable
 )
 
 // maxRecord bounds one record's body: a raft entry carries at most a few
@@ -113,10 +113,14 @@ func appendDrop(b []byte, g uint32) []byte {
 	return endRecord(b, start)
 }
 
-func appendCommit(b []byte, off int64, seg uint64) []byte {
+// commitSize is a commit record's length.
+const commitSize = recHeader + 24
+
+func appendCommit(b []byte, off int64, seg uint64, batch int64) []byte {
 	b, start := beginRecord(b, kindCommit)
 	b = binary.LittleEndian.AppendUint64(b, uint64(off))
 	b = binary.LittleEndian.AppendUint64(b, seg)
+	b = binary.LittleEndian.AppendUint64(b, uint64(batch))
 	return endRecord(b, start)
 }
 
@@ -145,6 +149,7 @@ type record struct {
 	log      raft.Log
 	off      int64 // commit: the offset it names
 	seg      uint64
+	batch    int64 // commit: where its batch began
 }
 
 // decode parses a verified record's body.
@@ -195,10 +200,10 @@ func decode(kind byte, body []byte) (record, error) {
 		}
 		r.group = le.Uint32(body)
 	case kindCommit:
-		if len(body) != 16 {
+		if len(body) != 24 {
 			return r, errBadRecord
 		}
-		r.off, r.seg = int64(le.Uint64(body)), le.Uint64(body[8:])
+		r.off, r.seg, r.batch = int64(le.Uint64(body)), le.Uint64(body[8:]), int64(le.Uint64(body[16:]))
 	default:
 		return r, fmt.Errorf("journal: unknown record kind %d (written by a newer release?)", kind)
 	}
