@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -92,5 +93,48 @@ func toOldLayout(t *testing.T, dir string) {
 	j.Close()
 	if err := os.RemoveAll(jdir); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A crash in the middle of moving a group's old log into the journal
+// leaves part of it there; the next start moves it again, whole, and only
+// then lets the old log go.
+func TestInterruptedMoveIsRedone(t *testing.T) {
+	dir := t.TempDir()
+	gdir := filepath.Join(dir, "meta")
+	wdir := filepath.Join(gdir, "wal")
+	os.MkdirAll(wdir, 0o700)
+	w, err := raftwal.Open(wdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetUint64([]byte("CurrentTerm"), 5)
+	for i := uint64(1); i <= 10; i++ {
+		w.StoreLog(&raft.Log{Index: i, Term: 5, Type: raft.LogNoop})
+	}
+	w.Close()
+
+	j, err := journal.Open(filepath.Join(dir, "journal"), journal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	// copyLog's first durable step, then the process died.
+	if err := j.Group(metaGroup).SetUint64([]byte("CurrentTerm"), 5); err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{journal: j, log: slog.Default()}
+	l, err := n.groupLog(metaGroup, gdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last, _ := l.LastIndex(); last != 10 {
+		t.Fatalf("after restart: last index %d, want 10", last)
+	}
+	if v, _ := l.GetUint64([]byte("CurrentTerm")); v != 5 {
+		t.Fatalf("CurrentTerm %d", v)
+	}
+	if _, err := os.Stat(wdir); !os.IsNotExist(err) {
+		t.Fatalf("the old log is still there: %v", err)
 	}
 }

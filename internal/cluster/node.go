@@ -299,9 +299,14 @@ func (n *Node) groupLog(id uint32, dir string) (replica.LogStore, error) {
 	}
 	l := n.journal.Group(id)
 	wal := filepath.Join(dir, "wal")
+	if err := os.RemoveAll(wal + replica.ImportedSuffix); err != nil { // a move a crash ended after the copy
+		return nil, err
+	}
 	if _, err := os.Stat(wal); err == nil {
-		if n.journal.Has(id) { // moved in before a crash; the copy is left
-			return l, os.RemoveAll(wal)
+		if n.journal.Has(id) { // a move a crash cut short: start it over
+			if err := n.journal.Drop(id); err != nil {
+				return nil, err
+			}
 		}
 		if err := replica.ImportWAL(wal, l, id != metaGroup); err != nil {
 			return nil, err
@@ -401,7 +406,10 @@ func (n *Node) dropGroup(g int) {
 	// is found again if the group comes back, a log without it is not.
 	if n.journal != nil {
 		if err := n.journal.Drop(uint32(g)); err != nil {
+			// Its snapshots stay with it: a log without them could not
+			// be opened if the group comes back.
 			n.log.Warn("could not drop a removed replica's log", "group", g, "err", err)
+			return
 		}
 	}
 	if dir := n.groupDir(g); dir != "" {

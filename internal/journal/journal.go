@@ -122,6 +122,9 @@ func Open(dir string, opts Options) (*Journal, error) {
 			j.closeFiles()
 			return nil, err
 		}
+	} else if err := j.collect(); err != nil { // what a failed rotation left
+		j.closeFiles()
+		return nil, err
 	}
 	go j.writer()
 	return j, nil
@@ -158,6 +161,12 @@ func (j *Journal) recover() error {
 		}
 	}
 	sort.Slice(seqs, func(a, b int) bool { return seqs[a] < seqs[b] })
+	// Segments go oldest first only: the ones left are consecutive.
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			return &DamagedError{Path: filepath.Join(j.dir, segName(seqs[i-1]+1)), Err: errors.New("segment missing")}
+		}
+	}
 	idx := map[uint32]map[uint64]loc{}
 	for i, seq := range seqs {
 		last := i == len(seqs)-1
@@ -211,7 +220,7 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 	s := &segment{seq: seq, f: f, size: int64(len(data))}
 	j.segs = append(j.segs, s)
 	if got, err := checkHeader(data); err != nil || got != seq {
-		if newest && (len(j.segs) > 1 || len(data) < headerSize) {
+		if newest && (len(data) < headerSize || allZero(data[:headerSize])) && !laterBatch(data, 0, seq) {
 			// A crash while the next segment was begun: nothing in it was
 			// acknowledged.
 			return j.cut(s, 0)
@@ -270,6 +279,15 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 		return &DamagedError{Path: path, Off: committed, Err: errors.New("records after the last commit")}
 	}
 	return nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // laterBatch reports whether a valid commit record of segment seq after
@@ -423,6 +441,13 @@ func (j *Journal) writer() {
 			close(o.done)
 		}
 		clear(ops)
+		// The batch is acknowledged first: a failure to begin the next
+		// segment fails what comes after it, not what is durable.
+		if err == nil && j.segs[len(j.segs)-1].size >= j.opts.SegmentSize {
+			if err := j.rotate(); err != nil {
+				j.fail(err)
+			}
+		}
 		select { // more may have come while this batch was written
 		case j.wake <- struct{}{}:
 		default:
@@ -464,9 +489,11 @@ func (j *Journal) write(ops []*op) error {
 			}
 			projs[o.g] = p
 		}
-		if o.err = p.check(o); o.err != nil {
-			continue
+		next := *p
+		if o.err = next.check(o); o.err != nil {
+			continue // the bounds stay as the ops before left them
 		}
+		*p = next
 		for i := range o.rel {
 			o.rel[i] += base + int64(len(b))
 		}
@@ -489,9 +516,6 @@ func (j *Journal) write(ops []*op) error {
 		}
 	}
 	j.mu.Unlock()
-	if s.size >= j.opts.SegmentSize {
-		return j.rotate()
-	}
 	return nil
 }
 
@@ -509,6 +533,9 @@ func (p *proj) check(o *op) error {
 	switch o.kind {
 	case kindEntry:
 		for _, l := range o.logs {
+			if l.Index == 0 {
+				return errors.New("journal: log index 0")
+			}
 			if p.last != 0 && l.Index != p.last+1 {
 				return fmt.Errorf("journal: non-monotonic log entries: tried to append index %d after %d", l.Index, p.last)
 			}
@@ -635,10 +662,20 @@ func (j *Journal) rotate() error {
 	return j.collect()
 }
 
-// collect removes unneeded old segments, oldest first. When more than two
-// remain and the oldest is pinned by entries making up under a quarter of
-// it, those entries are copied into the newest segment first.
+// collect removes unneeded old segments, oldest first (the directory is
+// synced after, so that no later segment's removal outlives an earlier
+// one's). When more than two remain and the oldest is pinned, its live
+// entries are copied into the newest segment first if they are under a
+// quarter of it, or if the dead bytes held back behind it exceed them by a
+// segment: a quiet group's few big entries must not keep the journal
+// growing.
 func (j *Journal) collect() error {
+	removed := false
+	defer func() {
+		if removed {
+			syncDir(j.dir)
+		}
+	}()
 	for {
 		j.mu.Lock()
 		if len(j.segs) < 2 {
@@ -653,10 +690,18 @@ func (j *Journal) collect() error {
 			if err := os.Remove(filepath.Join(j.dir, segName(old.seq))); err != nil {
 				return fmt.Errorf("journal: %w", err)
 			}
+			removed = true
 			continue
 		}
+		var size, live int64
+		for _, s := range j.segs {
+			size += s.size
+			live += s.liveBytes
+		}
 		j.mu.Unlock()
-		if len(j.segs) <= 2 || old.liveBytes*4 > old.size {
+		few := old.liveBytes*4 <= old.size
+		heldBack := size-live >= old.liveBytes+j.opts.SegmentSize
+		if len(j.segs) <= 2 || !few && !heldBack {
 			return nil
 		}
 		if err := j.copyForward(old); err != nil {

@@ -397,8 +397,10 @@ var raftStableKeys = []string{"CurrentTerm", "LastVoteTerm", "LastVoteCand"}
 
 // ImportWAL copies the log and stable values of a group's own log in
 // walDir (as releases before the shared journal kept it) into dst, which
-// must be empty, and removes walDir once dst holds them. batches says the
-// entries are batches of store commands, checked on the way.
+// must be empty, then renames walDir to walDir+ImportedSuffix (durably)
+// and removes it. A walDir still there after a crash means the copy may
+// be partial: empty dst and import again. batches says the entries are
+// batches of store commands, checked on the way.
 func ImportWAL(walDir string, dst LogStore, batches bool) error {
 	w, err := openWAL(walDir, batches)
 	if err != nil {
@@ -411,8 +413,22 @@ func ImportWAL(walDir string, dst LogStore, batches bool) error {
 	if err != nil {
 		return fmt.Errorf("replica: import %s: %w", walDir, err)
 	}
-	return os.RemoveAll(walDir)
+	if err := os.Rename(walDir, walDir+ImportedSuffix); err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(walDir)); err == nil {
+		err = d.Sync()
+		d.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return os.RemoveAll(walDir + ImportedSuffix)
 }
+
+// ImportedSuffix marks a log ImportWAL has copied in full.
+const ImportedSuffix = ".imported"
+
 
 func copyLog(src, dst LogStore) error {
 	for _, k := range raftStableKeys {
