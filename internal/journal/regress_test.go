@@ -59,7 +59,7 @@ func TestTornLastBatchLosingAnEarlierPageIsCut(t *testing.T) {
 	path := lastSegment(t, dir)
 	data, _ := os.ReadFile(path)
 	i := bytes.Index(data, big)
-	start := i - recHeader - 33 // the batch's first record
+	start := i - recHeader - 33                          // the batch's first record
 	copy(data[start:i+4096], make([]byte, i+4096-start)) // a page of the unacknowledged batch never landed
 	os.WriteFile(path, data, 0o600)
 	j, err := Open(dir, Options{})

@@ -429,7 +429,6 @@ func ImportWAL(walDir string, dst LogStore, batches bool) error {
 // ImportedSuffix marks a log ImportWAL has copied in full.
 const ImportedSuffix = ".imported"
 
-
 func copyLog(src, dst LogStore) error {
 	for _, k := range raftStableKeys {
 		v, err := src.Get([]byte(k))
