@@ -69,7 +69,8 @@ type Journal struct {
 type segment struct {
 	seq       uint64
 	f         *os.File
-	size      int64
+	size      int64 // where its records end
+	filled    int64 // the file's length: zeros from size on, written ahead
 	live      int   // live entries
 	liveBytes int64 // their record bytes
 }
@@ -217,7 +218,7 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 	if err != nil {
 		return err
 	}
-	s := &segment{seq: seq, f: f, size: int64(len(data))}
+	s := &segment{seq: seq, f: f, size: int64(len(data)), filled: int64(len(data))}
 	j.segs = append(j.segs, s)
 	if got, err := checkHeader(data); err != nil || got != seq {
 		if newest && (len(data) < headerSize || allZero(data[:headerSize])) && !laterBatch(data, 0, seq) {
@@ -256,6 +257,10 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 			err = errBadRecord
 		}
 		if err != nil {
+			if off == committed && allZero(data[off:]) {
+				s.size = committed // the zeros written ahead of the records
+				return nil
+			}
 			if newest && !laterBatch(data, off, seq) {
 				return j.cut(s, committed)
 			}
@@ -325,7 +330,7 @@ func (j *Journal) cut(s *segment, size int64) error {
 	if err := s.f.Truncate(size); err != nil {
 		return err
 	}
-	s.size = size
+	s.size, s.filled = size, size
 	return s.f.Sync()
 }
 
@@ -502,6 +507,9 @@ func (j *Journal) write(ops []*op) error {
 	j.mu.RUnlock()
 	b = appendCommit(b, base+int64(len(b)), s.seq, base)
 	j.keep(b)
+	if err := s.reserve(int64(len(b))); err != nil {
+		return err
+	}
 	if _, err := s.f.WriteAt(b, base); err != nil {
 		return fmt.Errorf("journal: write: %w", err)
 	}
@@ -516,6 +524,28 @@ func (j *Journal) write(ops []*op) error {
 		}
 	}
 	j.mu.Unlock()
+	return nil
+}
+
+// ahead is how far a segment's file is filled with zeros beyond its last
+// record. An fdatasync after an append that grows the file must also commit
+// the new length through the file system's journal; one after writing over
+// zeros already there need not: on the development machine's ext4 a write
+// and fdatasync took 111–131 µs instead of 192–197 µs, with 48–51 µs of
+// system CPU instead of 62–67.
+const ahead = 1 << 20
+
+var zeros = make([]byte, ahead)
+
+// reserve fills s with zeros far enough to take n more bytes of records.
+// The zeros become durable with the next fdatasync.
+func (s *segment) reserve(n int64) error {
+	for s.size+n > s.filled {
+		if _, err := s.f.WriteAt(zeros, s.filled); err != nil {
+			return fmt.Errorf("journal: write: %w", err)
+		}
+		s.filled += ahead
+	}
 	return nil
 }
 
@@ -657,7 +687,15 @@ func (j *Journal) rotate() error {
 		return fmt.Errorf("journal: begin segment: %w", err)
 	}
 	j.mu.Lock()
-	j.segs = append(j.segs, &segment{seq: seq, f: f, size: int64(len(b))})
+	if n := len(j.segs); n > 0 {
+		// The zeros ahead of a finished segment's records are not
+		// needed; if a crash undoes this, they are read as its end.
+		prev := j.segs[n-1]
+		if prev.f.Truncate(prev.size) == nil {
+			prev.filled = prev.size
+		}
+	}
+	j.segs = append(j.segs, &segment{seq: seq, f: f, size: int64(len(b)), filled: int64(len(b))})
 	j.mu.Unlock()
 	return j.collect()
 }
@@ -746,6 +784,9 @@ func (j *Journal) copyForward(old *segment) error {
 	}
 	b = appendCommit(b, base+int64(len(b)), s.seq, base)
 	j.keep(b)
+	if err := s.reserve(int64(len(b))); err != nil {
+		return err
+	}
 	if _, err := s.f.WriteAt(b, base); err != nil {
 		return fmt.Errorf("journal: write: %w", err)
 	}

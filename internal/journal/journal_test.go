@@ -151,7 +151,7 @@ func TestConcurrentGroupsShareWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for off := int64(headerSize); off < int64(len(data)); off += recordLen(data[off:]) {
+	for off := int64(headerSize); off < dataEnd(data); off += recordLen(data[off:]) {
 		if data[off+8] == kindCommit {
 			commits++
 		}
@@ -213,6 +213,16 @@ func TestSegmentsAreCollected(t *testing.T) {
 	}
 }
 
+// dataEnd is where a segment's records end and the zeros written ahead
+// of them begin.
+func dataEnd(data []byte) int64 {
+	off := int64(headerSize)
+	for off+recHeader <= int64(len(data)) && data[off+8] != 0 {
+		off += recordLen(data[off:])
+	}
+	return off
+}
+
 func lastSegment(t *testing.T, dir string) string {
 	t.Helper()
 	s := segments(t, dir)
@@ -224,19 +234,20 @@ func lastSegment(t *testing.T, dir string) string {
 func TestTornTailIsCut(t *testing.T) {
 	for _, tear := range []struct {
 		name string
-		do   func(path string, size int64) error
+		do   func(path string, end int64) error
 	}{
-		{"half a record", func(path string, size int64) error { return os.Truncate(path, size-7) }},
-		{"garbage after", func(path string, size int64) error {
-			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+		{"half a record", func(path string, end int64) error { return os.Truncate(path, end-7) }},
+		{"garbage after", func(path string, end int64) error {
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
-			_, err = f.Write(bytes.Repeat([]byte{0xa5}, 100))
+			_, err = f.WriteAt(bytes.Repeat([]byte{0xa5}, 100), end)
 			return err
 		}},
-		{"zeros after", func(path string, size int64) error { return os.Truncate(path, size+4096) }},
+		{"fewer zeros after", func(path string, end int64) error { return os.Truncate(path, end+4096) }},
+		{"no zeros after", func(path string, end int64) error { return os.Truncate(path, end) }},
 	} {
 		t.Run(tear.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -246,8 +257,8 @@ func TestTornTailIsCut(t *testing.T) {
 			store(t, l, 6, 6)
 			j.Close()
 			path := lastSegment(t, dir)
-			st, _ := os.Stat(path)
-			if err := tear.do(path, st.Size()); err != nil {
+			data, _ := os.ReadFile(path)
+			if err := tear.do(path, dataEnd(data)); err != nil {
 				t.Fatal(err)
 			}
 			j = open(t, dir, Options{})
@@ -336,5 +347,39 @@ func TestWriteFailureStopsTheJournal(t *testing.T) {
 	}
 	if err := j.Group(2).SetUint64([]byte("k"), 1); err == nil {
 		t.Fatal("the journal took a write after a failure")
+	}
+}
+
+// A finished segment may keep the zeros written ahead of its records (a
+// crash can undo their removal): they read as its end, not as damage; a
+// damaged record before them still is.
+func TestZerosAfterAnOldSegment(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{SegmentSize: 4096}
+	j := open(t, dir, opts)
+	l := j.Group(1)
+	var n uint64
+	for len(segments(t, dir)) < 3 {
+		n++
+		store(t, l, n, n)
+	}
+	j.Close()
+	first := segments(t, dir)[0]
+	st, _ := os.Stat(first)
+	if err := os.Truncate(first, st.Size()+ahead); err != nil {
+		t.Fatal(err)
+	}
+	j = open(t, dir, opts)
+	expect(t, j.Group(1), 1, n)
+	j.Close()
+
+	data, _ := os.ReadFile(first)
+	data[bytes.Index(data, []byte("g1-2"))] ^= 0x20
+	if err := os.WriteFile(first, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var d *DamagedError
+	if _, err := Open(dir, opts); !errors.As(err, &d) {
+		t.Fatalf("open with a damaged old segment: %v", err)
 	}
 }
