@@ -505,19 +505,12 @@ func (j *Journal) write(ops []*op) error {
 		b = append(b, o.recs...)
 	}
 	j.mu.RUnlock()
-	b = appendCommit(b, base+int64(len(b)), s.seq, base)
-	j.keep(b)
-	if err := s.reserve(int64(len(b))); err != nil {
+	end, err := j.flush(s, b, base)
+	if err != nil {
 		return err
 	}
-	if _, err := s.f.WriteAt(b, base); err != nil {
-		return fmt.Errorf("journal: write: %w", err)
-	}
-	if err := fdatasync(s.f); err != nil {
-		return fmt.Errorf("journal: fsync: %w", err)
-	}
 	j.mu.Lock()
-	s.size = base + int64(len(b))
+	s.size = end
 	for _, o := range ops {
 		if o.err == nil {
 			j.applyOp(s, o)
@@ -525,6 +518,24 @@ func (j *Journal) write(ops []*op) error {
 	}
 	j.mu.Unlock()
 	return nil
+}
+
+// flush ends the batch b, to be written at base in s, with its commit
+// record, writes it and fsyncs it: once it returns, the batch is durable
+// and s's records end at end.
+func (j *Journal) flush(s *segment, b []byte, base int64) (end int64, err error) {
+	b = appendCommit(b, base+int64(len(b)), s.seq, base)
+	j.keep(b)
+	if err := s.reserve(int64(len(b))); err != nil {
+		return 0, err
+	}
+	if _, err := s.f.WriteAt(b, base); err != nil {
+		return 0, fmt.Errorf("journal: write: %w", err)
+	}
+	if err := fdatasync(s.f); err != nil {
+		return 0, fmt.Errorf("journal: fsync: %w", err)
+	}
+	return base + int64(len(b)), nil
 }
 
 // ahead is how far a segment's file is filled with zeros beyond its last
@@ -782,19 +793,12 @@ func (j *Journal) copyForward(old *segment) error {
 		}
 		newLocs[k] = loc{s, base + int64(start), m.loc.n}
 	}
-	b = appendCommit(b, base+int64(len(b)), s.seq, base)
-	j.keep(b)
-	if err := s.reserve(int64(len(b))); err != nil {
+	end, err := j.flush(s, b, base)
+	if err != nil {
 		return err
 	}
-	if _, err := s.f.WriteAt(b, base); err != nil {
-		return fmt.Errorf("journal: write: %w", err)
-	}
-	if err := fdatasync(s.f); err != nil {
-		return fmt.Errorf("journal: fsync: %w", err)
-	}
 	j.mu.Lock()
-	s.size = base + int64(len(b))
+	s.size = end
 	for k, m := range moves {
 		m.g.locs[m.i] = newLocs[k]
 		old.live--
