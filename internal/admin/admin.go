@@ -25,6 +25,7 @@ import (
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
@@ -48,6 +49,9 @@ type Keyspace interface {
 	Stats() replica.Stats
 	// GroupStats are the figures of each replica held here, by group.
 	GroupStats() map[int]replica.Stats
+	// JournalStats are the figures of the log a cluster node's groups
+	// share; false without one.
+	JournalStats() (journal.Stats, bool)
 	// Copy is a copy of the store for backups: at one point on a node on
 	// its own, each group at its own point in a cluster.
 	Copy() (*store.Store, error)

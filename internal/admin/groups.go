@@ -6,6 +6,34 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// journalMetrics exports the figures of the log a cluster node's groups
+// share: how big it is, how much of it is still needed, how often it syncs.
+type journalMetrics struct{ data Keyspace }
+
+var (
+	journalSegments = prometheus.NewDesc("mqkv_journal_segments", "Segment files of the node's journal (a cluster node).", nil, nil)
+	journalBytes    = prometheus.NewDesc("mqkv_journal_bytes", "Bytes of records in the node's journal.", nil, nil)
+	journalLive     = prometheus.NewDesc("mqkv_journal_live_bytes", "Bytes of the journal's entries some group still needs (the rest goes as segments are collected).", nil, nil)
+	journalSyncs    = prometheus.NewDesc("mqkv_journal_syncs_total", "fdatasyncs of the node's journal since start: each makes one batch of appends, from any groups, durable.", nil, nil)
+)
+
+func (m journalMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{journalSegments, journalBytes, journalLive, journalSyncs} {
+		ch <- d
+	}
+}
+
+func (m journalMetrics) Collect(ch chan<- prometheus.Metric) {
+	st, ok := m.data.JournalStats()
+	if !ok {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(journalSegments, prometheus.GaugeValue, float64(st.Segments))
+	ch <- prometheus.MustNewConstMetric(journalBytes, prometheus.GaugeValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(journalLive, prometheus.GaugeValue, float64(st.LiveBytes))
+	ch <- prometheus.MustNewConstMetric(journalSyncs, prometheus.CounterValue, float64(st.Syncs))
+}
+
 // groupMetrics exports the figures of each replica the node holds, labelled
 // by group: in a cluster, where leaders change and replicas move.
 type groupMetrics struct{ data Keyspace }

@@ -112,7 +112,7 @@ func (m *Metrics) bind(n *Node) {
 	counter := func(name, help string, f func() float64) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
-	m.reg.MustRegister(groupMetrics{n.Data})
+	m.reg.MustRegister(groupMetrics{n.Data}, journalMetrics{n.Data})
 	gauge("mqkv_keys", "Keys in the store.", func() float64 { return float64(n.Data.Stats().Keys) })
 	gauge("mqkv_bytes", "Key and value bytes in the store.", func() float64 { return float64(n.Data.Stats().Bytes) })
 	counter("mqkv_expired_total", "Keys removed because their TTL ran out.", func() float64 { return float64(n.Data.Stats().Expired) })

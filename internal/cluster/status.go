@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -210,4 +211,13 @@ func (n *Node) GroupStats() map[int]replica.Stats {
 		out[g] = r.Stats()
 	}
 	return out
+}
+
+// JournalStats are the figures of the node's journal; false on a node
+// without one (on its own, or in memory).
+func (n *Node) JournalStats() (journal.Stats, bool) {
+	if n.journal == nil {
+		return journal.Stats{}, false
+	}
+	return n.journal.Stats(), true
 }

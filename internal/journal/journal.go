@@ -26,6 +26,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 )
@@ -63,7 +64,28 @@ type Journal struct {
 	done   chan struct{}
 	closed bool
 
-	buf []byte // the writer's batch
+	buf   []byte        // the writer's batch
+	syncs atomic.Uint64 // batches made durable
+}
+
+// Stats are a journal's figures for metrics.
+type Stats struct {
+	Segments  int
+	Bytes     int64  // records in all segments
+	LiveBytes int64  // of them, entries some group still needs
+	Syncs     uint64 // fdatasyncs since open
+}
+
+// Stats reports the journal's figures.
+func (j *Journal) Stats() Stats {
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	st := Stats{Segments: len(j.segs), Syncs: j.syncs.Load()}
+	for _, s := range j.segs {
+		st.Bytes += s.size
+		st.LiveBytes += s.liveBytes
+	}
+	return st
 }
 
 type segment struct {
@@ -535,6 +557,7 @@ func (j *Journal) flush(s *segment, b []byte, base int64) (end int64, err error)
 	if err := fdatasync(s.f); err != nil {
 		return 0, fmt.Errorf("journal: fsync: %w", err)
 	}
+	j.syncs.Add(1)
 	return base + int64(len(b)), nil
 }
 

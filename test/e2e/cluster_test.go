@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -546,10 +547,15 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 		t.Fatalf("mqkv top, piped:\n%q", o)
 	}
 	_, body := httpGet(t, admin+"/metrics")
-	for _, want := range []string{`mqkv_group_leader{group="0"}`, `mqkv_group_leader_changes_total{group="3"}`, `mqkv_group_apply_lag{group="1"}`, `mqkv_group_voters{group="2"} 3`} {
+	for _, want := range []string{`mqkv_group_leader{group="0"}`, `mqkv_group_leader_changes_total{group="3"}`, `mqkv_group_apply_lag{group="1"}`, `mqkv_group_voters{group="2"} 3`,
+		"mqkv_journal_segments 1", "mqkv_journal_bytes ", "mqkv_journal_live_bytes "} {
 		if !strings.Contains(string(body), want) {
 			t.Fatalf("metrics lack %s", want)
 		}
+	}
+	// The groups' appends reached the journal: it synced.
+	if m := regexp.MustCompile(`(?m)^mqkv_journal_syncs_total (\d+)$`).FindSubmatch(body); m == nil || string(m[1]) == "0" {
+		t.Fatalf("mqkv_journal_syncs_total: %q", m)
 	}
 	if _, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "remove", "nobody", "--admin", admin); code != 2 {
 		t.Fatalf("removing an unknown node: exit %d, want 2", code)
