@@ -1,7 +1,6 @@
 package statestore
 
 import (
-	"cmp"
 	"slices"
 	"time"
 
@@ -20,23 +19,19 @@ type HistoryLimits struct {
 // DefaultHistory is what an unconfigured node keeps.
 var DefaultHistory = HistoryLimits{PerPartition: 64, MaxAge: 10 * time.Minute, MaxBytes: 64 << 20}
 
-// change is one remembered event, with when it was applied and its place
-// in the order changes reached this node.
+// change is one remembered event, with when it was applied.
 type change struct {
 	store.Event
-	at  time.Time
-	seq uint64
+	at time.Time
 }
 
 func (c *change) size() int64 { return int64(len(c.Key) + len(c.Value)) }
 
 // partitionLog is the history of one partition, oldest first. floor is the
-// greatest version it has forgotten: it can replay everything after floor;
-// floorSeq is the same in arrival order.
+// greatest version it has forgotten: it can replay everything after floor.
 type partitionLog struct {
-	changes  []change
-	floor    hlc.Timestamp
-	floorSeq uint64
+	changes []change
+	floor   hlc.Timestamp
 }
 
 // maxReplay bounds the changes one KEYNOTIFY ... SINCE replays (while
@@ -49,24 +44,12 @@ const maxReplay = 10_000
 // the node's clock, and a SINCE from before then is answered "truncated".
 // Until start is called, every SINCE is truncated. The service's dispatch
 // lock guards it: changes are added, and replays read, under that lock.
-//
-// On a node on its own changes arrive in version order. In a cluster each
-// group's changes do (a key's too), but the groups' streams interleave: a
-// change of one group may arrive after a newer one of another. A watcher
-// that saw a prefix of the arrival order and resumes a PATTERN with SINCE
-// the version it saw last is then replayed what arrived after that change
-// (see after), not what is newer than that version, which could skip a
-// change that arrived late.
 type history struct {
 	limits HistoryLimits
 	parts  [store.Partitions]partitionLog
 	bytes  int64
 	sweep  int           // next partition to check for old changes
 	latest hlc.Timestamp // the greatest version added (or start's)
-	seq    uint64        // changes added since the node started
-	// disordered is set once a change arrived after a newer one: a
-	// version then no longer says which changes came before it.
-	disordered bool
 }
 
 func newHistory(limits HistoryLimits) *history {
@@ -82,7 +65,6 @@ func (h *history) start(from hlc.Timestamp) {
 	h.latest = from
 	for i := range h.parts {
 		h.parts[i].floor = from
-		h.parts[i].floorSeq = h.seq
 		h.parts[i].changes = nil
 	}
 	h.bytes = 0
@@ -91,14 +73,9 @@ func (h *history) start(from hlc.Timestamp) {
 // add remembers applied events. Keys and values are not copied: the store
 // never modifies them.
 func (h *history) add(events []store.Event, now time.Time) {
-	first := h.seq + 1
 	for i := range events {
-		h.seq++
-		switch v := events[i].Version; v.Compare(h.latest) {
-		case 1:
+		if v := events[i].Version; v.Compare(h.latest) > 0 {
 			h.latest = v
-		case -1:
-			h.disordered = true
 		}
 	}
 	if h.limits.PerPartition <= 0 {
@@ -106,7 +83,7 @@ func (h *history) add(events []store.Event, now time.Time) {
 	}
 	for i := range events {
 		e := &events[i]
-		c := change{Event: *e, at: now, seq: first + uint64(i)}
+		c := change{Event: *e, at: now}
 		p := &h.parts[store.Partition(e.Key)]
 		p.changes = append(p.changes, c)
 		h.bytes += c.size()
@@ -133,7 +110,6 @@ func (h *history) trim(p *partitionLog, now time.Time, written bool) {
 		if old.Version.Compare(p.floor) > 0 {
 			p.floor = old.Version
 		}
-		p.floorSeq = max(p.floorSeq, old.seq)
 		h.bytes -= old.size()
 		p.changes[0] = change{}
 		p.changes = p.changes[1:]
@@ -181,47 +157,5 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change,
 		}
 	}
 	slices.SortFunc(out, func(a, b change) int { return a.Version.Compare(b.Version) })
-	return out, true
-}
-
-// after returns the changes to keys matching m that arrived after the
-// change whose version is v, in arrival order. ok is false when no such
-// change is remembered, when some change after it was forgotten, or when
-// there are more than maxReplay. While every change has arrived in version
-// order this is since: a v that names no change is answered that way.
-func (h *history) after(m *glob.Matcher, v hlc.Timestamp) ([]change, bool) {
-	if h.limits.PerPartition <= 0 {
-		return nil, false
-	}
-	var at uint64
-	for i := range h.parts {
-		for _, c := range h.parts[i].changes {
-			if c.Version == v {
-				at = max(at, c.seq)
-			}
-		}
-	}
-	if at == 0 {
-		if h.disordered {
-			return nil, false
-		}
-		return h.since(nil, m, v)
-	}
-	var out []change
-	for i := range h.parts {
-		p := &h.parts[i]
-		if p.floorSeq > at {
-			return nil, false
-		}
-		for _, c := range p.changes {
-			if c.seq > at && m.Match(c.Key) {
-				if len(out) == maxReplay {
-					return nil, false
-				}
-				out = append(out, c)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b change) int { return cmp.Compare(a.seq, b.seq) })
 	return out, true
 }

@@ -656,13 +656,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		s.reply(r, resp.OK, hlc.Timestamp{})
 		return
 	}
-	var changes []change
-	var ok bool
-	if pattern {
-		changes, ok = s.history.after(matcher, from)
-	} else {
-		changes, ok = s.history.since(key, nil, from)
-	}
+	changes, ok := s.history.since(key, matcher, from)
 	if !ok {
 		s.dispatch.Unlock()
 		s.fail(r, ErrHistoryTruncated)
