@@ -99,6 +99,22 @@ func takePair(t testing.TB) []*server.Server {
 	return p.nodes
 }
 
+// settleSpare waits until the next test's helper pair has started and
+// settled, so that a test counting goroutines does not count it starting.
+func settleSpare(t testing.TB) {
+	t.Helper()
+	if !clusterMode() || spare == nil {
+		return
+	}
+	p := <-spare
+	spare <- p
+	if p.err == nil {
+		eventuallyWithin(t, 60*time.Second, "the next helper pair to settle", func() bool {
+			return p.nodes[0].Node().Status().Settled(2, true)
+		})
+	}
+}
+
 func startPair() {
 	var p helperPair
 	defer func() { spare <- p }()

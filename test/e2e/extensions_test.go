@@ -212,9 +212,11 @@ func TestPatternNotificationsExactlyOnce(t *testing.T) {
 	w.call("SET", "sensors/site-2/temp", "22")
 	w.call("SET", "unrelated", "x")
 	w.call("DEL", "sensors/site-1/temp")
-	expectNotification(t, obs, "sensors/site-1/temp", notifySet+"$2\r\n21\r\n")
-	expectNotification(t, obs, "sensors/site-2/temp", notifySet+"$2\r\n22\r\n")
-	expectNotification(t, obs, "sensors/site-1/temp", notifyDelete)
+	expectNotifications(t, obs, [][2]string{
+		{"sensors/site-1/temp", notifySet + "$2\r\n21\r\n"},
+		{"sensors/site-2/temp", notifySet + "$2\r\n22\r\n"},
+		{"sensors/site-1/temp", notifyDelete},
+	})
 	expectNoPublish(t, obs, 300*time.Millisecond) // once each, nothing for "unrelated"
 	expectNotification(t, other, "sensors/site-2/temp", notifySet+"$2\r\n22\r\n")
 	expectNoPublish(t, other, 10*time.Millisecond)

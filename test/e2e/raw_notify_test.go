@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,34 @@ import (
 
 const notifySet = "*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n"
 const notifyDelete = "*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
+
+// expectNotifications expects the (key, payload) notifications in order;
+// in a cluster only each key's in order: a change of one group can reach a
+// node after a later change of another (a node on a group's follower sees
+// it once the commit index arrives).
+func expectNotifications(t *testing.T, c *rawClient, want [][2]string) {
+	t.Helper()
+	if !clusterMode() {
+		for _, w := range want {
+			expectNotification(t, c, w[0], w[1])
+		}
+		return
+	}
+	prefix := statestore.NotifyPrefix + "/" + hexUpper(c.id) + "/command/notify/"
+	got, wantBy := map[string][]string{}, map[string][]string{}
+	for _, w := range want {
+		wantBy[hexUpper(w[0])] = append(wantBy[hexUpper(w[0])], w[1])
+		p, ok := c.nextPublish(5 * time.Second)
+		if !ok {
+			t.Fatalf("%d notifications of %d", len(got), len(want))
+		}
+		k := strings.TrimPrefix(p.Topic, prefix)
+		got[k] = append(got[k], string(p.Payload))
+	}
+	if fmt.Sprint(got) != fmt.Sprint(wantBy) {
+		t.Fatalf("notifications by key %q, want %q", got, wantBy)
+	}
+}
 
 // expectNotification waits for one notification and checks its form.
 func expectNotification(t *testing.T, c *rawClient, key, payload string) *paho.Publish {

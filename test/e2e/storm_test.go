@@ -154,6 +154,7 @@ func TestStorm(t *testing.T) {
 	}
 	setup.c.Disconnect(&paho.Disconnect{})
 	time.Sleep(100 * time.Millisecond)
+	settleSpare(t)
 	goroutines, heap := runtime.NumGoroutine(), heapInUse()
 
 	const requests, clients, garbage = 20000, 8, 200
