@@ -143,6 +143,18 @@ func (f *follower) ringOf(g int) *ring {
 	return f.rings[g]
 }
 
+// Following reports whether every applied change already reaches
+// OnEvents: on a node on its own always, in a cluster once Follow
+// returned.
+func (n *Node) Following() bool {
+	if n.link == nil {
+		return true
+	}
+	n.events.mu.Lock()
+	defer n.events.mu.Unlock()
+	return len(n.events.following) > 0
+}
+
 // Follow makes the node follow every group's changes (once it has clients
 // that watch) and returns when it does: every change applied after Follow
 // returns is delivered. A node on its own always does.

@@ -70,6 +70,17 @@ func (h *history) start(from hlc.Timestamp) {
 	h.bytes = 0
 }
 
+// begin declares that every change after version from is in the history
+// from now on, keeping what it already holds.
+func (h *history) begin(from hlc.Timestamp) {
+	if from.Compare(h.latest) > 0 {
+		h.latest = from
+	}
+	for i := range h.parts {
+		h.parts[i].floor = from
+	}
+}
+
 // add remembers applied events. Keys and values are not copied: the store
 // never modifies them.
 func (h *history) add(events []store.Event, now time.Time) {

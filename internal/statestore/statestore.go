@@ -114,9 +114,11 @@ type Request struct {
 }
 
 // follower is a Router whose change events must be asked for: Follow
-// returns once every change applied after it will reach Events.
+// returns once every change applied after it will reach Events; Following
+// says whether they do already.
 type follower interface {
 	Follow(ctx context.Context) error
+	Following() bool
 }
 
 // Transport is what the service needs from the broker.
@@ -172,6 +174,9 @@ type Service struct {
 	// or repeat a change.
 	dispatch  sync.Mutex
 	observing []*observer // reused by Events under dispatch
+	// historyOn is set once the history holds every change after its
+	// start: at once where changes always flow, else at the first Follow.
+	historyOn bool
 
 	// OnReply, if set, is told of every reply (see Reply): the command, its result
 	// (ok, miss, not_applied or error) and how long the request took.
@@ -189,8 +194,14 @@ func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 	}
 	s := &Service{router: router, transport: t, log: log, limits: limits, history: newHistory(limits.History)}
 	s.observers = newRegistry(&s.Counters.RegistrationsActive)
-	// Nothing before this moment is in the history.
-	s.history.start(router.Clock().Now())
+	// Nothing before this moment is in the history. A cluster node sees
+	// changes only once it follows the groups (at the first KEYNOTIFY):
+	// until then every SINCE is answered "truncated", not with a replay
+	// missing what it never saw.
+	if f, ok := router.(follower); !ok || f.Following() {
+		s.history.start(router.Clock().Now())
+		s.historyOn = true
+	}
 	return s
 }
 
@@ -646,6 +657,13 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	// a replay ends exactly where live notifications begin, and a plain
 	// registration delivers everything after the history's latest change.
 	s.dispatch.Lock()
+	if !s.historyOn && !stop {
+		// Following began: what was applied before it returned (on this
+		// node's replicas, so at or below its clock) never reached the
+		// history. What reached it since, it keeps.
+		s.history.begin(s.router.Clock().Now())
+		s.historyOn = true
+	}
 	if !since {
 		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
 		s.dispatch.Unlock()
