@@ -347,7 +347,7 @@ func (j *Journal) cut(s *segment, size int64) error {
 		if err := os.Remove(filepath.Join(j.dir, segName(s.seq))); err != nil {
 			return err
 		}
-		return syncDir(j.dir)
+		return SyncDir(j.dir)
 	}
 	if err := s.f.Truncate(size); err != nil {
 		return err
@@ -713,7 +713,7 @@ func (j *Journal) rotate() error {
 		err = f.Sync()
 	}
 	if err == nil {
-		err = syncDir(j.dir)
+		err = SyncDir(j.dir)
 	}
 	if err != nil {
 		f.Close()
@@ -745,7 +745,7 @@ func (j *Journal) collect() error {
 	removed := false
 	defer func() {
 		if removed {
-			syncDir(j.dir)
+			SyncDir(j.dir)
 		}
 	}()
 	for {

@@ -2,8 +2,8 @@ package journal
 
 import "os"
 
-// syncDir makes a file created or removed in dir durable.
-func syncDir(dir string) error {
+// SyncDir makes a file created, renamed or removed in dir durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -26,6 +26,7 @@ import (
 	waltypes "github.com/hashicorp/raft-wal/types"
 
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -416,12 +417,8 @@ func ImportWAL(walDir string, dst LogStore, batches bool) error {
 	if err := os.Rename(walDir, walDir+ImportedSuffix); err != nil {
 		return err
 	}
-	if d, err := os.Open(filepath.Dir(walDir)); err == nil {
-		err = d.Sync()
-		d.Close()
-		if err != nil {
-			return err
-		}
+	if err := journal.SyncDir(filepath.Dir(walDir)); err != nil {
+		return err
 	}
 	return os.RemoveAll(walDir + ImportedSuffix)
 }

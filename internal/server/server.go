@@ -21,6 +21,7 @@ import (
 	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
@@ -470,10 +471,7 @@ func loadNodeID(dir, want string) (string, error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return "", err
 	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
+	journal.SyncDir(dir)
 	return id, nil
 }
 

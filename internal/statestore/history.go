@@ -42,7 +42,7 @@ const maxReplay = 10_000
 // age and bytes, so a client that reconnects can ask for what it missed.
 // It is not persisted: after a restart it starts empty, with every floor at
 // the node's clock, and a SINCE from before then is answered "truncated".
-// Until start is called, every SINCE is truncated. The service's dispatch
+// Until begin is called, every SINCE is truncated. The service's dispatch
 // lock guards it: changes are added, and replays read, under that lock.
 type history struct {
 	limits HistoryLimits
@@ -60,18 +60,8 @@ func newHistory(limits HistoryLimits) *history {
 	return h
 }
 
-// start declares that every change after version from will be added.
-func (h *history) start(from hlc.Timestamp) {
-	h.latest = from
-	for i := range h.parts {
-		h.parts[i].floor = from
-		h.parts[i].changes = nil
-	}
-	h.bytes = 0
-}
-
 // begin declares that every change after version from is in the history
-// from now on, keeping what it already holds.
+// from now on, keeping what it already holds (at a node's start, nothing).
 func (h *history) begin(from hlc.Timestamp) {
 	if from.Compare(h.latest) > 0 {
 		h.latest = from

@@ -199,7 +199,7 @@ func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 	// until then every SINCE is answered "truncated", not with a replay
 	// missing what it never saw.
 	if f, ok := router.(follower); !ok || f.Following() {
-		s.history.start(router.Clock().Now())
+		s.history.begin(router.Clock().Now())
 		s.historyOn = true
 	}
 	return s
