@@ -53,6 +53,12 @@ password files; SIGINT or SIGTERM stop the server.`,
 				}
 				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
+			// SIGHUP is caught before the pid file exists: one sent as soon
+			// as it does must reload, not end the process (its default
+			// action), which CI once caught. SIGINT and SIGTERM still end
+			// a start that takes long.
+			sig := make(chan os.Signal, 4)
+			signal.Notify(sig, syscall.SIGHUP)
 			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
@@ -66,8 +72,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 				}
 				defer os.Remove(pidFile)
 			}
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 		wait:
 			for {
 				select {
