@@ -305,3 +305,35 @@ func TestDeadNodeIsRemovedAfterTimeout(t *testing.T) {
 		t.Fatalf("write after the removal: %+v %v", res, err)
 	}
 }
+
+// TestStatusIsTheSameFromEveryNode: a node that holds no replica of a
+// group learns its leader only from requests it forwarded; its status
+// must still show the group's real leader and replicas (it showed the
+// group as migrating, without replicas, for as long as its hint was
+// stale).
+func TestStatusIsTheSameFromEveryNode(t *testing.T) {
+	h := newHarness(t, 5, 5)
+	want := h.any().Status().Groups
+	for i, n := range h.nodes {
+		held := 0
+		for _, g := range want {
+			if slices.Contains(g.Replicas, n.cfg.NodeID) {
+				held++
+			}
+		}
+		if held == len(want) {
+			t.Fatalf("n%d holds every group: the test needs a node without some", i+1)
+		}
+		for range 3 { // the rotation through the placement differs each time
+			got := n.Status()
+			if !got.Settled(3, true) {
+				t.Fatalf("n%d (holding %d of %d groups) sees an unsettled cluster: %+v", i+1, held, len(want), got.Groups)
+			}
+			for g := range want {
+				if got.Groups[g].Leader != want[g].Leader || !slices.Equal(got.Groups[g].Replicas, want[g].Replicas) {
+					t.Fatalf("n%d sees group %d as %+v, n1 as %+v", i+1, g, got.Groups[g], want[g])
+				}
+			}
+		}
+	}
+}

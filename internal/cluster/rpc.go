@@ -142,9 +142,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 			}
 			resp.Snapshot = buf.Bytes()
 		case opConfig:
-			for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
-				resp.Servers = append(resp.Servers, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})
-			}
+			resp.Servers = configOf(r)
 		}
 	case opMeta:
 		return n.metaHere(req.Meta)
@@ -311,4 +309,13 @@ func (n *Node) join() error {
 	n.log.Info("joined the cluster", "node", n.cfg.NodeID, "members", len(n.state.Load().Nodes))
 	n.wakeReconciler()
 	return nil
+}
+
+// configOf lists a group's servers as its replica knows them.
+func configOf(r *replica.Group) []server {
+	var out []server
+	for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
+		out = append(out, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})
+	}
+	return out
 }

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
@@ -53,32 +51,44 @@ func (n *Node) Status() Status {
 	}
 	table := st.Placement()
 	leads, holds := map[string]int{}, map[string]int{}
-	for g := 0; g < st.Groups; g++ {
-		gs := GroupStatus{ID: g, Placement: table[g], Partitions: partitionsOf(g, st.Groups)}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		gs.Leader = n.leaderOf(g)
-		var resp callResp
-		if r := n.local(g); r != nil && r.Raft().State() == raft.Leader {
-			for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
-				resp.Servers = append(resp.Servers, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})
+	// Each group's configuration is asked of its leader (following
+	// not-leader answers: a node that holds no replica of a group knows its
+	// leader only from the last request it forwarded), all groups at once.
+	groups := make([]GroupStatus, st.Groups)
+	var wg sync.WaitGroup
+	for g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gs := GroupStatus{ID: g, Placement: table[g], Partitions: partitionsOf(g, st.Groups)}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			var resp callResp
+			if n.onLeader(ctx, g, callReq{Op: opConfig, Group: g}, &resp, func(r *replica.Group) { resp.Servers = configOf(r) }) == nil {
+				gs.Leader = n.leaderOf(g)
 			}
-		} else if gs.Leader != "" {
-			n.call(ctx, gs.Leader, callReq{Op: opConfig, Group: g}, &resp)
-		}
-		cancel()
-		for _, s := range resp.Servers {
-			gs.Replicas = append(gs.Replicas, s.ID)
-			holds[s.ID]++
-			if !s.Voter {
+			for _, s := range resp.Servers {
+				gs.Replicas = append(gs.Replicas, s.ID)
+				if !s.Voter {
+					gs.Migrating = true
+				}
+			}
+			if len(gs.Replicas) != len(table[g]) {
 				gs.Migrating = true
 			}
-		}
-		if len(gs.Replicas) != len(table[g]) {
-			gs.Migrating = true
-		}
-		leads[gs.Leader]++
-		out.Groups = append(out.Groups, gs)
+			groups[g] = gs
+		}()
 	}
+	wg.Wait()
+	for _, gs := range groups {
+		for _, id := range gs.Replicas {
+			holds[id]++
+		}
+		if gs.Leader != "" {
+			leads[gs.Leader]++
+		}
+	}
+	out.Groups = groups
 	for _, m := range st.Nodes {
 		ns := NodeStatus{ID: m.ID, Addr: m.Addr, State: m.State.String(), Leads: leads[m.ID], Replicas: holds[m.ID]}
 		if ns.State == "active" {
