@@ -55,6 +55,10 @@ type Keyspace interface {
 	// Copy is a copy of the store for backups: at one point on a node on
 	// its own, each group at its own point in a cluster.
 	Copy() (*store.Store, error)
+	// Follow makes the node's changes reach Events (a cluster node
+	// follows the groups only once something watches); it returns once
+	// they do.
+	Follow(ctx context.Context) error
 	// Status, Leave and Remove are the cluster's (mqkv cluster).
 	Clustered() bool
 	Status() cluster.Status
@@ -505,6 +509,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.feed.unsubscribe(ch)
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	err := s.node.Data.Follow(ctx)
+	cancel()
+	if err != nil {
+		// Changes flow once the groups have leaders again.
+		s.log.Warn("live view: the node does not follow every group yet", "error", err)
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	send := func(c Change) bool {
