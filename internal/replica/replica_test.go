@@ -168,6 +168,51 @@ func TestManyConcurrentWritersAreBatched(t *testing.T) {
 	}
 }
 
+// TestSubmitKeepsEachCallersOrder: writes one goroutine submits without
+// waiting (as a client's pipelined requests arrive) enter the log in that
+// order, whether Submit proposes them itself (the group idle) or queues
+// them behind others; other writers make both happen.
+func TestSubmitKeepsEachCallersOrder(t *testing.T) {
+	g := open(t, t.TempDir(), nil)
+	defer g.Close()
+	const writers, each = 4, 400
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			versions := make([]hlc.Timestamp, each)
+			var done sync.WaitGroup
+			for i := range each {
+				done.Add(1)
+				g.Submit(Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("k", w)), Value: []byte(fmt.Sprint(i))},
+					Done: func(r store.Result, err error) {
+						if err != nil {
+							t.Error(err)
+						}
+						versions[i] = r.Version
+						done.Done()
+					}})
+				if i%50 == 0 {
+					done.Wait() // let the group go idle now and then
+				}
+			}
+			done.Wait()
+			for i := 1; i < each; i++ {
+				if versions[i].Compare(versions[i-1]) <= 0 {
+					t.Errorf("writer %d: write %d got %v, not above write %d's %v", w, i, versions[i], i-1, versions[i-1])
+					return
+				}
+			}
+			e, _ := g.Get([]byte(fmt.Sprint("k", w)))
+			if string(e.Value) != fmt.Sprint(each-1) {
+				t.Errorf("writer %d: the key holds %q, not the last write", w, e.Value)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 func TestSubmitAfterCloseFails(t *testing.T) {
 	g := open(t, "", nil)
 	g.Close()
