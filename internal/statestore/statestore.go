@@ -400,8 +400,8 @@ func (s *Service) readKey(r *Request, args [][]byte) (e store.Entry, found, ok b
 		s.fail(r, err)
 		return e, false, false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
-	defer cancel()
+	ctx := newDeadline(RequestTimeout)
+	defer ctx.release()
 	e, found, err := s.router.Get(ctx, args[1])
 	if err != nil {
 		s.log.Debug("state store read failed", "client", r.ClientID, "error", err)
@@ -535,9 +535,9 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 		return
 	}
 	op := cmd.Op
-	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	ctx := newDeadline(RequestTimeout)
 	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Done: func(res store.Result, err error) {
-		cancel()
+		ctx.release()
 		switch {
 		case errors.Is(err, replica.ErrOutcomeUnknown):
 			s.log.Warn("state store write outcome unknown", "client", r.ClientID, "error", err)

@@ -1,11 +1,14 @@
 package statestore
 
 import (
-	"github.com/mqkv/mqkv/internal/hlc"
+	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/hlc"
 )
 
 func TestParsePX(t *testing.T) {
@@ -190,4 +193,53 @@ func FuzzDecodeToken(f *testing.F) {
 			t.Fatalf("token %q accepted for %q but mqkv would write %q", tok, key, encodeToken(key))
 		}
 	})
+}
+
+// BenchmarkRequestDeadline: what a locally served request pays for its
+// time limit (a deadline read, no timer), against a context.WithTimeout.
+func BenchmarkRequestDeadline(b *testing.B) {
+	b.Run("deadline", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx := newDeadline(RequestTimeout)
+			ctx.Deadline()
+			ctx.release()
+		}
+	})
+	b.Run("WithTimeout", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+			ctx.Deadline()
+			cancel()
+		}
+	})
+}
+
+// TestDeadlineContext: the lazily timed deadline behaves as a context
+// with that deadline, before and after something waits on Done.
+func TestDeadlineContext(t *testing.T) {
+	ctx := newDeadline(20 * time.Millisecond)
+	defer ctx.release()
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > 20*time.Millisecond {
+		t.Fatalf("deadline %v %v", d, ok)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("expired at once")
+	}
+	derived, cancel := context.WithCancel(ctx) // waits on Done
+	defer cancel()
+	select {
+	case <-derived.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done never closed")
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) || !errors.Is(derived.Err(), context.DeadlineExceeded) {
+		t.Fatalf("errors %v %v", ctx.Err(), derived.Err())
+	}
+	late := newDeadline(time.Millisecond)
+	time.Sleep(2 * time.Millisecond)
+	if !errors.Is(late.Err(), context.DeadlineExceeded) {
+		t.Fatalf("past its deadline without a timer: %v", late.Err())
+	}
 }

@@ -8,6 +8,7 @@ package store
 import (
 	"bytes"
 	"hash/crc32"
+	"sync"
 
 	"github.com/google/btree"
 
@@ -182,12 +183,20 @@ func (s *Store) Clone() *Store {
 }
 
 func (s *Store) lookup(key []byte) *Entry {
-	e, ok := s.keys.Get(&Entry{Key: key})
+	// The search item escapes (the tree compares through a function
+	// value): a pooled one spares a GET its only allocation here.
+	probe := probes.Get().(*Entry)
+	probe.Key = key
+	e, ok := s.keys.Get(probe)
+	probe.Key = nil
+	probes.Put(probe)
 	if !ok {
 		return nil
 	}
 	return e
 }
+
+var probes = sync.Pool{New: func() any { return new(Entry) }}
 
 // Expired returns the version of key's entry if the entry is still stored
 // but past its deadline at now: it awaits its Expire command.

@@ -619,3 +619,26 @@ func TestVersionConditionModel(t *testing.T) {
 		t.Fatalf("store has %d keys, model %d", h.s.Len(), len(model))
 	}
 }
+
+// BenchmarkGet: a point read among 10,000 and 1,000,000 keys.
+func BenchmarkGet(b *testing.B) {
+	for _, n := range []int{10_000, 1_000_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s := New(Limits{})
+			keys := make([][]byte, n)
+			for i := range keys {
+				keys[i] = []byte(fmt.Sprintf("key-%d", i))
+				c := Command{Op: OpSet, Key: keys[i], Value: []byte("value"), Version: hlc.Timestamp{Wall: 1, Counter: uint64(i)}, Now: 1}
+				s.Apply(&c, nil)
+			}
+			r := rand.New(rand.NewSource(1))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, ok := s.Get(keys[r.Intn(n)], 1); !ok {
+					b.Fatal("missing")
+				}
+			}
+		})
+	}
+}
