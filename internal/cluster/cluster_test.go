@@ -344,3 +344,42 @@ func TestStatusIsTheSameFromEveryNode(t *testing.T) {
 func sameSet(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
+
+// TestStaleHintNamingItselfIsIgnored: a node that once learnt it leads a
+// group (a peer's not-leader answer naming it) and then lost its replica
+// of that group to a migration must still reach the group's leader. The
+// stale hint made it wait for a local replica that would never come:
+// every write and read of the group through that node failed after the
+// request's deadline, and its status showed the group without a leader.
+func TestStaleHintNamingItselfIsIgnored(t *testing.T) {
+	h := newHarness(t, 4, 4)
+	var n *Node
+	g := -1
+	for _, node := range h.nodes {
+		for grp := range h.groups {
+			if node.local(grp) == nil {
+				n, g = node, grp
+			}
+		}
+	}
+	if n == nil {
+		t.Fatal("every node holds every group")
+	}
+	n.hint(g, n.cfg.NodeID)
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprint("k", i); n.groupOf([]byte(k)) == g {
+			key = k
+		}
+	}
+	if res, err := set(t, n, key, "v"); err != nil || res.Outcome != store.Applied {
+		t.Fatalf("write through %s to group %d: %+v %v", n.cfg.NodeID, g, res, err)
+	}
+	if e, ok, err := n.Get(ctx(t), []byte(key)); err != nil || !ok || string(e.Value) != "v" {
+		t.Fatalf("read through %s: %+v %v %v", n.cfg.NodeID, e, ok, err)
+	}
+	n.hint(g, n.cfg.NodeID)
+	if st := n.Status(); st.Groups[g].Leader == "" || st.Groups[g].Migrating {
+		t.Fatalf("status of group %d from %s: %+v", g, n.cfg.NodeID, st.Groups[g])
+	}
+}

@@ -228,7 +228,9 @@ func (n *Node) leaderOf(g int) string {
 			return id
 		}
 	}
-	if v, ok := n.hints.Load(g); ok && *v.(*string) != "" {
+	// A hint naming this node is stale: its own replica would know (a
+	// node that led the group may since have handed its replica over).
+	if v, ok := n.hints.Load(g); ok && *v.(*string) != "" && *v.(*string) != n.cfg.NodeID {
 		return *v.(*string)
 	}
 	if st := n.state.Load(); st != nil {
