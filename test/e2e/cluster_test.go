@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -197,6 +198,11 @@ var kvModel = porcupine.Model{
 
 // history records operations from many clients.
 type history struct {
+	// epoch names the keys the workers use (a soak moves to fresh keys
+	// every cycle, so that each key's history, which porcupine checks on
+	// its own, stays as short as one cycle's).
+	epoch atomic.Int64
+
 	mu    sync.Mutex
 	ops   []porcupine.Operation
 	start time.Time
@@ -235,7 +241,7 @@ func worker(id int, addr string, h *history, stop <-chan struct{}, wg *sync.Wait
 			return
 		default:
 		}
-		key := fmt.Sprintf("k%d", rng.Intn(3))
+		key := fmt.Sprintf("e%d-k%d", h.epoch.Load(), rng.Intn(3))
 		in := kvInput{key: key, value: fmt.Sprintf("w%d-%d", id, seq)}
 		var out kvOutput
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -285,7 +291,7 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	c := startProcCluster(t, 3, 4)
 	st := c.awaitSettled(0, 3)
-	stop := load(c.mqtt)
+	running, stop := load(c.mqtt)
 	mostLeader := func(st cluster.Status) int {
 		best, n := 0, -1
 		for i, node := range st.Nodes {
@@ -295,11 +301,13 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 		}
 		return best
 	}
-	// MQKV_SOAK=10m repeats the faults for that long (for local use).
+	// MQKV_SOAK=10m repeats the faults for that long (for local use),
+	// each cycle on fresh keys.
 	soak, _ := time.ParseDuration(os.Getenv("MQKV_SOAK"))
 	began := time.Now()
 	var killedAt time.Time
 	for cycle := 0; cycle == 0 || time.Since(began) < soak; cycle++ {
+		running.epoch.Store(int64(cycle))
 		time.Sleep(2 * time.Second)
 		victim := mostLeader(st)
 		t.Logf("cycle %d: SIGKILL n%d (leads %d of %d groups)", cycle, victim+1, st.Nodes[victim].Leads, c.groups)
@@ -430,7 +438,7 @@ func TestClusterPartitionIsolatingALeader(t *testing.T) {
 	}
 	skipInCluster(t, "starts its own nodes")
 	nodes := startNodes(t, "p", 3, nil)
-	stop := load(addrsOf(nodes))
+	_, stop := load(addrsOf(nodes))
 	time.Sleep(2 * time.Second)
 	st := nodes[0].Node().Status()
 	victim, most := 0, -1
@@ -465,7 +473,7 @@ func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
 	skipInCluster(t, "starts its own nodes")
 	nodes := startNodes(t, "j", 3, nil)
 	first := nodes[0]
-	stop := load(addrsOf(nodes))
+	_, stop := load(addrsOf(nodes))
 	time.Sleep(time.Second)
 	fourth := startNode(t, "j4", []string{first.ClusterAddr()}, nil)
 	eventuallyWithin(t, 60*time.Second, "the new node to get replicas", func() bool {
@@ -621,7 +629,7 @@ func startNode(t *testing.T, id string, join []string, cfg func(*server.Config))
 
 // load runs six workers, two per address, until the returned function
 // stops them and gives back their history.
-func load(addrs []string) func() *history {
+func load(addrs []string) (*history, func() *history) {
 	h := &history{start: time.Now()}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -629,7 +637,7 @@ func load(addrs []string) func() *history {
 		wg.Add(1)
 		go worker(i, addrs[i%len(addrs)], h, stop, &wg)
 	}
-	return func() *history {
+	return h, func() *history {
 		close(stop)
 		wg.Wait()
 		return h
@@ -642,7 +650,13 @@ func checkLinearizable(t *testing.T, h *history, what string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t.Logf("%d operations %s", len(h.ops), what)
-	switch porcupine.CheckOperationsTimeout(kvModel, h.ops, 60*time.Second) {
+	limit := time.Minute
+	if os.Getenv("MQKV_SOAK") != "" {
+		limit = 20 * time.Minute
+	}
+	began := time.Now()
+	defer func() { t.Logf("checked in %v", time.Since(began).Round(time.Millisecond)) }()
+	switch porcupine.CheckOperationsTimeout(kvModel, h.ops, limit) {
 	case porcupine.Illegal:
 		t.Fatal("the history is not linearizable")
 	case porcupine.Unknown:
