@@ -383,3 +383,18 @@ func TestStaleHintNamingItselfIsIgnored(t *testing.T) {
 		t.Fatalf("status of group %d from %s: %+v", g, n.cfg.NodeID, st.Groups[g])
 	}
 }
+
+// TestStatusWithoutQuorum: with two of three nodes down no group has a
+// leader; the survivor's status says so and still lists each group's
+// replicas as its own replica knows them (not "migrating" with none).
+func TestStatusWithoutQuorum(t *testing.T) {
+	h := newHarness(t, 3, 2)
+	h.stop(1)
+	h.stop(2)
+	st := h.nodes[0].Status()
+	for _, g := range st.Groups {
+		if g.Leader != "" || g.Migrating || !sameSet(g.Replicas, []string{"n1", "n2", "n3"}) {
+			t.Fatalf("group %d without quorum: %+v", g.ID, g)
+		}
+	}
+}

@@ -66,6 +66,9 @@ func (n *Node) Status() Status {
 			var resp callResp
 			if n.onLeader(ctx, g, callReq{Op: opConfig, Group: g}, &resp, func(r *replica.Group) { resp.Servers = configOf(r) }) == nil {
 				gs.Leader = n.leaderOf(g)
+			} else if r := n.local(g); r != nil {
+				// No leader (no quorum): the replicas as this one knows them.
+				resp.Servers = configOf(r)
 			}
 			for _, s := range resp.Servers {
 				gs.Replicas = append(gs.Replicas, s.ID)
@@ -73,7 +76,7 @@ func (n *Node) Status() Status {
 					gs.Migrating = true
 				}
 			}
-			if len(gs.Replicas) != len(table[g]) {
+			if resp.Servers != nil && len(gs.Replicas) != len(table[g]) {
 				gs.Migrating = true
 			}
 			groups[g] = gs
