@@ -26,6 +26,23 @@ func entry(i uint64, data string) *raft.Log {
 	return &raft.Log{Index: i, Term: 1 + i/100, Type: raft.LogCommand, Data: []byte(data)}
 }
 
+// smallSegments makes a journal rotate often, so that tests see several
+// segments.
+var smallSegments = Options{SegmentSize: 4096}
+
+// fillSegments opens a journal of smallSegments in dir and stores entries
+// 1..n of group 1 until it has count segments; it returns it open, and n.
+func fillSegments(t *testing.T, dir string, count int) (*Journal, uint64) {
+	t.Helper()
+	j := open(t, dir, smallSegments)
+	var n uint64
+	for len(segments(t, dir)) < count {
+		n++
+		store(t, j.Group(1), n, n)
+	}
+	return j, n
+}
+
 func store(t testing.TB, l *Log, from, to uint64) {
 	t.Helper()
 	var logs []*raft.Log
@@ -355,14 +372,8 @@ func TestWriteFailureStopsTheJournal(t *testing.T) {
 // damaged record before them still is.
 func TestZerosAfterAnOldSegment(t *testing.T) {
 	dir := t.TempDir()
-	opts := Options{SegmentSize: 4096}
-	j := open(t, dir, opts)
-	l := j.Group(1)
-	var n uint64
-	for len(segments(t, dir)) < 3 {
-		n++
-		store(t, l, n, n)
-	}
+	opts := smallSegments
+	j, n := fillSegments(t, dir, 3)
 	j.Close()
 	first := segments(t, dir)[0]
 	st, _ := os.Stat(first)

@@ -14,16 +14,10 @@ import (
 // not know) is reported: the segment holds acknowledged entries.
 func TestNewestHeaderDamageIsReported(t *testing.T) {
 	dir := t.TempDir()
-	opts := Options{SegmentSize: 4096}
-	j := open(t, dir, opts)
-	l := j.Group(1)
-	var n uint64
-	for len(segments(t, dir)) < 2 {
-		n++
-		store(t, l, n, n)
-	}
+	opts := smallSegments
+	j, n := fillSegments(t, dir, 2)
 	n++
-	store(t, l, n, n) // acknowledged, lives in the newest segment
+	store(t, j.Group(1), n, n) // acknowledged, lives in the newest segment
 	j.Close()
 	path := lastSegment(t, dir)
 	data, _ := os.ReadFile(path)
@@ -137,14 +131,8 @@ func TestRejectedAppendLeavesTheBoundsAlone(t *testing.T) {
 // A missing middle segment is reported, not papered over.
 func TestMissingSegmentIsReported(t *testing.T) {
 	dir := t.TempDir()
-	opts := Options{SegmentSize: 4096}
-	j := open(t, dir, opts)
-	l := j.Group(1)
-	var n uint64
-	for len(segments(t, dir)) < 4 {
-		n++
-		store(t, l, n, n)
-	}
+	opts := smallSegments
+	j, n := fillSegments(t, dir, 4)
 	j.Close()
 	os.Remove(segments(t, dir)[1])
 	j2, err := Open(dir, opts)
