@@ -17,6 +17,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/bench"
 	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -219,6 +220,7 @@ Baselines, measured in the same run:
 			}
 		}
 		var base, main []bench.Result
+		var flushes []time.Duration // a log flush on the data disk, probed after each round
 		for r := 0; r < *rounds; r++ {
 			if *baseline != "" {
 				c := cfg
@@ -250,6 +252,13 @@ Baselines, measured in the same run:
 			}
 			res.CPU = cpu
 			main = append(main, res)
+			if len(dirs) > 0 && !*inMemory {
+				lat, err := journal.ProbeSync(dirs[0], 200, *valueSize+64)
+				if err != nil {
+					return fmt.Errorf("bench: probing the data disk: %w", err)
+				}
+				flushes = append(flushes, lat...)
+			}
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "op\tops\terrors\tops/s\tp50\tp99\tp99.9\t")
@@ -301,10 +310,22 @@ Baselines, measured in the same run:
 			}
 			fmt.Println(line)
 		}
+		var flush time.Duration
+		if len(flushes) > 0 {
+			slices.Sort(flushes)
+			flush = flushes[len(flushes)/2]
+			fmt.Printf("disk: one log flush (a %d-byte write into zero-filled space + fdatasync, in the data directory; probed after each round, without load) p50 %s, p99 %s\n",
+				*valueSize+64, strings.TrimSpace(ms(flush)), strings.TrimSpace(ms(flushes[len(flushes)*99/100])))
+		}
 		if len(base) > 0 {
 			b, m := rows[0], rows[1]
-			fmt.Printf("%s/%s throughput ratio: %.2f; p50 difference: %s\n", names[1], names[0], m.Throughput()/b.Throughput(),
-				strings.TrimSpace(ms(m.Percentile(0.5)-b.Percentile(0.5))))
+			diff := m.Percentile(0.5) - b.Percentile(0.5)
+			line := fmt.Sprintf("%s/%s throughput ratio: %.2f; p50 difference: %s", names[1], names[0], m.Throughput()/b.Throughput(),
+				strings.TrimSpace(ms(diff)))
+			if flush > 0 {
+				line += fmt.Sprintf(" (%.2f flushes)", float64(diff)/float64(flush))
+			}
+			fmt.Println(line)
 		}
 		return nil
 	}

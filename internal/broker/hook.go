@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bytes"
 	"strings"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -20,9 +19,11 @@ type hook struct {
 
 func (h *hook) ID() string { return "mqkv" }
 
+// Provides is asked by mochi for every hook on every event (several per
+// packet), so it is a switch, not a search.
 func (h *hook) Provides(b byte) bool {
-	return bytes.Contains([]byte{
-		mqtt.OnConnect,
+	switch b {
+	case mqtt.OnConnect,
 		mqtt.OnConnectAuthenticate,
 		mqtt.OnSessionEstablished,
 		mqtt.OnACLCheck,
@@ -31,8 +32,10 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
 		mqtt.OnPacketRead,
-		mqtt.OnClientExpired,
-	}, []byte{b})
+		mqtt.OnClientExpired:
+		return true
+	}
+	return false
 }
 
 // OnConnect authenticates; a refused client has had its CONNACK and the
@@ -99,14 +102,15 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 // OnPacketRead keeps the client's packet ids apart from the server's (see
 // idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	pk = h.b.ids.read(cl, pk)
-	if code := h.b.protocolError(cl, pk); code != packets.CodeSuccess {
+	h.b.ids.read(cl, &pk)
+	if code := h.b.protocolError(cl, &pk); code != packets.CodeSuccess {
 		// mochi would find most of these too, but its DISCONNECT can be
 		// lost (see endConnection).
 		endConnection(cl, code)
 		return pk, code
 	}
-	return h.b.subLimits.read(cl, pk), nil
+	h.b.subLimits.read(cl, &pk)
+	return pk, nil
 }
 
 // OnPublish hands requests to the state store. They are not routed to

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -141,6 +142,14 @@ type clientConn struct {
 	armed   bool        // the timer runs
 	closed  bool
 
+	writeBy time.Time // the write deadline set on the connection (see sendLocked)
+
+	// The keep-alive read deadline, moved by mochi on every packet read,
+	// is set on the connection lazily (see SetDeadline); Unix nanoseconds,
+	// 0 for none.
+	readWant  atomic.Int64 // the deadline mochi asked for last
+	readArmed atomic.Int64 // the one set on the connection
+
 	hurry    atomic.Bool // being ended: writes get endTimeout
 	tooLarge atomic.Bool // an MQTT 5 client sent a packet over the maximum
 }
@@ -198,6 +207,9 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	c.wmu.Unlock()
 
 	n, err := c.r.Read(p)
+	for n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.rearm() {
+		n, err = c.r.Read(p)
+	}
 
 	c.wmu.Lock()
 	c.waiting, c.woke = false, time.Now()
@@ -209,6 +221,45 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		c.tooLarge.Store(true)
 	}
 	return n, err
+}
+
+// SetDeadline is mochi's keep-alive timer: it moves the deadline 1.5
+// keep-alives ahead on every packet read (MQTT-3.1.2-22), and setting it
+// on the connection each time (a runtime timer change, both directions)
+// is a cost per packet. A later deadline is only noted; when the one set
+// expires, Read sets the one noted and reads on (rearm). An earlier one,
+// or none, is set at once. Write deadlines are sendLocked's, not mochi's.
+// A websocket connection cannot read on after a timeout: it gets every
+// deadline as it comes.
+func (c *clientConn) SetDeadline(t time.Time) error {
+	if _, ws := c.Conn.(*wsConn); ws {
+		return c.Conn.SetDeadline(t)
+	}
+	want := int64(0)
+	if !t.IsZero() {
+		want = t.UnixNano()
+	}
+	c.readWant.Store(want)
+	if armed := c.readArmed.Load(); armed != 0 && want >= armed {
+		return nil // noted; see rearm
+	}
+	c.readArmed.Store(want)
+	return c.Conn.SetReadDeadline(t)
+}
+
+// rearm sets the read deadline mochi asked for last, after the one set
+// expired, and reports whether that one is later, so the read goes on.
+func (c *clientConn) rearm() bool {
+	want := c.readWant.Load()
+	if want != 0 && want <= time.Now().UnixNano() {
+		return false // the keep-alive really expired
+	}
+	c.readArmed.Store(want)
+	var t time.Time
+	if want != 0 {
+		t = time.Unix(0, want)
+	}
+	return c.Conn.SetReadDeadline(t) == nil
 }
 
 // Write coalesces packets: mochi writes each packet with its own system
@@ -250,18 +301,24 @@ func (c *clientConn) send() {
 	c.sendLocked()
 }
 
-// sendLocked writes what is pending, with a deadline: writeTimeout, or a
-// second once the connection is being ended (see Hurry).
+// sendLocked writes what is pending, with a deadline: about writeTimeout,
+// or a second once the connection is being ended (see Hurry).
 func (c *clientConn) sendLocked() error {
 	if len(c.pending) == 0 || c.werr != nil {
 		return c.werr
 	}
 	if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
-		d := writeTimeout
-		if c.hurry.Load() {
-			d = endTimeout
+		// Moved only once half of it is used: a write that stalls gets
+		// between writeTimeout/2 and writeTimeout, and a busy connection
+		// does not change a timer on every send.
+		now := time.Now()
+		switch {
+		case c.hurry.Load():
+			_ = c.Conn.SetWriteDeadline(now.Add(endTimeout))
+		case c.writeBy.Sub(now) < writeTimeout/2:
+			c.writeBy = now.Add(writeTimeout)
+			_ = c.Conn.SetWriteDeadline(c.writeBy)
 		}
-		_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
 	}
 	_, err := c.Conn.Write(c.pending)
 	c.pending = c.pending[:0]

@@ -40,18 +40,20 @@ type renames struct {
 	next     uint16            // where the search for a free id starts
 }
 
-// read renames the id of a packet from the client if it collides.
-func (s *idSpace) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// read renames the id of a packet from the client if it collides. It
+// takes the packet by pointer: mochi's packets are large and this runs on
+// every packet read.
+func (s *idSpace) read(cl *mqtt.Client, pk *packets.Packet) {
 	id := pk.PacketID
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		if pk.FixedHeader.Qos == 0 {
-			return pk
+			return
 		}
 	case packets.Subscribe, packets.Unsubscribe:
 	case packets.Pubrel: // the client's QoS 2 flow goes on
 		if s.count.Load() == 0 {
-			return pk
+			return
 		}
 		if r := s.of(cl.ID); r != nil {
 			r.mu.Lock()
@@ -60,17 +62,17 @@ func (s *idSpace) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 			}
 			r.mu.Unlock()
 		}
-		return pk
+		return
 	default:
-		return pk // acknowledgements of the server's own messages
+		return // acknowledgements of the server's own messages
 	}
 	held, busy := cl.State.Inflight.Get(id)
 	if !busy && s.count.Load() == 0 {
-		return pk // the common case: nothing to rename, no lookup
+		return // the common case: nothing to rename, no lookup
 	}
 	r := s.of(cl.ID)
 	if r == nil && (!busy || inbound(held)) {
-		return pk // nothing to rename
+		return // nothing to rename
 	}
 	if r == nil {
 		v, loaded := s.sessions.LoadOrStore(cl.ID, &renames{toClient: map[uint16]uint16{}, toMochi: map[uint16]uint16{}, next: 0xFFFF})
@@ -84,12 +86,12 @@ func (s *idSpace) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	qos2 := pk.FixedHeader.Type == packets.Publish && pk.FixedHeader.Qos == 2
 	if m, ok := r.toMochi[id]; ok && qos2 {
 		pk.PacketID = m // a QoS 2 PUBLISH sent again
-		return pk
+		return
 	}
 	if _, renamed := r.toClient[id]; !renamed && (!busy || inbound(held)) {
 		// Free, or held by the client's own QoS 2 flow: mochi answers
 		// a reuse as MQTT says.
-		return pk
+		return
 	}
 	m := r.free(cl)
 	r.toClient[m] = id
@@ -97,7 +99,7 @@ func (s *idSpace) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 		r.toMochi[id] = m
 	}
 	pk.PacketID = m
-	return pk
+	return
 }
 
 // inbound reports whether an inflight entry belongs to a flow the client

@@ -291,7 +291,7 @@ func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) <-chan struct{} 
 // connection: a PUBLISH mochi would refuse (packet id, wildcards, topic
 // alias 0 or above TopicAliasMaximum: MQTT-3.3.2-8, -9) or one beyond
 // Receive Maximum.
-func (b *Broker) protocolError(cl *mqtt.Client, pk packets.Packet) packets.Code {
+func (b *Broker) protocolError(cl *mqtt.Client, pk *packets.Packet) packets.Code {
 	if pk.FixedHeader.Type != packets.Publish || cl.Properties.ProtocolVersion < 5 {
 		return packets.CodeSuccess
 	}
@@ -310,7 +310,7 @@ func (b *Broker) protocolError(cl *mqtt.Client, pk packets.Packet) packets.Code 
 // too, but its DISCONNECT 0x93 is lost behind buffered writes (see
 // endConnection). Counting the open flows walks the session's inflight
 // messages, so it is done only when there may be that many.
-func (b *Broker) overReceiveMaximum(cl *mqtt.Client, pk packets.Packet) bool {
+func (b *Broker) overReceiveMaximum(cl *mqtt.Client, pk *packets.Packet) bool {
 	max := int(b.srv.Options.Capabilities.ReceiveMaximum)
 	if pk.FixedHeader.Type != packets.Publish || pk.FixedHeader.Qos != 2 || cl.State.Inflight.Len() < max {
 		return false

@@ -49,10 +49,10 @@ type override struct {
 // invalid ('#' not last).
 const refused = "#/"
 
-// read applies the bounds to a SUBSCRIBE from the client.
-func (l *subscriptionLimits) read(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// read applies the bounds to a SUBSCRIBE from the client, in place.
+func (l *subscriptionLimits) read(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Subscribe {
-		return pk
+		return
 	}
 	held := cl.State.Subscriptions.Len()
 	var o override
@@ -86,13 +86,12 @@ func (l *subscriptionLimits) read(cl *mqtt.Client, pk packets.Packet) packets.Pa
 		filters[i].Filter = refused
 	}
 	if o.codes == nil {
-		return pk
+		return
 	}
 	pk.Filters = filters
 	l.mu.Lock()
 	l.pending[cl] = o
 	l.mu.Unlock()
-	return pk
 }
 
 // write gives the SUBACK of a refused filter its reason code.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -392,5 +393,22 @@ func TestZerosAfterAnOldSegment(t *testing.T) {
 	var d *DamagedError
 	if _, err := Open(dir, opts); !errors.As(err, &d) {
 		t.Fatalf("open with a damaged old segment: %v", err)
+	}
+}
+
+func TestProbeSync(t *testing.T) {
+	dir := t.TempDir()
+	lat, err := ProbeSync(dir, 20, 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lat) != 20 || !slices.IsSorted(lat) || lat[0] <= 0 {
+		t.Fatalf("latencies %v: want 20, sorted, positive", lat)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("the probe left %d files behind", len(left))
+	}
+	if _, err := ProbeSync(filepath.Join(dir, "missing"), 1, 1); err == nil {
+		t.Fatal("probing a missing directory succeeded")
 	}
 }
