@@ -15,11 +15,13 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -51,7 +53,14 @@ func main() {
 	only := flag.String("only", "set,get,pubsub", "workloads to run")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
+	pin := flag.Bool("pin", false, "run each server on CPU 1 and the load generator on CPU 0 (taskset): the server's capacity on one core, apart from the clients' cost")
 	flag.Parse()
+	if *pin {
+		if err := pinSelf("0"); err != nil {
+			log.Fatal(err)
+		}
+		serverCPU = "1"
+	}
 	log.SetFlags(0)
 
 	work, err := os.MkdirTemp("", "mqkv-peers-")
@@ -108,6 +117,9 @@ func main() {
 		for _, s := range servers {
 			s.proc.stop()
 		}
+	}
+	if *pin {
+		fmt.Println("servers on CPU 1, load generator on CPU 0 (-pin)")
 	}
 	printTable(results, *clients, *valueSize, *rounds, *duration)
 }
@@ -214,4 +226,23 @@ func printTable(rs []result, clients, size, rounds int, d time.Duration) {
 			fmt.Printf("| %s | %s | %.0f | %.2f | %.2f | %.0f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), ratio, cpuRatio)
 		}
 	}
+}
+
+// pinSelf runs the rest of the program on cpus: it execs itself again
+// under taskset, so that every thread, the Go runtime's included, and
+// GOMAXPROCS follow. The variable marks the second run.
+func pinSelf(cpus string) error {
+	if os.Getenv("MQKV_PEERS_PINNED") != "" {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		return err
+	}
+	os.Setenv("MQKV_PEERS_PINNED", "1")
+	return syscall.Exec(taskset, append([]string{"taskset", "-c", cpus, exe}, os.Args[1:]...), os.Environ())
 }

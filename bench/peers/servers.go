@@ -29,6 +29,11 @@ func spawn(dir, name string, args ...string) (*process, error) {
 		return nil, err
 	}
 	cmd := exec.Command(name, args...)
+	if serverCPU != "" {
+		// taskset execs the server in its own place: the pid, and so
+		// the CPU read from /proc, are the server's.
+		cmd = exec.Command("taskset", append([]string{"-c", serverCPU, name}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -129,6 +134,9 @@ func repoRoot() (string, error) {
 
 // mqkvAdmin, if set, is where mqkv serves its admin endpoint (pprof).
 var mqkvAdmin string
+
+// serverCPU, if set, is the CPU list (taskset -c) every server runs on.
+var serverCPU string
 
 // startMQKV runs mqkv durable (the default) on a fresh data dir.
 func startMQKV(bin, dir string) (*server, error) {

@@ -252,7 +252,7 @@ Baselines, measured in the same run:
 			}
 			res.CPU = cpu
 			main = append(main, res)
-			if len(dirs) > 0 && !*inMemory {
+			if len(dirs) > 0 && !*inMemory && cfg.Op != bench.OpGet {
 				lat, err := journal.ProbeSync(dirs[0], 200, *valueSize+64)
 				if err != nil {
 					return fmt.Errorf("bench: probing the data disk: %w", err)
@@ -322,7 +322,7 @@ Baselines, measured in the same run:
 			diff := m.Percentile(0.5) - b.Percentile(0.5)
 			line := fmt.Sprintf("%s/%s throughput ratio: %.2f; p50 difference: %s", names[1], names[0], m.Throughput()/b.Throughput(),
 				strings.TrimSpace(ms(diff)))
-			if flush > 0 {
+			if flush > 0 && cfg.Clients == 1 {
 				line += fmt.Sprintf(" (%.2f flushes)", float64(diff)/float64(flush))
 			}
 			fmt.Println(line)
