@@ -252,7 +252,7 @@ Baselines, measured in the same run:
 			}
 			res.CPU = cpu
 			main = append(main, res)
-			if len(dirs) > 0 && !*inMemory && cfg.Op != bench.OpGet {
+			if len(dirs) > 0 && !*inMemory && (cfg.Op == bench.OpSet || cfg.Op == bench.OpMixed || cfg.Op == bench.OpLease) {
 				lat, err := journal.ProbeSync(dirs[0], 200, *valueSize+64)
 				if err != nil {
 					return fmt.Errorf("bench: probing the data disk: %w", err)

@@ -554,7 +554,7 @@ func (j *Journal) flush(s *segment, b []byte, base int64) (end int64, err error)
 	if _, err := s.f.WriteAt(b, base); err != nil {
 		return 0, fmt.Errorf("journal: write: %w", err)
 	}
-	if err := fdatasync(s.f); err != nil {
+	if err := Datasync(s.f); err != nil {
 		return 0, fmt.Errorf("journal: fsync: %w", err)
 	}
 	j.syncs.Add(1)

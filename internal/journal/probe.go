@@ -35,7 +35,7 @@ func ProbeSync(dir string, n, size int) ([]time.Duration, error) {
 		if _, err := f.WriteAt(rec, int64(i*size)); err != nil {
 			return nil, err
 		}
-		if err := fdatasync(f); err != nil {
+		if err := Datasync(f); err != nil {
 			return nil, err
 		}
 		lat = append(lat, time.Since(start))

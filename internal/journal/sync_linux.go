@@ -5,9 +5,10 @@ import (
 	"syscall"
 )
 
-// fdatasync flushes f's data and the metadata needed to read it back (its
-// size): an append needs no more.
-func fdatasync(f *os.File) error {
+// Datasync flushes f's data and the metadata needed to read it back (its
+// size): an append needs no more. A node on its own syncs its raft-wal
+// segments with it too (see replica's walFS).
+func Datasync(f *os.File) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err

@@ -4,4 +4,4 @@ package journal
 
 import "os"
 
-func fdatasync(f *os.File) error { return f.Sync() }
+func Datasync(f *os.File) error { return f.Sync() }

@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
+	walsegment "github.com/hashicorp/raft-wal/segment"
 	waltypes "github.com/hashicorp/raft-wal/types"
 
 	"github.com/mqkv/mqkv/internal/hlc"
@@ -380,7 +381,7 @@ func openWAL(walDir string, batches bool) (*raftwal.WAL, error) {
 	if err := checkTail(walDir); err != nil {
 		return nil, err
 	}
-	w, err := raftwal.Open(walDir)
+	w, err := raftwal.Open(walDir, raftwal.WithSegmentFiler(walsegment.NewFiler(walDir, newWALFS())))
 	if err != nil {
 		return nil, &DamagedError{Path: walDir, What: "the raft log", Err: err}
 	}
