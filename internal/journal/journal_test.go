@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -398,7 +399,7 @@ func TestZerosAfterAnOldSegment(t *testing.T) {
 
 func TestProbeSync(t *testing.T) {
 	dir := t.TempDir()
-	lat, err := ProbeSync(dir, 20, 300)
+	lat, err := ProbeSync(dir, 20, 300, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +409,10 @@ func TestProbeSync(t *testing.T) {
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
 		t.Fatalf("the probe left %d files behind", len(left))
 	}
-	if _, err := ProbeSync(filepath.Join(dir, "missing"), 1, 1); err == nil {
+	if lat, err := ProbeSync(dir, 3, 300, 10*time.Millisecond); err != nil || len(lat) != 3 {
+		t.Fatalf("with a gap: %v %v", lat, err)
+	}
+	if _, err := ProbeSync(filepath.Join(dir, "missing"), 1, 1, 0); err == nil {
 		t.Fatal("probing a missing directory succeeded")
 	}
 }
