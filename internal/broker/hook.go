@@ -134,6 +134,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		h.b.kick(cl, packets.ErrNotAuthorized)
 		return pk, packets.CodeSuccessIgnore
 	}
+	// The reply most likely goes back on this connection (the SDKs
+	// subscribe to their own response topics): the PUBACK goes with it.
+	if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.FixedHeader.Qos > 0 && pk.Properties.ResponseTopic != "" {
+		cc.ExpectReply()
+	}
 	req := &statestore.Request{
 		ClientID:        cl.ID,
 		Conn:            c.id,

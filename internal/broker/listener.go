@@ -137,10 +137,14 @@ type clientConn struct {
 	pending []byte      // written by mochi, not yet sent
 	werr    error       // a send failed: every later write fails
 	waiting bool        // the reader is blocked for input
-	woke    time.Time   // when the reader last got input
 	timer   *time.Timer // sends what is pending if the reader takes long
 	armed   bool        // the timer runs
+	timerAt time.Time   // when it fires
 	closed  bool
+
+	// Until when (Unix nanoseconds) an acknowledgement may wait for the
+	// reply to a state store request read just before it (see ExpectReply).
+	replyDue atomic.Int64
 
 	writeBy time.Time // the write deadline set on the connection (see sendLocked)
 
@@ -155,10 +159,13 @@ type clientConn struct {
 }
 
 // Coalescing bounds: what waits is sent once this much is pending, and
-// at the latest this long after the reader got the input that caused it.
+// at the latest coalesceHold after the first of it was written, or when
+// a state store reply is due, replyHold after the request (see
+// ExpectReply).
 const (
 	coalesceBytes = 32 << 10
 	coalesceHold  = 200 * time.Microsecond
+	replyHold     = 50 * time.Millisecond
 )
 
 var errConnectTooLarge = errors.New("first packet larger than 64 KiB")
@@ -195,7 +202,7 @@ func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 // one system call.
 func (c *clientConn) Read(p []byte) (int, error) {
 	c.wmu.Lock()
-	if len(c.pending) > 0 {
+	if len(c.pending) > 0 && !c.awaitReply(time.Now()) {
 		// Writers the packets just read woke (the routed message's
 		// write loop) get to add theirs first.
 		c.wmu.Unlock()
@@ -212,7 +219,7 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	}
 
 	c.wmu.Lock()
-	c.waiting, c.woke = false, time.Now()
+	c.waiting = false
 	c.wmu.Unlock()
 	if c.frames.feed(p[:n], c.max) && c.frames.version == 5 {
 		// mochi finds the header when it reaches it and closes the
@@ -266,9 +273,10 @@ func (c *clientConn) rearm() bool {
 // call (a PUBACK, then the PUBLISH it routed; a reply, then the next),
 // about a fifth of the broker's CPU under load. A packet written while
 // the client's reader is busy with the input that caused it waits until
-// the reader is done (see Read), and never longer than coalesceHold after
-// that input arrived; one written while the reader waits for input, the
-// common case when idle, is sent at once.
+// the reader is done (see Read), and never longer than coalesceHold; one
+// written while the reader waits for input, the common case when idle, is
+// sent at once. An acknowledgement written while a state store reply is
+// due waits for the reply (see ExpectReply).
 func (c *clientConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -276,22 +284,57 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		return 0, c.werr
 	}
 	c.pending = append(c.pending, p...)
-	held := time.Since(c.woke)
-	if c.waiting || c.closed || len(c.pending) >= coalesceBytes || held >= coalesceHold {
+	if len(p) > 0 && p[0]>>4 == packets.Publish {
+		// Most likely the awaited reply: what is pending waits no more
+		// for one.
+		c.replyDue.Store(0)
+	}
+	if c.waiting || c.closed || len(c.pending) >= coalesceBytes {
 		if err := c.sendLocked(); err != nil {
 			return 0, err
 		}
 		return len(p), nil
 	}
-	if !c.armed {
-		c.armed = true
-		if c.timer == nil {
-			c.timer = time.AfterFunc(coalesceHold-held, c.send)
-		} else {
-			c.timer.Reset(coalesceHold - held)
-		}
+	if now := time.Now(); !c.awaitReply(now) && !c.armed {
+		c.sendBy(now.Add(coalesceHold))
 	}
 	return len(p), nil
+}
+
+// ExpectReply says that the packet being read is a state store request
+// whose reply comes back on this connection: the acknowledgement mochi
+// writes for it waits for the reply (at most replyHold), and the two
+// leave in one system call instead of two, on both ends. Like TCP's
+// delayed acknowledgement, it costs nothing when the reply comes, and a
+// client whose reply goes elsewhere gets its PUBACK replyHold late.
+func (c *clientConn) ExpectReply() {
+	c.replyDue.Store(time.Now().Add(replyHold).UnixNano())
+}
+
+// awaitReply reports whether a state store reply is due; if so, what is
+// pending waits for it, and the timer's bound moves from coalesceHold to
+// the reply's.
+func (c *clientConn) awaitReply(now time.Time) bool {
+	due := c.replyDue.Load()
+	if due == 0 || now.UnixNano() >= due {
+		return false
+	}
+	c.armed = false
+	c.sendBy(time.Unix(0, due))
+	return true
+}
+
+// sendBy makes sure the timer sends what is pending by at.
+func (c *clientConn) sendBy(at time.Time) {
+	if c.armed && !at.Before(c.timerAt) {
+		return
+	}
+	c.armed, c.timerAt = true, at
+	if c.timer == nil {
+		c.timer = time.AfterFunc(time.Until(at), c.send)
+	} else {
+		c.timer.Reset(time.Until(at))
+	}
 }
 
 func (c *clientConn) send() {
@@ -322,6 +365,12 @@ func (c *clientConn) sendLocked() error {
 	}
 	_, err := c.Conn.Write(c.pending)
 	c.pending = c.pending[:0]
+	if c.armed {
+		// Nothing waits now; left armed, the timer would cut short
+		// what the next packets wait for (see sendBy).
+		c.armed = false
+		c.timer.Stop()
+	}
 	if cap(c.pending) > 4*coalesceBytes {
 		c.pending = nil // a burst's buffer is not kept
 	}

@@ -250,6 +250,36 @@ func TestExpiredKeyIsAbsentToWrites(t *testing.T) {
 	}
 }
 
+// TestExpiredAwaitsItsExpire: Expired reports the version of an entry past
+// its deadline and not yet removed, and nothing for live entries, keys
+// without a deadline or absent keys.
+func TestExpiredAwaitsItsExpire(t *testing.T) {
+	h := newHarness(t)
+	if _, ok := h.s.Expired([]byte("a"), h.now); ok {
+		t.Fatal("empty store: a key expired")
+	}
+	short, _ := h.apply(Command{Op: OpSet, Key: []byte("short"), Value: []byte("v"), TTL: 10})
+	h.apply(Command{Op: OpSet, Key: []byte("long"), Value: []byte("v"), TTL: 1000})
+	h.apply(Command{Op: OpSet, Key: []byte("never"), Value: []byte("v")})
+	for _, k := range []string{"short", "long", "never", "absent"} {
+		if _, ok := h.s.Expired([]byte(k), h.now+9); ok {
+			t.Fatalf("%s expired before any deadline", k)
+		}
+	}
+	if v, ok := h.s.Expired([]byte("short"), h.now+10); !ok || v != short.Version {
+		t.Fatalf("short at its deadline: %v %v, want version %v", v, ok, short.Version)
+	}
+	for _, k := range []string{"long", "never", "absent"} {
+		if _, ok := h.s.Expired([]byte(k), h.now+10); ok {
+			t.Fatalf("%s expired with short", k)
+		}
+	}
+	h.apply(Command{Op: OpExpire, Key: []byte("short"), Expected: short.Version})
+	if _, ok := h.s.Expired([]byte("short"), h.now+10); ok {
+		t.Fatal("short still awaits its Expire once applied")
+	}
+}
+
 func TestSetWithoutPXClearsExpiry(t *testing.T) {
 	h := newHarness(t)
 	h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("v"), TTL: 10})
