@@ -146,6 +146,7 @@ type Broker struct {
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 
 	seq       *sequencer
+	routes    replyRoutes
 	ids       idSpace
 	subLimits subscriptionLimits
 	topics    topicCounts
@@ -313,6 +314,7 @@ func (b *Broker) sweep() {
 				if cur, ok := b.srv.Clients.Get(cl.ID); ok && cur == cl {
 					b.srv.Clients.Delete(cl.ID)
 					b.srv.UnsubscribeClient(cl)
+					b.routes.changed()
 				}
 			}
 			return true
@@ -338,6 +340,7 @@ func (b *Broker) closeListenerClients(listenerID string) {
 
 // forget ends what the broker holds for a connection that is over.
 func (b *Broker) forget(cl *mqtt.Client, c *conn) {
+	c.endReplies()
 	if b.conns.CompareAndDelete(cl, c) {
 		b.handler.Disconnected(cl.ID, c.id)
 	}
@@ -354,9 +357,12 @@ func (b *Broker) HasSession(clientID string) bool {
 // ClientsConnected returns the number of connected clients.
 func (b *Broker) ClientsConnected() int64 { return atomic.LoadInt64(&b.srv.Info.ClientsConnected) }
 
+// contentType is that of every message the state store publishes.
+const contentType = "application/octet-stream"
+
 // inject publishes a message from the broker itself, at QoS 1.
 func (b *Broker) inject(topic string, payload []byte, props packets.Properties) {
-	props.ContentType = "application/octet-stream"
+	props.ContentType = contentType
 	err := b.srv.InjectPacket(b.inline, packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
 		TopicName:   topic,
@@ -367,22 +373,6 @@ func (b *Broker) inject(topic string, payload []byte, props packets.Properties) 
 	if err != nil {
 		b.log.Warn("publish failed", "topic", topic, "error", err)
 	}
-}
-
-var statOK = packets.UserProperty{Key: "__stat", Val: "200"}
-
-// Reply implements statestore.Transport.
-func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timestamp) {
-	user := make([]packets.UserProperty, 1, 2)
-	user[0] = statOK
-	if !version.IsZero() {
-		user = append(user, packets.UserProperty{Key: "__ts", Val: version.String()})
-	}
-	b.inject(r.ResponseTopic, payload, packets.Properties{
-		CorrelationData:       r.CorrelationData,
-		MessageExpiryInterval: r.MessageExpiry,
-		User:                  user,
-	})
 }
 
 // Deliver implements statestore.Transport. The message goes through the
@@ -425,6 +415,7 @@ func (b *Broker) ensureNotifySubscription(cl *mqtt.Client) {
 		// session store never persists it and session takeover never
 		// copies it.
 		b.srv.Topics.Subscribe(cl.ID, packets.Subscription{Filter: filter, Qos: 1})
+		b.routes.changed()
 	}
 	b.notifySubs[cl.ID] = cl
 }
@@ -441,6 +432,7 @@ func (b *Broker) dropNotifySubscription(cl *mqtt.Client) {
 	filter := notifyFilter(cl.ID)
 	if _, own := cl.State.Subscriptions.Get(filter); !own {
 		b.srv.Topics.Unsubscribe(filter, cl.ID)
+		b.routes.changed()
 	}
 }
 

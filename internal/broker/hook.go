@@ -32,7 +32,9 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
 		mqtt.OnPacketRead,
-		mqtt.OnClientExpired:
+		mqtt.OnClientExpired,
+		mqtt.OnSubscribed,
+		mqtt.OnUnsubscribed:
 		return true
 	}
 	return false
@@ -56,6 +58,7 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // OnSessionEstablished cancels a delayed will of the client and judges the subscriptions a resumed session brought
 // along against the client's current grant.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	h.b.routes.changed()
 	h.b.cancelWill(cl.ID)
 	if c := h.b.connOf(cl); c != nil {
 		h.b.pruneSubscriptions(cl, c)
@@ -142,6 +145,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	req := &statestore.Request{
 		ClientID:        cl.ID,
 		Conn:            c.id,
+		Origin:          c,
 		Grant:           c.grant.Load(),
 		Payload:         pk.Payload,
 		ResponseTopic:   pk.Properties.ResponseTopic,
@@ -157,9 +161,16 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			req.FencingToken, req.HasFencingToken = u.Val, true
 		}
 	}
-	h.b.handler.Handle(req)
+	h.b.handle(cl, c, req)
 	return pk, packets.CodeSuccessIgnore
 }
+
+// OnSubscribed and OnUnsubscribed: the topic index changed (see
+// replyRoutes), as it does when a session ends (OnDisconnect,
+// OnClientExpired) or starts clean (OnSessionEstablished).
+func (h *hook) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.b.routes.changed() }
+
+func (h *hook) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.b.routes.changed() }
 
 func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 	if strings.HasPrefix(pk.TopicName, statestore.NotifyPrefix) {
@@ -173,12 +184,14 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 // reusing the id would inherit them.
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
 	h.b.srv.UnsubscribeClient(cl)
+	h.b.routes.changed()
 	h.b.ids.forget(cl.ID)
 }
 
 // OnDisconnect sends the client's will unless it ended with a normal
 // DISCONNECT (mochi reports that as no error).
 func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	h.b.routes.changed()
 	if expire && !cl.IsTakenOver() {
 		h.b.ids.forget(cl.ID)
 	}

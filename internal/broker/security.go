@@ -42,6 +42,7 @@ type conn struct {
 	slow             atomic.Bool          // being disconnected as a slow consumer
 	since            time.Time            // when it connected
 	will             atomic.Pointer[will] // nil: none, or already sent
+	replies          connReplies          // see Broker.Reply
 }
 
 var errAuthFailed = errors.New("authentication failed")
@@ -252,6 +253,7 @@ func (b *Broker) pruneSubscriptions(cl *mqtt.Client, c *conn) {
 		if b.srv.Topics.Unsubscribe(filter, cl.ID) {
 			atomic.AddInt64(&b.srv.Info.Subscriptions, -1)
 		}
+		b.routes.changed()
 		cl.State.Subscriptions.Delete(filter)
 		if b.sessions != nil {
 			b.sessions.OnUnsubscribed(cl, packets.Packet{Filters: packets.Subscriptions{sub}})

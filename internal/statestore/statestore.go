@@ -107,6 +107,9 @@ type Request struct {
 	// the Has flags tell an absent property from an empty one.
 	Timestamp, FencingToken       string
 	HasTimestamp, HasFencingToken bool
+	// Origin is the transport's own handle on the connection the request
+	// came from, for its Reply; the service does not look at it.
+	Origin any
 
 	start   time.Time // when Handle took it, for latency metrics
 	command string    // the verb, for metrics

@@ -1,0 +1,285 @@
+package broker
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// Replies to state store requests.
+//
+// Published through mochi (InjectPacket), a reply walks the topic index
+// for its response topic, a deep topic, building maps of subscribers, and
+// is handed to mochi's write goroutine for the client: about a fifth of
+// the server's CPU for a GET. Yet nearly always the response topic has one
+// subscriber, the client that asked. So when the topic's sole subscriber
+// is known to be the asking client, the reply is written to it directly:
+// by the client's own reader if made while it handles the request (GET,
+// PING, errors: most replies), else (writes, once committed) by a reply
+// writer of the connection's own, because the goroutine that commits
+// serves every client and must never wait on one client's socket. Any
+// other case goes through mochi, as does a reply its connection's writer
+// has no room for.
+
+// replyRoutes remembers, per response topic, whether the topic's only
+// subscriber is a single client, and with what subscription. Any change
+// to the topic index bumps the generation and forgets everything.
+type replyRoutes struct {
+	gen atomic.Uint64
+	mu  sync.Mutex
+	at  uint64           // the generation m was filled at
+	m   map[string]route // response topic → its subscribers, if only one
+}
+
+// route is a response topic's sole subscriber; client "" when the topic
+// has none, several, shared or inline ones.
+type route struct {
+	client string
+	sub    packets.Subscription
+}
+
+// maxRoutes bounds the memory of replyRoutes: past it, it starts over.
+const maxRoutes = 1 << 16
+
+// changed records a change to the topic index (a subscription added or
+// removed anywhere).
+func (rr *replyRoutes) changed() { rr.gen.Add(1) }
+
+// lookup returns topic's route, finding it with find when not known at
+// this generation.
+func (rr *replyRoutes) lookup(topic string, find func() route) route {
+	gen := rr.gen.Load()
+	rr.mu.Lock()
+	if rr.at != gen || len(rr.m) >= maxRoutes {
+		rr.m, rr.at = map[string]route{}, gen
+	}
+	r, ok := rr.m[topic]
+	rr.mu.Unlock()
+	if ok {
+		return r
+	}
+	r = find()
+	rr.mu.Lock()
+	if rr.at == gen {
+		rr.m[topic] = r
+	}
+	rr.mu.Unlock()
+	return r
+}
+
+// soleSubscriber finds whether the topic's only subscriber is one client.
+func (b *Broker) soleSubscriber(topic string) route {
+	subs := b.srv.Topics.Subscribers(topic)
+	if len(subs.Shared) > 0 || len(subs.InlineSubscriptions) > 0 || len(subs.Subscriptions) != 1 {
+		return route{}
+	}
+	for id, sub := range subs.Subscriptions {
+		return route{client: id, sub: sub}
+	}
+	return route{}
+}
+
+// connReplies routes the replies to one connection's requests (see
+// Broker.Reply).
+type connReplies struct {
+	mu       sync.Mutex
+	cl       *mqtt.Client // the connection's client, once it made a request
+	handling bool         // its reader is in the state store's Handle
+	held     []heldReply  // replies made meanwhile, for the reader to write
+	queue    chan heldReply
+	done     chan struct{} // closed when the connection ends
+	ended    bool
+}
+
+type heldReply struct {
+	r       *statestore.Request
+	payload []byte
+	version hlc.Timestamp
+}
+
+// replyQueue bounds the replies waiting for a connection's reply writer;
+// past it they go through mochi.
+const replyQueue = 256
+
+// handle runs the state store's handling of a request on the client's
+// reader, then writes the replies made meanwhile.
+func (b *Broker) handle(cl *mqtt.Client, c *conn, req *statestore.Request) {
+	c.replies.mu.Lock()
+	c.replies.cl, c.replies.handling = cl, true
+	c.replies.mu.Unlock()
+	b.handler.Handle(req)
+	c.replies.mu.Lock()
+	c.replies.handling = false
+	held := c.replies.held
+	c.replies.held = nil
+	c.replies.mu.Unlock()
+	for _, h := range held {
+		b.deliver(cl, h)
+	}
+}
+
+// Reply implements statestore.Transport.
+func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timestamp) {
+	h := heldReply{r, payload, version}
+	if c, ok := r.Origin.(*conn); ok {
+		cr := &c.replies
+		cr.mu.Lock()
+		switch {
+		case cr.handling:
+			cr.held = append(cr.held, h)
+			cr.mu.Unlock()
+			return
+		case cr.cl != nil && !cr.ended:
+			if cr.queue == nil {
+				cr.queue, cr.done = make(chan heldReply, replyQueue), make(chan struct{})
+				go b.writeReplies(cr.cl, cr.queue, cr.done)
+			}
+			select {
+			case cr.queue <- h:
+				cr.mu.Unlock()
+				return
+			default: // the writer is behind: a slow reader
+			}
+		}
+		cr.mu.Unlock()
+	}
+	b.inject(r.ResponseTopic, payload, replyProperties(r, version))
+}
+
+// writeReplies is a connection's reply writer, from its first reply made
+// off its reader until the connection ends; what is left then goes
+// through mochi, into the session if it persists.
+func (b *Broker) writeReplies(cl *mqtt.Client, queue chan heldReply, done chan struct{}) {
+	for {
+		select {
+		case h := <-queue:
+			b.deliver(cl, h)
+		case <-done:
+			for {
+				select {
+				case h := <-queue:
+					b.deliver(cl, h)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// endReplies stops the connection's reply writer: its connection ended.
+func (c *conn) endReplies() {
+	c.replies.mu.Lock()
+	defer c.replies.mu.Unlock()
+	if !c.replies.ended {
+		c.replies.ended = true
+		if c.replies.done != nil {
+			close(c.replies.done)
+		}
+	}
+}
+
+// deliver writes a reply to cl directly if it can, else through mochi.
+func (b *Broker) deliver(cl *mqtt.Client, h heldReply) {
+	if !b.replyDirect(cl, h.r, h.payload, h.version) {
+		b.inject(h.r.ResponseTopic, h.payload, replyProperties(h.r, h.version))
+	}
+}
+
+var statOK = packets.UserProperty{Key: "__stat", Val: "200"}
+
+// replyProperties are a reply's: the request's correlation data and
+// message expiry, __stat=200 and the version, if any, as __ts.
+func replyProperties(r *statestore.Request, version hlc.Timestamp) packets.Properties {
+	user := make([]packets.UserProperty, 1, 2)
+	user[0] = statOK
+	if !version.IsZero() {
+		user = append(user, packets.UserProperty{Key: "__ts", Val: version.String()})
+	}
+	return packets.Properties{
+		CorrelationData:       r.CorrelationData,
+		MessageExpiryInterval: r.MessageExpiry,
+		User:                  user,
+		ContentType:           contentType,
+	}
+}
+
+// replyDirect writes the reply to cl, as mochi would
+// deliver it through the topic index (publishToClient in v2.7.9): the
+// client must be the response topic's only subscriber, and the cases this
+// does not handle (topic aliases, a nearly full session) go through mochi.
+// It reports whether it took the reply.
+func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []byte, version hlc.Timestamp) bool {
+	rt := b.routes.lookup(r.ResponseTopic, func() route { return b.soleSubscriber(r.ResponseTopic) })
+	if rt.client != cl.ID || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {
+		return false
+	}
+	// The index may not be changed yet for a subscription just removed
+	// (mochi ends a session's subscriptions after OnDisconnect).
+	if _, ok := cl.State.Subscriptions.Get(rt.sub.Filter); !ok || !b.allowed(cl, r.ResponseTopic, false) {
+		return false
+	}
+	caps := b.srv.Options.Capabilities
+	qos := min(rt.sub.Qos, 1, caps.MaximumQos)
+	if qos > 0 {
+		// mochi holds a message back while the client's receive
+		// maximum (0: none given, no limit) is used up; with one slot
+		// left, leave it to mochi.
+		n := cl.State.Inflight.Len()
+		if recv := int(cl.Properties.Props.ReceiveMaximum); n+1 >= int(caps.MaximumInflight) || recv > 0 && n+1 >= recv {
+			return false
+		}
+	}
+	now := time.Now().Unix()
+	out := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos},
+		TopicName:   r.ResponseTopic,
+		Payload:     payload,
+		Properties:  replyProperties(r, version),
+		Origin:      b.inline.ID,
+	}
+	if expiry := nonZeroMin(caps.MaximumMessageExpiryInterval, int64(r.MessageExpiry)); expiry > 0 {
+		out.Expiry = now + expiry
+	}
+	if len(rt.sub.Identifiers) > 0 { // MQTT-3.3.4-3
+		for _, id := range rt.sub.Identifiers {
+			out.Properties.SubscriptionIdentifier = append(out.Properties.SubscriptionIdentifier, id)
+		}
+		slices.Sort(out.Properties.SubscriptionIdentifier)
+	}
+	b.seq.stamp(&out)
+	if qos > 0 {
+		id, err := cl.NextPacketID()
+		if err != nil {
+			return false
+		}
+		out.PacketID = uint16(id)
+		if cl.State.Inflight.Set(out) {
+			atomic.AddInt64(&b.srv.Info.Inflight, 1)
+			if b.sessions != nil {
+				b.sessions.OnQosPublish(cl, out, out.Created, 0)
+			}
+			cl.State.Inflight.DecreaseSendQuota()
+		}
+	}
+	if err := cl.WritePacket(out); err != nil {
+		// Kept in the session if QoS 1, as mochi does.
+		b.log.Debug("reply not written", "client", cl.ID, "error", err)
+	}
+	return true
+}
+
+// nonZeroMin is the smaller of a and b where zero means no limit.
+func nonZeroMin(a, b int64) int64 {
+	if a == 0 || b != 0 && b < a {
+		return b
+	}
+	return a
+}
