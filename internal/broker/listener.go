@@ -202,7 +202,7 @@ func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 // one system call.
 func (c *clientConn) Read(p []byte) (int, error) {
 	c.wmu.Lock()
-	if len(c.pending) > 0 && !c.awaitReply(time.Now()) {
+	if len(c.pending) > 0 && !c.awaitReply() {
 		// Writers the packets just read woke (the routed message's
 		// write loop) get to add theirs first.
 		c.wmu.Unlock()
@@ -295,8 +295,8 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		}
 		return len(p), nil
 	}
-	if now := time.Now(); !c.awaitReply(now) && !c.armed {
-		c.sendBy(now.Add(coalesceHold))
+	if !c.awaitReply() && !c.armed {
+		c.sendBy(time.Now().Add(coalesceHold))
 	}
 	return len(p), nil
 }
@@ -314,9 +314,9 @@ func (c *clientConn) ExpectReply() {
 // awaitReply reports whether a state store reply is due; if so, what is
 // pending waits for it, and the timer's bound moves from coalesceHold to
 // the reply's.
-func (c *clientConn) awaitReply(now time.Time) bool {
+func (c *clientConn) awaitReply() bool {
 	due := c.replyDue.Load()
-	if due == 0 || now.UnixNano() >= due {
+	if due == 0 || time.Now().UnixNano() >= due {
 		return false
 	}
 	c.armed = false

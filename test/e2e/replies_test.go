@@ -31,11 +31,11 @@ func TestReplyFollowsTheResponseTopicsSubscribers(t *testing.T) {
 	expectPayload(t, a.call("SET", "k", "v"), "+OK\r\n") // made once committed
 	b.expectMessage(a.respTopc, "+OK\r\n")
 
-	unsubscribe(t, b, a.respTopc)
+	b.unsubscribe(a.respTopc)
 	expectPayload(t, a.call("GET", "k"), "$1\r\nv\r\n")
 	b.expectNone(300*time.Millisecond, "unsubscribed listener")
 
-	unsubscribe(t, a, a.respTopc)
+	a.unsubscribe(a.respTopc)
 	reply := a.send(req{args: []string{"GET", "k"}, ts: now()})
 	select {
 	case p := <-reply:
@@ -59,11 +59,11 @@ func TestReplyHonoursTheSubscription(t *testing.T) {
 	}
 }
 
-func unsubscribe(t *testing.T, rc *rawClient, filter string) {
-	t.Helper()
+func (rc *rawClient) unsubscribe(filter string) {
+	rc.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := rc.c.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{filter}}); err != nil {
-		t.Fatalf("unsubscribe %s: %v", filter, err)
+		rc.t.Fatalf("unsubscribe %s: %v", filter, err)
 	}
 }
