@@ -139,3 +139,25 @@ func TestAcknowledgementWithoutReplyDue(t *testing.T) {
 		t.Fatalf("PUBACK sent after %v, before the reply's hold (%v) ended", waited, replyHold)
 	}
 }
+
+func TestHasPublish(t *testing.T) {
+	long := append([]byte{0x32, 0x83, 0x01}, make([]byte, 131)...) // QoS 1 PUBLISH, 131 bytes
+	for _, c := range []struct {
+		name string
+		p    []byte
+		want bool
+	}{
+		{"PUBACK", pubackBytes, false},
+		{"PUBLISH", publishBytes, true},
+		{"PUBACK then PUBLISH", append(bytes.Clone(pubackBytes), publishBytes...), true},
+		{"PUBACK then a long PUBLISH", append(bytes.Clone(pubackBytes), long...), true},
+		{"two PUBACKs", append(bytes.Clone(pubackBytes), pubackBytes...), false},
+		{"PUBACK cut short", pubackBytes[:3], false},
+		{"a length of five bytes", []byte{0x40, 0x80, 0x80, 0x80, 0x80, 0x01}, false},
+		{"nothing", nil, false},
+	} {
+		if got := hasPublish(c.p); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"strings"
+	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -137,9 +138,18 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		h.b.kick(cl, packets.ErrNotAuthorized)
 		return pk, packets.CodeSuccessIgnore
 	}
-	// The reply most likely goes back on this connection (the SDKs
-	// subscribe to their own response topics): the PUBACK goes with it.
-	if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.FixedHeader.Qos > 0 && pk.Properties.ResponseTopic != "" {
+	if pk.FixedHeader.Qos > 0 && cl.State.Inflight.Set(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}) {
+		// mochi records the request's acknowledgement under its id only
+		// after this hook, in the one map it keeps for both directions:
+		// a reply made meanwhile (a GET's, here) could take the same id
+		// and lose its record to the acknowledgement. Recorded now, the
+		// id is taken; mochi's record replaces this one and its removal
+		// counts it out.
+		atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
+	}
+	// The reply comes back on this connection (the SDKs subscribe to
+	// their own response topics): the PUBACK goes with it.
+	if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.FixedHeader.Qos > 0 && pk.Properties.ResponseTopic != "" && h.b.repliesTo(cl, pk.Properties.ResponseTopic) {
 		cc.ExpectReply()
 	}
 	req := &statestore.Request{

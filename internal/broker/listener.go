@@ -284,7 +284,7 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		return 0, c.werr
 	}
 	c.pending = append(c.pending, p...)
-	if len(p) > 0 && p[0]>>4 == packets.Publish {
+	if c.replyDue.Load() != 0 && hasPublish(p) {
 		// Most likely the awaited reply: what is pending waits no more
 		// for one.
 		c.replyDue.Store(0)
@@ -299,6 +299,32 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		c.sendBy(time.Now().Add(coalesceHold))
 	}
 	return len(p), nil
+}
+
+// hasPublish reports whether p, whole MQTT packets (mochi writes one, or
+// several it buffered), holds a PUBLISH.
+func hasPublish(p []byte) bool {
+	for len(p) > 0 {
+		if p[0]>>4 == packets.Publish {
+			return true
+		}
+		size, n := 0, 1
+		for shift := 0; ; shift += 7 {
+			if n == len(p) || n > 4 {
+				return false
+			}
+			size |= int(p[n]&0x7f) << shift
+			n++
+			if p[n-1]&0x80 == 0 {
+				break
+			}
+		}
+		if size > len(p)-n {
+			return false
+		}
+		p = p[n+size:]
+	}
+	return false
 }
 
 // ExpectReply says that the packet being read is a state store request

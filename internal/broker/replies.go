@@ -74,6 +74,11 @@ func (rr *replyRoutes) lookup(topic string, find func() route) route {
 	return r
 }
 
+// repliesTo reports whether the replies on topic go to cl alone.
+func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool {
+	return b.routes.lookup(topic, func() route { return b.soleSubscriber(topic) }).client == cl.ID
+}
+
 // soleSubscriber finds whether the topic's only subscriber is one client.
 func (b *Broker) soleSubscriber(topic string) route {
 	subs := b.srv.Topics.Subscribers(topic)
@@ -90,9 +95,9 @@ func (b *Broker) soleSubscriber(topic string) route {
 // Broker.Reply).
 type connReplies struct {
 	mu       sync.Mutex
-	cl       *mqtt.Client // the connection's client, once it made a request
-	handling bool         // its reader is in the state store's Handle
-	held     []heldReply  // replies made meanwhile, for the reader to write
+	cl       *mqtt.Client        // the connection's client, once it made a request
+	handling *statestore.Request // the request its reader is handling
+	held     []heldReply         // replies to it made meanwhile, for the reader to write
 	queue    chan heldReply
 	done     chan struct{} // closed when the connection ends
 	ended    bool
@@ -112,11 +117,11 @@ const replyQueue = 256
 // reader, then writes the replies made meanwhile.
 func (b *Broker) handle(cl *mqtt.Client, c *conn, req *statestore.Request) {
 	c.replies.mu.Lock()
-	c.replies.cl, c.replies.handling = cl, true
+	c.replies.cl, c.replies.handling = cl, req
 	c.replies.mu.Unlock()
 	b.handler.Handle(req)
 	c.replies.mu.Lock()
-	c.replies.handling = false
+	c.replies.handling = nil
 	held := c.replies.held
 	c.replies.held = nil
 	c.replies.mu.Unlock()
@@ -132,7 +137,11 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 		cr := &c.replies
 		cr.mu.Lock()
 		switch {
-		case cr.handling:
+		case cr.handling == r:
+			// Made by Handle itself (GET, PING, errors), or the reply
+			// of a write committed before Handle returned. Other
+			// requests' replies do not wait for this one: a GET may wait
+			// on another node's leader.
 			cr.held = append(cr.held, h)
 			cr.mu.Unlock()
 			return
@@ -239,11 +248,12 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 	}
 	now := time.Now().Unix()
 	out := packets.Packet{
-		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos},
-		TopicName:   r.ResponseTopic,
-		Payload:     payload,
-		Properties:  replyProperties(r, version),
-		Origin:      b.inline.ID,
+		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: qos},
+		TopicName:       r.ResponseTopic,
+		Payload:         payload,
+		Properties:      replyProperties(r, version),
+		Origin:          b.inline.ID,
+		ProtocolVersion: b.inline.Properties.ProtocolVersion, // mochi expires only v5 records
 	}
 	if expiry := nonZeroMin(caps.MaximumMessageExpiryInterval, int64(r.MessageExpiry)); expiry > 0 {
 		out.Expiry = now + expiry

@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 // Replies made on the asking client's reader are written straight to it
@@ -66,4 +69,57 @@ func (rc *rawClient) unsubscribe(filter string) {
 	if _, err := rc.c.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{filter}}); err != nil {
 		rc.t.Fatalf("unsubscribe %s: %v", filter, err)
 	}
+}
+
+// TestRepliesKeepTheirPacketIDs: a client that numbers its requests as the
+// server numbers its replies (both from 1, one each, as a client that
+// counts its ids up may) gets every reply under an id of its own. A reply
+// made while its request is being read took that request's id, and mochi,
+// which keeps both directions in one map, then recorded the request's
+// PUBACK over the reply's record: the reply would not be resent after a
+// reconnect, and the client's PUBACK for it found nothing, so the send
+// quota of a client with a Receive Maximum never came back and mochi held
+// every reply back once it was used up.
+// Both ways a reply takes: written by mqkv, and through mochi (which is
+// taken for a client that accepts topic aliases).
+func TestRepliesKeepTheirPacketIDs(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { repliesKeepTheirPacketIDs(t, 0) })
+	t.Run("through mochi", func(t *testing.T) { repliesKeepTheirPacketIDs(t, 10) })
+}
+
+func repliesKeepTheirPacketIDs(t *testing.T, aliases uint16) {
+	s := startServer(t, inMemory())
+	w := &wire{t: t, conn: dialTCP(t, s.Addr())}
+	recv := uint16(2)
+	w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "counter", CleanStart: true, KeepAlive: 30,
+		Properties: &packets.Properties{ReceiveMaximum: &recv, TopicAliasMaximum: &aliases}})
+	if ack, ok := w.next().Content.(*packets.Connack); !ok || ack.ReasonCode != 0 {
+		t.Fatalf("CONNACK: %+v", ack)
+	}
+	const response = "clients/counter/response"
+	w.send(&packets.Subscribe{PacketID: 1000, Subscriptions: []packets.SubOptions{{Topic: response, QoS: 1}}})
+	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.Reasons[0] != 1 {
+		t.Fatalf("SUBACK: %+v", ack)
+	}
+	for id := uint16(1); id <= 6; id++ {
+		w.send(&packets.Publish{PacketID: id, QoS: 1, Topic: statestore.RequestTopic, Payload: encode("PING"),
+			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(id)}}})
+		acked, replied := false, false
+		for !acked || !replied {
+			switch c := w.next().Content.(type) {
+			case *packets.Puback:
+				acked = acked || c.PacketID == id
+			case *packets.Publish:
+				if string(c.Payload) != "+PONG\r\n" || c.QoS != 1 {
+					t.Fatalf("request %d: reply %q at QoS %d", id, c.Payload, c.QoS)
+				}
+				if c.PacketID == id {
+					t.Fatalf("request %d: the reply took the request's id", id)
+				}
+				replied = true
+				w.send(&packets.Puback{PacketID: c.PacketID})
+			}
+		}
+	}
+	eventually(t, "every reply acknowledged, none in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
 }
