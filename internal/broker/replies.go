@@ -22,11 +22,11 @@ import (
 // subscriber, the client that asked. So when the topic's sole subscriber
 // is known to be the asking client, the reply is written to it directly:
 // by the client's own reader if made while it handles the request (GET,
-// PING, errors: most replies), else (writes, once committed) by a reply
-// writer of the connection's own, because the goroutine that commits
-// serves every client and must never wait on one client's socket. Any
-// other case goes through mochi, as does a reply its connection's writer
-// has no room for.
+// PING, errors: most replies), else (writes, once committed) by a writer
+// goroutine of the connection's own, started for each burst of replies,
+// because the goroutine that commits serves every client and must never
+// wait on one client's socket. Any other case goes through mochi, as does
+// a reply the connection's writer has too many queued before.
 
 // replyRoutes remembers, per response topic, whether the topic's only
 // subscriber is a single client, and with what subscription. Any change
@@ -98,9 +98,9 @@ type connReplies struct {
 	cl       *mqtt.Client        // the connection's client, once it made a request
 	handling *statestore.Request // the request its reader is handling
 	held     []heldReply         // replies to it made meanwhile, for the reader to write
-	queue    chan heldReply
-	done     chan struct{} // closed when the connection ends
-	ended    bool
+	queue    []heldReply         // other replies, for the writer
+	writing  bool                // a writer runs
+	ended    bool                // the connection ended
 }
 
 type heldReply struct {
@@ -109,8 +109,8 @@ type heldReply struct {
 	version hlc.Timestamp
 }
 
-// replyQueue bounds the replies waiting for a connection's reply writer;
-// past it they go through mochi.
+// replyQueue bounds the replies waiting for a connection's writer; past it
+// they go through mochi.
 const replyQueue = 256
 
 // handle runs the state store's handling of a request on the client's
@@ -145,54 +145,47 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 			cr.held = append(cr.held, h)
 			cr.mu.Unlock()
 			return
-		case cr.cl != nil && !cr.ended:
-			if cr.queue == nil {
-				cr.queue, cr.done = make(chan heldReply, replyQueue), make(chan struct{})
-				go b.writeReplies(cr.cl, cr.queue, cr.done)
+		case cr.cl != nil && !cr.ended && len(cr.queue) < replyQueue:
+			cr.queue = append(cr.queue, h)
+			if !cr.writing {
+				// A writer for this burst of replies: none stays behind
+				// for connections that are idle.
+				cr.writing = true
+				go b.writeReplies(cr)
 			}
-			select {
-			case cr.queue <- h:
-				cr.mu.Unlock()
-				return
-			default: // the writer is behind: a slow reader
-			}
+			cr.mu.Unlock()
+			return
 		}
 		cr.mu.Unlock()
 	}
 	b.inject(r.ResponseTopic, payload, replyProperties(r, version))
 }
 
-// writeReplies is a connection's reply writer, from its first reply made
-// off its reader until the connection ends; what is left then goes
-// through mochi, into the session if it persists.
-func (b *Broker) writeReplies(cl *mqtt.Client, queue chan heldReply, done chan struct{}) {
+// writeReplies writes a connection's queued replies, in order, until
+// none is left. Once the connection has ended they go through mochi,
+// into the session if it persists.
+func (b *Broker) writeReplies(cr *connReplies) {
 	for {
-		select {
-		case h := <-queue:
+		cr.mu.Lock()
+		batch, cl := cr.queue, cr.cl
+		cr.queue = nil
+		if len(batch) == 0 {
+			cr.writing = false
+			cr.mu.Unlock()
+			return
+		}
+		cr.mu.Unlock()
+		for _, h := range batch {
 			b.deliver(cl, h)
-		case <-done:
-			for {
-				select {
-				case h := <-queue:
-					b.deliver(cl, h)
-				default:
-					return
-				}
-			}
 		}
 	}
 }
 
-// endReplies stops the connection's reply writer: its connection ended.
+// endReplies says the connection ended: later replies go through mochi.
 func (c *conn) endReplies() {
 	c.replies.mu.Lock()
-	defer c.replies.mu.Unlock()
-	if !c.replies.ended {
-		c.replies.ended = true
-		if c.replies.done != nil {
-			close(c.replies.done)
-		}
-	}
+	c.replies.ended = true
+	c.replies.mu.Unlock()
 }
 
 // deliver writes a reply to cl directly if it can, else through mochi.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -122,4 +123,49 @@ func repliesKeepTheirPacketIDs(t *testing.T, aliases uint16) {
 		}
 	}
 	eventually(t, "every reply acknowledged, none in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
+}
+
+// TestReplyWaitsInThePersistentSession: a client with a persistent
+// session that drops its connection right after a request gets the reply
+// when it comes back, whether the reply was written before the drop (and
+// never acknowledged) or made after it.
+func TestReplyWaitsInThePersistentSession(t *testing.T) {
+	s := startServer(t)
+	const response = "clients/leaver/response"
+	expiry := uint32(300)
+	connect := func(clean bool) *wire {
+		w := &wire{t: t, conn: dialTCP(t, s.Addr())}
+		w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "leaver", CleanStart: clean, KeepAlive: 30,
+			Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
+		if ack, ok := w.next().Content.(*packets.Connack); !ok || ack.ReasonCode != 0 {
+			t.Fatalf("CONNACK: %+v", ack)
+		}
+		return w
+	}
+	w := connect(true)
+	w.send(&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: response, QoS: 1}}})
+	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.Reasons[0] != 1 {
+		t.Fatalf("SUBACK: %+v", ack)
+	}
+	for i := range 5 {
+		w.send(&packets.Publish{PacketID: uint16(10 + i), QoS: 1, Topic: statestore.RequestTopic, Payload: encode("SET", fmt.Sprint("k", i), "v"),
+			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(i)},
+				User: []packets.User{{Key: "__ts", Value: *now()}}}})
+	}
+	w.conn.Close() // at once: replies come after the log flush
+	eventually(t, "the drop noticed", func() bool { return s.Broker().ClientsConnected() == 0 })
+
+	w = connect(false)
+	got := map[byte]bool{}
+	for len(got) < 5 {
+		p, ok := w.next().Content.(*packets.Publish)
+		if !ok {
+			continue
+		}
+		if p.Topic != response || string(p.Payload) != "+OK\r\n" || len(p.Properties.CorrelationData) != 1 {
+			t.Fatalf("unexpected message %+v", p)
+		}
+		got[p.Properties.CorrelationData[0]] = true
+		w.send(&packets.Puback{PacketID: p.PacketID})
+	}
 }
