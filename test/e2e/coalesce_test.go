@@ -16,16 +16,9 @@ import (
 // less on each end per request). The order of the two is not fixed.
 func TestRequestAcknowledgedWithItsReply(t *testing.T) {
 	s := startServer(t) // durable: the reply waits for a log flush
-	w := &wire{t: t, conn: dialTCP(t, s.Addr())}
-	w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "acker", CleanStart: true, KeepAlive: 30})
-	if ack, ok := w.next().Content.(*packets.Connack); !ok || ack.ReasonCode != 0 {
-		t.Fatalf("CONNACK: %+v", ack)
-	}
+	w, _ := dialWire(t, s, packets.Connect{ClientID: "acker", CleanStart: true})
 	const response = "clients/acker/response"
-	w.send(&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: response, QoS: 1}}})
-	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.Reasons[0] != 1 {
-		t.Fatalf("SUBACK: %+v", ack)
-	}
+	w.subscribe(1, response)
 	together := 0
 	for i := range 20 {
 		id := uint16(10 + i)

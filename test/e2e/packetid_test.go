@@ -36,6 +36,29 @@ func (w *wire) next() *packets.ControlPacket {
 	return p
 }
 
+// dialWire connects a hand-driven client with the given CONNECT (MQTT 5,
+// keep-alive 30 s) and returns it with its CONNACK, which must accept it.
+func dialWire(t *testing.T, s interface{ Addr() string }, c packets.Connect) (*wire, *packets.Connack) {
+	t.Helper()
+	w := &wire{t: t, conn: dialTCP(t, s.Addr())}
+	c.ProtocolName, c.ProtocolVersion, c.KeepAlive = "MQTT", 5, 30
+	w.send(&c)
+	ack, ok := w.next().Content.(*packets.Connack)
+	if !ok || ack.ReasonCode != 0 {
+		t.Fatalf("CONNACK: %+v", ack)
+	}
+	return w, ack
+}
+
+// subscribe subscribes to filter at QoS 1 under id, which must be granted.
+func (w *wire) subscribe(id uint16, filter string) {
+	w.t.Helper()
+	w.send(&packets.Subscribe{PacketID: id, Subscriptions: []packets.SubOptions{{Topic: filter, QoS: 1}}})
+	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.PacketID != id || len(ack.Reasons) != 1 || ack.Reasons[0] != 1 {
+		w.t.Fatalf("SUBACK for %s: %+v, want id %d granted QoS 1", filter, ack, id)
+	}
+}
+
 // TestClientPacketIDsAreTheirOwn (MQTT-2.2.1-2, 2.2.1-3): a client resumes
 // a session with QoS 1 messages queued for it, and before acknowledging
 // them uses the same packet ids for its own SUBSCRIBE, UNSUBSCRIBE, QoS 1
@@ -57,11 +80,11 @@ func TestClientPacketIDsAreTheirOwn(t *testing.T) {
 	}
 	eventually(t, "4 messages queued", func() bool { return s.Broker().Traffic().Inflight == 4 })
 
-	w := &wire{t: t, conn: dialTCP(t, s.Addr())}
 	expiry := uint32(300)
-	w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "resumer", KeepAlive: 30, Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
-	if ack, ok := w.next().Content.(*packets.Connack); !ok || !ack.SessionPresent || ack.ReasonCode != 0 {
-		t.Fatalf("CONNACK: %+v", ack)
+	resume := packets.Connect{ClientID: "resumer", Properties: &packets.Properties{SessionExpiryInterval: &expiry}}
+	w, ack := dialWire(t, s, resume)
+	if !ack.SessionPresent {
+		t.Fatalf("CONNACK: %+v, want the session present", ack)
 	}
 	queued := map[uint16]string{}
 	for len(queued) < 4 {
@@ -78,14 +101,8 @@ func TestClientPacketIDsAreTheirOwn(t *testing.T) {
 	}
 
 	// The client's own packets, under the ids of the unacknowledged ones.
-	w.send(&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: "b/#", QoS: 1}}})
-	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.PacketID != 1 || len(ack.Reasons) != 1 || ack.Reasons[0] != 1 {
-		t.Fatalf("SUBACK: %+v, want id 1 granted QoS 1", ack)
-	}
-	w.send(&packets.Subscribe{PacketID: 2, Subscriptions: []packets.SubOptions{{Topic: "c/#", QoS: 1}}})
-	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.PacketID != 2 || ack.Reasons[0] != 1 {
-		t.Fatalf("second SUBACK: %+v", ack)
-	}
+	w.subscribe(1, "b/#")
+	w.subscribe(2, "c/#")
 	w.send(&packets.Unsubscribe{PacketID: 2, Topics: []string{"c/#"}})
 	if ack, ok := w.next().Content.(*packets.Unsuback); !ok || ack.PacketID != 2 || ack.Reasons[0] != 0 {
 		t.Fatalf("UNSUBACK: %+v, want id 2 success", ack)
@@ -133,9 +150,7 @@ func TestClientPacketIDsAreTheirOwn(t *testing.T) {
 	w.send(&packets.Puback{PacketID: echoed.PacketID})
 	w.conn.Close()
 	eventually(t, "the resumer's disconnect", func() bool { return s.Broker().ClientsConnected() == 1 })
-	w = &wire{t: t, conn: dialTCP(t, s.Addr())}
-	w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "resumer", KeepAlive: 30, Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
-	if ack, ok := w.next().Content.(*packets.Connack); !ok || !ack.SessionPresent {
+	if w, ack = dialWire(t, s, resume); !ack.SessionPresent {
 		t.Fatalf("second CONNACK: %+v", ack)
 	}
 	if p, ok := w.next().Content.(*packets.Publish); !ok || p.Topic != queued[3] {

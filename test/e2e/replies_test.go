@@ -90,18 +90,11 @@ func TestRepliesKeepTheirPacketIDs(t *testing.T) {
 
 func repliesKeepTheirPacketIDs(t *testing.T, aliases uint16) {
 	s := startServer(t, inMemory())
-	w := &wire{t: t, conn: dialTCP(t, s.Addr())}
 	recv := uint16(2)
-	w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "counter", CleanStart: true, KeepAlive: 30,
+	w, _ := dialWire(t, s, packets.Connect{ClientID: "counter", CleanStart: true,
 		Properties: &packets.Properties{ReceiveMaximum: &recv, TopicAliasMaximum: &aliases}})
-	if ack, ok := w.next().Content.(*packets.Connack); !ok || ack.ReasonCode != 0 {
-		t.Fatalf("CONNACK: %+v", ack)
-	}
 	const response = "clients/counter/response"
-	w.send(&packets.Subscribe{PacketID: 1000, Subscriptions: []packets.SubOptions{{Topic: response, QoS: 1}}})
-	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.Reasons[0] != 1 {
-		t.Fatalf("SUBACK: %+v", ack)
-	}
+	w.subscribe(1000, response)
 	for id := uint16(1); id <= 6; id++ {
 		w.send(&packets.Publish{PacketID: id, QoS: 1, Topic: statestore.RequestTopic, Payload: encode("PING"),
 			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(id)}}})
@@ -134,19 +127,12 @@ func TestReplyWaitsInThePersistentSession(t *testing.T) {
 	const response = "clients/leaver/response"
 	expiry := uint32(300)
 	connect := func(clean bool) *wire {
-		w := &wire{t: t, conn: dialTCP(t, s.Addr())}
-		w.send(&packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: "leaver", CleanStart: clean, KeepAlive: 30,
+		w, _ := dialWire(t, s, packets.Connect{ClientID: "leaver", CleanStart: clean,
 			Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
-		if ack, ok := w.next().Content.(*packets.Connack); !ok || ack.ReasonCode != 0 {
-			t.Fatalf("CONNACK: %+v", ack)
-		}
 		return w
 	}
 	w := connect(true)
-	w.send(&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: response, QoS: 1}}})
-	if ack, ok := w.next().Content.(*packets.Suback); !ok || ack.Reasons[0] != 1 {
-		t.Fatalf("SUBACK: %+v", ack)
-	}
+	w.subscribe(1, response)
 	for i := range 5 {
 		w.send(&packets.Publish{PacketID: uint16(10 + i), QoS: 1, Topic: statestore.RequestTopic, Payload: encode("SET", fmt.Sprint("k", i), "v"),
 			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(i)},
