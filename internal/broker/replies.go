@@ -74,10 +74,13 @@ func (rr *replyRoutes) lookup(topic string, find func() route) route {
 	return r
 }
 
-// repliesTo reports whether the replies on topic go to cl alone.
-func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool {
-	return b.routes.lookup(topic, func() route { return b.soleSubscriber(topic) }).client == cl.ID
+// routeOf returns the response topic's route.
+func (b *Broker) routeOf(topic string) route {
+	return b.routes.lookup(topic, func() route { return b.soleSubscriber(topic) })
 }
+
+// repliesTo reports whether the replies on topic go to cl alone.
+func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool { return b.routeOf(topic).client == cl.ID }
 
 // soleSubscriber finds whether the topic's only subscriber is one client.
 func (b *Broker) soleSubscriber(topic string) route {
@@ -219,7 +222,7 @@ func replyProperties(r *statestore.Request, version hlc.Timestamp) packets.Prope
 // does not handle (topic aliases, a nearly full session) go through mochi.
 // It reports whether it took the reply.
 func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []byte, version hlc.Timestamp) bool {
-	rt := b.routes.lookup(r.ResponseTopic, func() route { return b.soleSubscriber(r.ResponseTopic) })
+	rt := b.routeOf(r.ResponseTopic)
 	if rt.client != cl.ID || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {
 		return false
 	}
