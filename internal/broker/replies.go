@@ -80,7 +80,9 @@ func (b *Broker) routeOf(topic string) route {
 }
 
 // repliesTo reports whether the replies on topic go to cl alone.
-func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool { return b.routeOf(topic).client == cl.ID }
+func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool {
+	return b.routeOf(topic).client == cl.ID
+}
 
 // soleSubscriber finds whether the topic's only subscriber is one client.
 func (b *Broker) soleSubscriber(topic string) route {
