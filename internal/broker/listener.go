@@ -331,8 +331,8 @@ func hasPublish(p []byte) bool {
 // whose reply comes back on this connection: the acknowledgement mochi
 // writes for it waits for the reply (at most replyHold), and the two
 // leave in one system call instead of two, on both ends. Like TCP's
-// delayed acknowledgement, it costs nothing when the reply comes, and a
-// client whose reply goes elsewhere gets its PUBACK replyHold late.
+// delayed acknowledgement, it costs nothing when the reply comes; if it
+// does not, the PUBACK leaves replyHold late.
 func (c *clientConn) ExpectReply() {
 	c.replyDue.Store(time.Now().Add(replyHold).UnixNano())
 }
