@@ -313,8 +313,7 @@ func (b *Broker) sweep() {
 			if !persistent(cl) {
 				if cur, ok := b.srv.Clients.Get(cl.ID); ok && cur == cl {
 					b.srv.Clients.Delete(cl.ID)
-					b.srv.UnsubscribeClient(cl)
-					b.routes.changed()
+					b.srv.UnsubscribeClient(cl) // OnUnsubscribed: routes changed
 				}
 			}
 			return true

@@ -59,7 +59,7 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // OnSessionEstablished cancels a delayed will of the client and judges the subscriptions a resumed session brought
 // along against the client's current grant.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
-	h.b.routes.changed()
+	h.b.routes.changed() // mochi re-adds a resumed session's subscriptions without a hook
 	h.b.cancelWill(cl.ID)
 	if c := h.b.connOf(cl); c != nil {
 		h.b.pruneSubscriptions(cl, c)
@@ -175,9 +175,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	return pk, packets.CodeSuccessIgnore
 }
 
-// OnSubscribed and OnUnsubscribed: the topic index changed (see
-// replyRoutes), as it does when a session ends (OnDisconnect,
-// OnClientExpired) or starts clean (OnSessionEstablished).
+// OnSubscribed and OnUnsubscribed (also called by mochi's
+// UnsubscribeClient, when a session ends or starts clean): the topic
+// index changed (see replyRoutes).
 func (h *hook) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.b.routes.changed() }
 
 func (h *hook) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.b.routes.changed() }
@@ -193,15 +193,13 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 // the client but leaves them in the topic index, where a later client
 // reusing the id would inherit them.
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
-	h.b.srv.UnsubscribeClient(cl)
-	h.b.routes.changed()
+	h.b.srv.UnsubscribeClient(cl) // OnUnsubscribed: routes changed
 	h.b.ids.forget(cl.ID)
 }
 
 // OnDisconnect sends the client's will unless it ended with a normal
 // DISCONNECT (mochi reports that as no error).
 func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
-	h.b.routes.changed()
 	if expire && !cl.IsTakenOver() {
 		h.b.ids.forget(cl.ID)
 	}
