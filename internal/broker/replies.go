@@ -57,7 +57,7 @@ func (rr *replyRoutes) changed() { rr.gen.Add(1) }
 func (rr *replyRoutes) lookup(topic string, find func() route) route {
 	gen := rr.gen.Load()
 	rr.mu.Lock()
-	if rr.at != gen || len(rr.m) >= maxRoutes {
+	if rr.m == nil || rr.at != gen || len(rr.m) >= maxRoutes {
 		rr.m, rr.at = map[string]route{}, gen
 	}
 	r, ok := rr.m[topic]
