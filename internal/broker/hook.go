@@ -138,19 +138,21 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		h.b.kick(cl, packets.ErrNotAuthorized)
 		return pk, packets.CodeSuccessIgnore
 	}
-	if pk.FixedHeader.Qos > 0 && cl.State.Inflight.Set(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}) {
-		// mochi records the request's acknowledgement under its id only
-		// after this hook, in the one map it keeps for both directions:
-		// a reply made meanwhile (a GET's, here) could take the same id
-		// and lose its record to the acknowledgement. Recorded now, the
-		// id is taken; mochi's record replaces this one and its removal
-		// counts it out.
-		atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
-	}
-	// The reply comes back on this connection (the SDKs subscribe to
-	// their own response topics): the PUBACK goes with it.
-	if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.FixedHeader.Qos > 0 && pk.Properties.ResponseTopic != "" && h.b.repliesTo(cl, pk.Properties.ResponseTopic) {
-		cc.ExpectReply()
+	if pk.FixedHeader.Qos > 0 {
+		if cl.State.Inflight.Set(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}) {
+			// mochi records the request's acknowledgement under its id
+			// only after this hook, in the one map it keeps for both
+			// directions: a reply made meanwhile (a GET's, here) could
+			// take the same id and lose its record to the
+			// acknowledgement. Recorded now, the id is taken; mochi's
+			// record replaces this one and its removal counts it out.
+			atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
+		}
+		// The reply comes back on this connection (the SDKs subscribe
+		// to their own response topics): the PUBACK goes with it.
+		if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.Properties.ResponseTopic != "" && h.b.repliesTo(cl, pk.Properties.ResponseTopic) {
+			cc.ExpectReply()
+		}
 	}
 	req := &statestore.Request{
 		ClientID:        cl.ID,

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -257,10 +258,7 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 		out.Expiry = now + expiry
 	}
 	if len(rt.sub.Identifiers) > 0 { // MQTT-3.3.4-3
-		for _, id := range rt.sub.Identifiers {
-			out.Properties.SubscriptionIdentifier = append(out.Properties.SubscriptionIdentifier, id)
-		}
-		slices.Sort(out.Properties.SubscriptionIdentifier)
+		out.Properties.SubscriptionIdentifier = slices.Sorted(maps.Values(rt.sub.Identifiers))
 	}
 	b.seq.stamp(&out)
 	if qos > 0 {
