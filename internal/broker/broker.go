@@ -146,7 +146,7 @@ type Broker struct {
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 
 	seq       *sequencer
-	routes    replyRoutes
+	routes    routes
 	ids       idSpace
 	subLimits subscriptionLimits
 	topics    topicCounts

@@ -120,13 +120,18 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 // OnPublish hands requests to the state store. They are not routed to
 // subscribers: CodeSuccessIgnore still acknowledges QoS 1 (returning
 // ErrRejectPacket would not, mochi issue #465). Every other message is
-// numbered for in-order resends (see sequencer).
+// numbered for in-order resends (see sequencer), and written to its
+// subscribers here if it can be (see publishDirect).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
 		if !cl.Net.Inline {
 			h.b.topics.add(pk.TopicName)
 		}
 		h.b.seq.stamp(&pk)
+		if !cl.Net.Inline && h.b.publishDirect(cl, pk) {
+			// Delivered; mochi still acknowledges it.
+			return pk, packets.CodeSuccessIgnore
+		}
 		return pk, nil
 	}
 	c := h.b.connOf(cl)

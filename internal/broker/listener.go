@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -133,10 +134,15 @@ type clientConn struct {
 	max    uint32
 	frames framer
 
+	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
+
 	wmu     sync.Mutex
 	pending []byte      // written by mochi, not yet sent
+	spare   []byte      // the buffer the last send wrote from, for pending's next turn
 	werr    error       // a send failed: every later write fails
 	waiting bool        // the reader is blocked for input
+	sending bool        // a sender writes to the socket, without the lock (see drainLocked)
+	sent    sync.Cond   // on wmu: signalled when the sender is done
 	timer   *time.Timer // sends what is pending if the reader takes long
 	armed   bool        // the timer runs
 	timerAt time.Time   // when it fires
@@ -194,7 +200,11 @@ func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 	if size > maxConnectSize {
 		return nil, errConnectTooLarge
 	}
-	return &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize}, nil
+	c := &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize}
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		c.raw, _ = tcp.SyscallConn()
+	}
+	return c, nil
 }
 
 // Read sends what is pending before it waits for input: the
@@ -209,6 +219,11 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		runtime.Gosched()
 		c.wmu.Lock()
 		c.sendLocked()
+	}
+	// A client that does not read what it is sent is not read from
+	// either: what it sends waits in its socket (back-pressure).
+	for c.sending {
+		c.waitSent()
 	}
 	c.waiting = true
 	c.wmu.Unlock()
@@ -277,6 +292,12 @@ func (c *clientConn) rearm() bool {
 // written while the reader waits for input, the common case when idle, is
 // sent at once. An acknowledgement written while a state store reply is
 // due waits for the reply (see ExpectReply).
+//
+// Write never waits on the client's socket, except to hold back a writer
+// that has more than coalesceBytes waiting behind a send: other clients'
+// readers write to this connection (see Broker.deliverDirect), and one
+// client that does not read must not stall them. What the socket does not
+// take at once is sent by a goroutine of its own.
 func (c *clientConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -289,16 +310,70 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		// for one.
 		c.replyDue.Store(0)
 	}
-	if c.waiting || c.closed || len(c.pending) >= coalesceBytes {
-		if err := c.sendLocked(); err != nil {
-			return 0, err
+	switch {
+	case c.sending:
+		// The sender takes it with what it sends next.
+		for c.sending && len(c.pending) >= coalesceBytes {
+			c.waitSent()
 		}
-		return len(p), nil
-	}
-	if !c.awaitReply() && !c.armed {
+	case c.waiting || c.closed || len(c.pending) >= coalesceBytes:
+		c.sendNowLocked()
+	case !c.awaitReply() && !c.armed:
 		c.sendBy(time.Now().Add(coalesceHold))
 	}
+	if c.werr != nil {
+		return 0, c.werr
+	}
 	return len(p), nil
+}
+
+// sendNowLocked sends what is pending with one non-blocking system call,
+// and hands what the socket did not take to a sender goroutine. Without a
+// raw socket (TLS, websockets) it sends in full, waiting.
+func (c *clientConn) sendNowLocked() {
+	if c.raw == nil {
+		c.sendLocked()
+		return
+	}
+	var n int
+	var err error
+	if rerr := c.raw.Write(func(fd uintptr) bool {
+		n, err = syscall.Write(int(fd), c.pending)
+		return true // one attempt: no waiting for the socket
+	}); rerr != nil {
+		err = rerr
+	}
+	n = max(n, 0)
+	if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR) {
+		c.werr = err
+		return
+	}
+	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
+	c.stopTimer()
+	if len(c.pending) > 0 {
+		c.sending = true // taken before the lock is let go
+		go func() {
+			c.wmu.Lock()
+			c.drainLocked()
+			c.wmu.Unlock()
+		}()
+	}
+}
+
+// waitSent waits, the lock held, until the sender signals.
+func (c *clientConn) waitSent() {
+	if c.sent.L == nil {
+		c.sent.L = &c.wmu
+	}
+	c.sent.Wait()
+}
+
+// backedUp reports whether what is written to the connection waits on its
+// socket: the client reads slower than it is sent to.
+func (c *clientConn) backedUp() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.sending || c.werr != nil || c.closed
 }
 
 // hasPublish reports whether p, whole MQTT packets (mochi writes one, or
@@ -367,41 +442,68 @@ func (c *clientConn) send() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.armed = false
-	c.sendLocked()
+	if !c.sending { // else the sender takes it
+		c.drainLocked()
+	}
 }
 
-// sendLocked writes what is pending, with a deadline: about writeTimeout,
-// or a second once the connection is being ended (see Hurry).
+// sendLocked sends what is pending, waiting for it: after a send in
+// progress, if any.
 func (c *clientConn) sendLocked() error {
-	if len(c.pending) == 0 || c.werr != nil {
-		return c.werr
+	for c.sending {
+		c.waitSent()
 	}
-	if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
-		// Moved only once half of it is used: a write that stalls gets
-		// between writeTimeout/2 and writeTimeout, and a busy connection
-		// does not change a timer on every send.
-		now := time.Now()
-		switch {
-		case c.hurry.Load():
-			_ = c.Conn.SetWriteDeadline(now.Add(endTimeout))
-		case c.writeBy.Sub(now) < writeTimeout/2:
-			c.writeBy = now.Add(writeTimeout)
-			_ = c.Conn.SetWriteDeadline(c.writeBy)
+	c.drainLocked()
+	return c.werr
+}
+
+// drainLocked makes the caller the connection's sender: it writes what is
+// pending until nothing is, with a deadline (about writeTimeout, or a
+// second once the connection is being ended: see Hurry). The lock is let
+// go during each system call, so writers add to pending meanwhile, for
+// the next round.
+func (c *clientConn) drainLocked() {
+	c.sending = true
+	for len(c.pending) > 0 && c.werr == nil {
+		c.stopTimer()
+		if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
+			// Moved only once half of it is used: a write that stalls
+			// gets between writeTimeout/2 and writeTimeout, and a busy
+			// connection does not change a timer on every send.
+			now := time.Now()
+			switch {
+			case c.hurry.Load():
+				_ = c.Conn.SetWriteDeadline(now.Add(endTimeout))
+			case c.writeBy.Sub(now) < writeTimeout/2:
+				c.writeBy = now.Add(writeTimeout)
+				_ = c.Conn.SetWriteDeadline(c.writeBy)
+			}
+		}
+		buf := c.pending
+		c.pending = c.spare[:0]
+		c.wmu.Unlock()
+		_, err := c.Conn.Write(buf)
+		c.wmu.Lock()
+		c.spare = nil
+		if cap(buf) <= 4*coalesceBytes { // a burst's buffer is not kept
+			c.spare = buf[:0]
+		}
+		if err != nil {
+			c.werr = err
 		}
 	}
-	_, err := c.Conn.Write(c.pending)
-	c.pending = c.pending[:0]
+	c.sending = false
+	c.sent.Broadcast()
+}
+
+// stopTimer disarms the timer: nothing waits once pending is sent, and
+// left armed it would cut short what the next packets wait for (see
+// sendBy).
+func (c *clientConn) stopTimer() {
 	if c.armed {
-		// Nothing waits now; left armed, the timer would cut short
-		// what the next packets wait for (see sendBy).
 		c.armed = false
 		c.timer.Stop()
 	}
-	if cap(c.pending) > 4*coalesceBytes {
-		c.pending = nil // a burst's buffer is not kept
-	}
-	c.werr = err
-	return err
 }
 
 // endTimeout bounds the last writes to a connection being ended: a client
@@ -420,7 +522,7 @@ func (c *clientConn) Hurry() {
 // Close sends what is pending (often a DISCONNECT; DISCONNECT 0x95 after
 // an oversized packet) before closing, within endTimeout.
 func (c *clientConn) Close() error {
-	c.Hurry() // a send in progress gives up in time to take the lock
+	c.Hurry() // a send in progress gives up in time
 	c.wmu.Lock()
 	c.closed = true
 	if c.timer != nil {

@@ -1,10 +1,7 @@
 package broker
 
 import (
-	"maps"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -29,72 +26,10 @@ import (
 // wait on one client's socket. Any other case goes through mochi, as does
 // a reply the connection's writer has too many queued before.
 
-// replyRoutes remembers, per response topic, whether the topic's only
-// subscriber is a single client, and with what subscription. Any change
-// to the topic index bumps the generation and forgets everything.
-type replyRoutes struct {
-	gen atomic.Uint64
-	mu  sync.Mutex
-	at  uint64           // the generation m was filled at
-	m   map[string]route // response topic → its subscribers, if only one
-}
-
-// route is a response topic's sole subscriber; client "" when the topic
-// has none, several, shared or inline ones.
-type route struct {
-	client string
-	sub    packets.Subscription
-}
-
-// maxRoutes bounds the memory of replyRoutes: past it, it starts over.
-const maxRoutes = 1 << 16
-
-// changed records a change to the topic index (a subscription added or
-// removed anywhere).
-func (rr *replyRoutes) changed() { rr.gen.Add(1) }
-
-// lookup returns topic's route, finding it with find when not known at
-// this generation.
-func (rr *replyRoutes) lookup(topic string, find func() route) route {
-	gen := rr.gen.Load()
-	rr.mu.Lock()
-	if rr.m == nil || rr.at != gen || len(rr.m) >= maxRoutes {
-		rr.m, rr.at = map[string]route{}, gen
-	}
-	r, ok := rr.m[topic]
-	rr.mu.Unlock()
-	if ok {
-		return r
-	}
-	r = find()
-	rr.mu.Lock()
-	if rr.at == gen {
-		rr.m[topic] = r
-	}
-	rr.mu.Unlock()
-	return r
-}
-
-// routeOf returns the response topic's route.
-func (b *Broker) routeOf(topic string) route {
-	return b.routes.lookup(topic, func() route { return b.soleSubscriber(topic) })
-}
-
 // repliesTo reports whether the replies on topic go to cl alone.
 func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool {
-	return b.routeOf(topic).client == cl.ID
-}
-
-// soleSubscriber finds whether the topic's only subscriber is one client.
-func (b *Broker) soleSubscriber(topic string) route {
-	subs := b.srv.Topics.Subscribers(topic)
-	if len(subs.Shared) > 0 || len(subs.InlineSubscriptions) > 0 || len(subs.Subscriptions) != 1 {
-		return route{}
-	}
-	for id, sub := range subs.Subscriptions {
-		return route{client: id, sub: sub}
-	}
-	return route{}
+	f := b.fanoutOf(topic)
+	return f.direct && len(f.subs) == 1 && f.subs[0].client == cl.ID
 }
 
 // connReplies routes the replies to one connection's requests (see
@@ -219,35 +154,21 @@ func replyProperties(r *statestore.Request, version hlc.Timestamp) packets.Prope
 	}
 }
 
-// replyDirect writes the reply to cl, as mochi would
-// deliver it through the topic index (publishToClient in v2.7.9): the
-// client must be the response topic's only subscriber, and the cases this
-// does not handle (topic aliases, a nearly full session) go through mochi.
-// It reports whether it took the reply.
+// replyDirect writes the reply to cl, which asked for it, if cl is the
+// response topic's only subscriber and can be written to directly (see
+// directTo). It reports whether it took the reply.
 func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []byte, version hlc.Timestamp) bool {
-	rt := b.routeOf(r.ResponseTopic)
-	if rt.client != cl.ID || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {
-		return false
-	}
-	// The index may not be changed yet for a subscription just removed
-	// (mochi ends a session's subscriptions after OnDisconnect).
-	if _, ok := cl.State.Subscriptions.Get(rt.sub.Filter); !ok || !b.allowed(cl, r.ResponseTopic, false) {
-		return false
-	}
+	f := b.fanoutOf(r.ResponseTopic)
 	caps := b.srv.Options.Capabilities
-	qos := min(rt.sub.Qos, 1, caps.MaximumQos)
-	if qos > 0 {
-		// mochi holds a message back while the client's receive
-		// maximum (0: none given, no limit) is used up; with one slot
-		// left, leave it to mochi.
-		n := cl.State.Inflight.Len()
-		if recv := int(cl.Properties.Props.ReceiveMaximum); n+1 >= int(caps.MaximumInflight) || recv > 0 && n+1 >= recv {
-			return false
-		}
+	if !f.direct || len(f.subs) != 1 || f.subs[0].client != cl.ID {
+		return false
 	}
-	now := time.Now().Unix()
+	sub := f.subs[0].sub
+	if !b.directTo(cl, true, sub, min(sub.Qos, 1, caps.MaximumQos)) || !b.allowed(cl, r.ResponseTopic, false) {
+		return false
+	}
 	out := packets.Packet{
-		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: qos},
+		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: 1},
 		TopicName:       r.ResponseTopic,
 		Payload:         payload,
 		Properties:      replyProperties(r, version),
@@ -255,30 +176,10 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 		ProtocolVersion: b.inline.Properties.ProtocolVersion, // mochi expires only v5 records
 	}
 	if expiry := nonZeroMin(caps.MaximumMessageExpiryInterval, int64(r.MessageExpiry)); expiry > 0 {
-		out.Expiry = now + expiry
-	}
-	if len(rt.sub.Identifiers) > 0 { // MQTT-3.3.4-3
-		out.Properties.SubscriptionIdentifier = slices.Sorted(maps.Values(rt.sub.Identifiers))
+		out.Expiry = time.Now().Unix() + expiry
 	}
 	b.seq.stamp(&out)
-	if qos > 0 {
-		id, err := cl.NextPacketID()
-		if err != nil {
-			return false
-		}
-		out.PacketID = uint16(id)
-		if cl.State.Inflight.Set(out) {
-			atomic.AddInt64(&b.srv.Info.Inflight, 1)
-			if b.sessions != nil {
-				b.sessions.OnQosPublish(cl, out, out.Created, 0)
-			}
-			cl.State.Inflight.DecreaseSendQuota()
-		}
-	}
-	if err := cl.WritePacket(out); err != nil {
-		// Kept in the session if QoS 1, as mochi does.
-		b.log.Debug("reply not written", "client", cl.ID, "error", err)
-	}
+	b.deliverDirect(cl, sub, out)
 	return true
 }
 

@@ -1,0 +1,113 @@
+package broker
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// TestWriteDoesNotWaitOnTheSocket: other clients' readers write to a
+// connection (publishDirect), so a write never waits for a client that
+// does not read; once its socket is full the connection says it is
+// backed up, and what was written still arrives, whole and in order.
+func TestWriteDoesNotWaitOnTheSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &clientConn{Conn: server, r: server, max: 1 << 20}
+	if c.raw, err = server.(*net.TCPConn).SyscallConn(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	readerWaits(t, c)
+
+	chunk := make([]byte, 64<<10)
+	var sent bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; !c.backedUp(); i++ {
+			if i == 4096 { // 256 MiB: no socket holds that
+				done <- io.ErrShortWrite
+				return
+			}
+			for j := range chunk {
+				chunk[j] = byte(i + j/251)
+			}
+			sent.Write(chunk)
+			if _, err := c.Write(chunk); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("writing until backed up: %v", err)
+		}
+	case <-time.After(writeTimeout / 2):
+		t.Fatal("a write waited on a client that does not read")
+	}
+
+	got := make([]byte, sent.Len())
+	if _, err := io.ReadFull(client, got); err != nil {
+		t.Fatalf("reading what was written: %v", err)
+	}
+	if !bytes.Equal(got, sent.Bytes()) {
+		t.Fatal("the bytes arrived changed or out of order")
+	}
+	for deadline := time.Now().Add(5 * time.Second); c.backedUp(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("still backed up after the client read everything")
+		}
+	}
+}
+
+// TestMochiQueuedSeesTheQueue: the fields of mochi's client queue are
+// found, and a message mochi queued for a client counts until written.
+// Without them no message would ever be written directly.
+func TestMochiQueuedSeesTheQueue(t *testing.T) {
+	if !outboundKnown {
+		t.Fatal("mochi's client queue fields not found: direct delivery is off")
+	}
+	srv := mqtt.New(&mqtt.Options{InlineClient: true})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	server, peer := net.Pipe()
+	defer server.Close()
+	defer peer.Close()
+	cl := srv.NewClient(server, "test", "sub", false)
+	cl.Properties.ProtocolVersion = 5
+	srv.Clients.Add(cl)
+	sub := packets.Subscription{Filter: "a/b", Qos: 0}
+	cl.State.Subscriptions.Add(sub.Filter, sub)
+	srv.Topics.Subscribe(cl.ID, sub)
+	if mochiQueued(cl) {
+		t.Fatal("queued before anything was published")
+	}
+	if err := srv.Publish("a/b", []byte("x"), false, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !mochiQueued(cl) {
+		t.Fatal("a message mochi queued (no write loop runs) is not seen")
+	}
+}
