@@ -120,6 +120,9 @@ func (m *Metrics) bind(n *Node) {
 	counter("mqkv_notifications_sent_total", "KEYNOTIFY notifications published.", func() float64 {
 		return float64(n.Service.Counters.NotificationsSent.Load())
 	})
+	counter("mqkv_mqtt_messages_direct_total", "Messages written to a subscriber by the publishing connection itself, not through the broker's per-client queue.", func() float64 {
+		return float64(n.Broker.Counters.DeliveredDirect.Load())
+	})
 	counter("mqkv_notifications_dropped_total", "Notifications a full client queue refused.", func() float64 {
 		return float64(n.Broker.Counters.NotificationsDropped.Load())
 	})

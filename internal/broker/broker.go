@@ -99,6 +99,7 @@ type Counters struct {
 	SubscriptionsRevoked atomic.Int64 // subscriptions removed by a policy change
 	NotificationsDropped atomic.Int64 // notifications a full client queue refused
 	WillsDropped         atomic.Int64 // wills no longer allowed when due
+	DeliveredDirect      atomic.Int64 // messages written to a subscriber by the writer itself, not through mochi's queue (see publishDirect)
 }
 
 // Traffic is the broker's message counts since start.
@@ -238,7 +239,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			b.closeSessions()
 			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
 		}
-		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize}
+		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize, maxQueued: int(cfg.MaxOutbound)}
 		b.listeners = append(b.listeners, l)
 		if err := srv.AddListener(l); err != nil {
 			b.closeListeners()

@@ -1,11 +1,14 @@
 package broker
 
 import (
+	"bytes"
+	"cmp"
 	"maps"
 	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -99,12 +102,15 @@ func (b *Broker) fanoutOf(topic string) fanout {
 
 // publishDirect writes a client's message to the topic's subscribers, as
 // mochi's publishToSubscribers would, if every one of them can be written
-// to directly; else it writes to none and reports false, and mochi routes
-// the message. pk is the message as mochi has it after OnPublish: stamped,
-// with its expiry set.
+// to directly, and acknowledges it if QoS 1; else it writes nothing and
+// reports false, and mochi routes the message. pk is the message as mochi
+// has it in OnPublish: stamped, with its expiry set.
 func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	if pk.FixedHeader.Retain || pk.FixedHeader.Qos > 1 {
 		return false
+	}
+	if pk.FixedHeader.Qos == 1 && mochiQueued(from) {
+		return false // its PUBACK would overtake one mochi holds (MQTT-4.6.0-2)
 	}
 	f := b.fanoutOf(pk.TopicName)
 	if !f.direct {
@@ -141,6 +147,12 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	// Not passed on (MQTT-3.3.2-7); the rest is shared, read only, by
 	// every copy.
 	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
+	if pk.FixedHeader.Qos == 1 {
+		// Acknowledged first, as mochi does; mochi does not, as the hook
+		// rejects the packet.
+		var ack [4]byte
+		b.write(from, appendPuback(ack[:0], b.ids.ackID(from, pk.PacketID)), 0)
+	}
 	for i, cl := range to {
 		if cl != nil {
 			b.deliverDirect(cl, f.subs[i].sub, out)
@@ -179,7 +191,7 @@ func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, q
 }
 
 // deliverDirect writes msg to cl for its subscription sub, as mochi's
-// publishToClient (v2.7.9) would queue it: directTo said it may.
+// publishToClient and WritePacket (v2.7.9) would: directTo said it may.
 func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out packets.Packet) {
 	out.FixedHeader.Qos = min(out.FixedHeader.Qos, sub.Qos, b.srv.Options.Capabilities.MaximumQos)
 	if len(sub.Identifiers) > 0 { // MQTT-3.3.4-3
@@ -194,45 +206,102 @@ func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out pa
 			return
 		}
 		out.PacketID = uint16(id)
-		if cl.State.Inflight.Set(out) {
-			atomic.AddInt64(&b.srv.Info.Inflight, 1)
-			if b.sessions != nil {
-				b.sessions.OnQosPublish(cl, out, out.Created, 0)
-			}
-			cl.State.Inflight.DecreaseSendQuota()
-		}
 	}
-	if err := cl.WritePacket(out); err != nil {
-		// Kept in the session if QoS 1, as by mochi.
-		b.log.Debug("message not written", "client", cl.ID, "error", err)
+	var now int64
+	if out.Expiry > 0 {
+		now = time.Now().Unix()
+	}
+	var buf [512]byte
+	frame, ok := appendPublish(buf[:0], &out, cl.Properties.ProtocolVersion, cl.Properties.Props.MaximumPacketSize, now)
+	if !ok {
+		// Larger than the client takes: not sent (MQTT-3.1.2-25), nor
+		// kept for a resend that could never be sent either.
+		atomic.AddInt64(&b.srv.Info.MessagesDropped, 1)
+		b.log.Debug("message larger than the client's maximum packet size dropped", "client", cl.ID, "topic", out.TopicName)
+		return
+	}
+	if out.FixedHeader.Qos > 0 && cl.State.Inflight.Set(out) {
+		atomic.AddInt64(&b.srv.Info.Inflight, 1)
+		if b.sessions != nil {
+			b.sessions.OnQosPublish(cl, out, out.Created, 0)
+		}
+		cl.State.Inflight.DecreaseSendQuota()
+	}
+	b.write(cl, frame, 1)
+	b.Counters.DeliveredDirect.Add(1)
+}
+
+// write writes packets the broker encoded itself (messages counts the
+// PUBLISHes among them) to cl's connection, counting them as mochi's
+// WritePacket does. A failed write ends the connection; QoS 1 messages
+// stay in the session, as with mochi.
+func (b *Broker) write(cl *mqtt.Client, frame []byte, messages int64) {
+	var err error
+	if cc, ok := cl.Net.Conn.(*clientConn); ok {
+		_, err = cc.Write(frame) // a concrete call: frame stays on the caller's stack
+	} else {
+		_, err = cl.Net.Conn.Write(frame)
+	}
+	if err != nil {
+		b.log.Debug("write failed", "client", cl.ID, "error", err)
+		return
+	}
+	atomic.AddInt64(&b.srv.Info.BytesSent, int64(len(frame)))
+	atomic.AddInt64(&b.srv.Info.PacketsSent, 1)
+	atomic.AddInt64(&b.srv.Info.MessagesSent, messages)
+}
+
+// releaseHeld sends the oldest of the QoS 1 and 2 messages mochi held
+// back while the client's Receive Maximum was used up, now that the
+// client gave a slot back. mochi v2.7.9 does this itself after each
+// packet read, but picks by the low 16 bits of the messages' stamps (out
+// of publishing order, see sequencer), and then deletes the message from
+// the session, so the client's PUBACK never gives its slot back: after
+// Receive Maximum such messages the client got no message again, and a
+// reconnect would not have resent them.
+func (b *Broker) releaseHeld(cl *mqtt.Client) {
+	held := cl.State.Inflight.GetAll(true) // those held: Expiry -1
+	if len(held) == 0 || cl.Closed() {
+		return
+	}
+	m := slices.MinFunc(held, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+	m.Expiry = 0 // sent now (its expiry was lost when held)
+	cl.State.Inflight.Set(m)
+	cl.State.Inflight.DecreaseSendQuota()
+	if err := cl.WritePacket(m); err != nil {
+		b.log.Debug("held message not written", "client", cl.ID, "error", err)
 	}
 }
 
 // mochi's queue of messages for a client, in fields it does not export
-// (v2.7.9): the channel its write goroutine takes them from, and a count
-// it raises after queueing one and lowers after writing it. Found once by
-// name and type; if they are not there (another mochi), every client
-// counts as having messages queued, and mochi routes everything.
+// (v2.7.9): the channel its write goroutine takes them from, a count it
+// raises after queueing one and lowers after writing it, and the buffer
+// where WritePacket leaves packets while the queue is busy, which the
+// write that empties the queue sends. Found once by name and type; if
+// they are not there (another mochi), every client counts as having
+// messages queued, and mochi routes everything.
 var (
-	outboundOffset, outboundQtyOffset uintptr
-	outboundKnown                     = findOutbound()
+	outboundOffset, outboundQtyOffset, outbufOffset uintptr
+	outboundKnown                                   = findOutbound()
 )
 
 func findOutbound() bool {
-	t := reflect.TypeFor[mqtt.ClientState]()
-	q, ok1 := t.FieldByName("outbound")
-	n, ok2 := t.FieldByName("outboundQty")
-	if !ok1 || !ok2 || q.Type != reflect.TypeFor[chan *packets.Packet]() || n.Type != reflect.TypeFor[int32]() {
+	st, nt := reflect.TypeFor[mqtt.ClientState](), reflect.TypeFor[mqtt.ClientConnection]()
+	q, ok1 := st.FieldByName("outbound")
+	n, ok2 := st.FieldByName("outboundQty")
+	o, ok3 := nt.FieldByName("outbuf")
+	if !ok1 || !ok2 || !ok3 || q.Type != reflect.TypeFor[chan *packets.Packet]() ||
+		n.Type != reflect.TypeFor[int32]() || o.Type != reflect.TypeFor[*bytes.Buffer]() {
 		return false
 	}
-	outboundOffset, outboundQtyOffset = q.Offset, n.Offset
+	outboundOffset, outboundQtyOffset, outbufOffset = q.Offset, n.Offset, o.Offset
 	return true
 }
 
-// mochiQueued reports whether mochi holds messages for cl it has not
-// finished writing. Once it has none, a message written directly cannot
-// overtake one mochi routed before: mochi writes through the same
-// connection, in the client's WritePacket.
+// mochiQueued reports whether mochi holds packets for cl it has not
+// finished writing. Once it has none, a packet written directly cannot
+// overtake one mochi took before: a message it routed to cl, or an
+// acknowledgement it wrote.
 func mochiQueued(cl *mqtt.Client) bool {
 	if !outboundKnown {
 		return true
@@ -240,5 +309,12 @@ func mochiQueued(cl *mqtt.Client) bool {
 	state := unsafe.Pointer(&cl.State)
 	qty := atomic.LoadInt32((*int32)(unsafe.Add(state, outboundQtyOffset)))
 	queue := *(*chan *packets.Packet)(unsafe.Add(state, outboundOffset))
-	return qty != 0 || len(queue) != 0
+	if qty != 0 || len(queue) != 0 {
+		return true
+	}
+	cl.RLock() // WritePacket changes the buffer under the client's lock
+	buf := *(**bytes.Buffer)(unsafe.Add(unsafe.Pointer(&cl.Net), outbufOffset))
+	held := buf != nil && buf.Len() > 0
+	cl.RUnlock()
+	return held
 }

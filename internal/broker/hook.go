@@ -35,7 +35,8 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnPacketRead,
 		mqtt.OnClientExpired,
 		mqtt.OnSubscribed,
-		mqtt.OnUnsubscribed:
+		mqtt.OnUnsubscribed,
+		mqtt.OnQosComplete:
 		return true
 	}
 	return false
@@ -48,6 +49,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		// mochi sends it in CONNACK and times the connection by it
 		// (MQTT-3.2.2-21: the client must use it instead of its own).
 		cl.State.ServerKeepalive, cl.State.Keepalive = true, h.b.serverKeepAlive
+	}
+	if cc, ok := cl.Net.Conn.(*clientConn); ok {
+		cc.onSlow(func() { h.b.slowConsumer(cl) })
 	}
 	return h.b.authenticate(cl, pk)
 }
@@ -107,6 +111,12 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 // idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	h.b.ids.read(cl, &pk)
+	if cc, ok := cl.Net.Conn.(*clientConn); ok {
+		// Messages may be held for the client's Receive Maximum only
+		// when it has at least that many in flight.
+		t, recv := pk.FixedHeader.Type, int(cl.Properties.Props.ReceiveMaximum)
+		cc.freesSlot = (t == packets.Puback || t == packets.Pubcomp) && recv > 0 && cl.State.Inflight.Len() >= recv
+	}
 	if code := h.b.protocolError(cl, &pk); code != packets.CodeSuccess {
 		// mochi would find most of these too, but its DISCONNECT can be
 		// lost (see endConnection).
@@ -129,8 +139,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		h.b.seq.stamp(&pk)
 		if !cl.Net.Inline && h.b.publishDirect(cl, pk) {
-			// Delivered; mochi still acknowledges it.
-			return pk, packets.CodeSuccessIgnore
+			// Delivered, and acknowledged if QoS 1: mochi is to do
+			// nothing more. As QoS 0 to be ignored, it does just that;
+			// ErrRejectPacket would too, but mochi logs each rejection
+			// at debug level, a heap copy of the packet even when off.
+			pk.FixedHeader.Qos, pk.Ignore = 0, true
 		}
 		return pk, nil
 	}
@@ -180,6 +193,17 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	h.b.handle(cl, c, req)
 	return pk, packets.CodeSuccessIgnore
+}
+
+// OnQosComplete: when the client's PUBACK or PUBCOMP being processed
+// gave a send slot back, the oldest message held for it takes the slot
+// (see releaseHeld). It runs right after mochi gives the slot back, before
+// a publisher could take it for a newer message.
+func (h *hook) OnQosComplete(cl *mqtt.Client, _ packets.Packet) {
+	if cc, ok := cl.Net.Conn.(*clientConn); ok && cc.freesSlot {
+		cc.freesSlot = false
+		h.b.releaseHeld(cl)
+	}
 }
 
 // OnSubscribed and OnUnsubscribed (also called by mochi's

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -49,6 +48,7 @@ type listener struct {
 	// connectTimeout is the time a connection has to send CONNECT.
 	connectTimeout time.Duration
 	maxPacketSize  uint32
+	maxQueued      int
 	// closeClients disconnects the listener's clients. mochi's own closer
 	// (Clients.GetByListener) takes the clients lock twice for reading and
 	// deadlocks when a client's disconnect queues for the write lock in
@@ -111,7 +111,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 // of its first packet. Errors here are per client (bad packets, resets,
 // EOF), not the server's: debug level only.
 func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
-	c, err := newClientConn(conn, l.maxPacketSize)
+	c, err := newClientConn(conn, l.maxPacketSize, l.maxQueued)
 	if err == nil {
 		err = establish(l.id, c)
 	}
@@ -131,8 +131,9 @@ type clientConn struct {
 	net.Conn
 	r io.Reader
 
-	max    uint32
-	frames framer
+	max       uint32 // the server's maximum packet size
+	maxQueued int    // packets that may wait behind a send that does not finish; 0: no limit
+	frames    framer
 
 	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
 
@@ -142,6 +143,8 @@ type clientConn struct {
 	werr    error       // a send failed: every later write fails
 	waiting bool        // the reader is blocked for input
 	sending bool        // a sender writes to the socket, without the lock (see drainLocked)
+	queued  int         // packets written since the sender took pending
+	slow    func()      // called once when more than maxQueued wait (see Write)
 	sent    sync.Cond   // on wmu: signalled when the sender is done
 	timer   *time.Timer // sends what is pending if the reader takes long
 	armed   bool        // the timer runs
@@ -160,6 +163,11 @@ type clientConn struct {
 	readWant  atomic.Int64 // the deadline mochi asked for last
 	readArmed atomic.Int64 // the one set on the connection
 
+	// The packet being read is the client's PUBACK or PUBCOMP while
+	// messages may be held for its Receive Maximum (see
+	// hook.OnQosComplete); the reader's alone.
+	freesSlot bool
+
 	hurry    atomic.Bool // being ended: writes get endTimeout
 	tooLarge atomic.Bool // an MQTT 5 client sent a packet over the maximum
 }
@@ -170,13 +178,14 @@ type clientConn struct {
 // ExpectReply).
 const (
 	coalesceBytes = 32 << 10
+	slowBytes     = 1 << 20 // with maxQueued: a client pipelining small requests may fall this far behind
 	coalesceHold  = 200 * time.Microsecond
 	replyHold     = 50 * time.Millisecond
 )
 
 var errConnectTooLarge = errors.New("first packet larger than 64 KiB")
 
-func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
+func newClientConn(conn net.Conn, maxPacketSize uint32, maxQueued int) (*clientConn, error) {
 	// The fixed header: a type byte, then a remaining length of 1 to 4
 	// bytes, 7 bits each.
 	var hdr [5]byte
@@ -200,7 +209,7 @@ func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 	if size > maxConnectSize {
 		return nil, errConnectTooLarge
 	}
-	c := &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize}
+	c := &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize, maxQueued: maxQueued}
 	if tcp, ok := conn.(*net.TCPConn); ok {
 		c.raw, _ = tcp.SyscallConn()
 	}
@@ -212,18 +221,12 @@ func newClientConn(conn net.Conn, maxPacketSize uint32) (*clientConn, error) {
 // one system call.
 func (c *clientConn) Read(p []byte) (int, error) {
 	c.wmu.Lock()
-	if len(c.pending) > 0 && !c.awaitReply() {
-		// Writers the packets just read woke (the routed message's
-		// write loop) get to add theirs first.
-		c.wmu.Unlock()
-		runtime.Gosched()
-		c.wmu.Lock()
-		c.sendLocked()
-	}
-	// A client that does not read what it is sent is not read from
-	// either: what it sends waits in its socket (back-pressure).
-	for c.sending {
-		c.waitSent()
+	if len(c.pending) > 0 && !c.sending && !c.awaitReply() {
+		// Never waiting on the socket: a client that writes its
+		// acknowledgements from the loop that reads (most do) would wait
+		// on this reader in turn. One that falls far behind is a slow
+		// consumer (see Write).
+		c.sendNowLocked()
 	}
 	c.waiting = true
 	c.wmu.Unlock()
@@ -312,9 +315,19 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	}
 	switch {
 	case c.sending:
-		// The sender takes it with what it sends next.
-		for c.sending && len(c.pending) >= coalesceBytes {
-			c.waitSent()
+		// The sender takes it with what it sends next. Nothing waits
+		// here: mochi writes under the client's lock, which whoever
+		// publishes to the client takes too (NextPacketID). A client
+		// that falls maxQueued packets and slowBytes behind is a slow
+		// consumer.
+		c.queued++
+		if c.maxQueued > 0 && c.queued > c.maxQueued && len(c.pending) >= slowBytes {
+			c.pending = c.pending[:len(c.pending)-len(p)]
+			if c.slow != nil {
+				c.slow()
+				c.slow = nil
+			}
+			return 0, errSlowConsumer
 		}
 	case c.waiting || c.closed || len(c.pending) >= coalesceBytes:
 		c.sendNowLocked()
@@ -367,6 +380,16 @@ func (c *clientConn) waitSent() {
 	}
 	c.sent.Wait()
 }
+
+// onSlow sets what to call when the client is found a slow consumer.
+func (c *clientConn) onSlow(f func()) {
+	c.wmu.Lock()
+	c.slow = f
+	c.wmu.Unlock()
+}
+
+// errSlowConsumer refuses a packet to a client too far behind.
+var errSlowConsumer = errors.New("client not reading: too many packets waiting")
 
 // backedUp reports whether what is written to the connection waits on its
 // socket: the client reads slower than it is sent to.
@@ -480,7 +503,7 @@ func (c *clientConn) drainLocked() {
 			}
 		}
 		buf := c.pending
-		c.pending = c.spare[:0]
+		c.pending, c.queued = c.spare[:0], 0
 		c.wmu.Unlock()
 		_, err := c.Conn.Write(buf)
 		c.wmu.Lock()

@@ -138,29 +138,39 @@ func (r *renames) free(cl *mqtt.Client) uint16 {
 // the client used.
 func (s *idSpace) write(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	switch pk.FixedHeader.Type {
-	case packets.Puback, packets.Pubrec, packets.Pubcomp, packets.Suback, packets.Unsuback:
-	default:
-		return pk
+	case packets.Puback, packets.Pubcomp, packets.Suback, packets.Unsuback:
+		pk.PacketID = s.ackID(cl, pk.PacketID)
+	case packets.Pubrec:
+		pk.PacketID = s.clientID(cl, pk.PacketID, false)
 	}
+	return pk
+}
+
+// ackID is the id the client used for the packet mochi knows as id, which
+// is being acknowledged for the last time.
+func (s *idSpace) ackID(cl *mqtt.Client, id uint16) uint16 { return s.clientID(cl, id, true) }
+
+// clientID is the id the client used for the packet mochi knows as id;
+// with end, the rename ends (the flow is over).
+func (s *idSpace) clientID(cl *mqtt.Client, id uint16, end bool) uint16 {
 	if s.count.Load() == 0 {
-		return pk
+		return id
 	}
 	r := s.of(cl.ID)
 	if r == nil {
-		return pk
+		return id
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	id, ok := r.toClient[pk.PacketID]
+	theirs, ok := r.toClient[id]
 	if !ok {
-		return pk
+		return id
 	}
-	if pk.FixedHeader.Type != packets.Pubrec { // the flow is over
-		delete(r.toClient, pk.PacketID)
-		delete(r.toMochi, id)
+	if end {
+		delete(r.toClient, id)
+		delete(r.toMochi, theirs)
 	}
-	pk.PacketID = id
-	return pk
+	return theirs
 }
 
 // forget drops the renames of a session that ended.

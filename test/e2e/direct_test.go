@@ -1,0 +1,253 @@
+package e2e
+
+import (
+	"os"
+	"runtime/pprof"
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/packets"
+)
+
+// Messages a client publishes are written to the subscribers by the
+// publisher's own connection when they can be, else routed by mochi's
+// per-client queues (internal/broker/direct.go). These tests hold the
+// MQTT guarantees across the two paths.
+
+// TestMessagesKeepOrderAcrossTheTwoPaths (MQTT-4.6.0-2, 4.6.0-6): a
+// subscriber that reads in bursts keeps
+// sending messages from the direct path to mochi's queue (its socket is
+// full) and back; the publisher, also subscribed, reads its own messages
+// as they come. Every message reaches both once and in order, and the
+// publisher's PUBACKs come in the order of its PUBLISHes.
+func TestMessagesKeepOrderAcrossTheTwoPaths(t *testing.T) {
+	s := startServer(t, inMemory())
+	const n = 600
+	sub, _ := dialWire(t, s, packets.Connect{ClientID: "slow-sub", CleanStart: true})
+	sub.subscribe(1, "order/#")
+	pub, _ := dialWire(t, s, packets.Connect{ClientID: "self-sub", CleanStart: true})
+	pub.subscribe(1, "order/#")
+	direct := s.Broker().Counters.DeliveredDirect.Load()
+	payload := make([]byte, 32<<10) // 19 MB in all: more than the sockets hold
+
+	// The subscriber: checks the order, acknowledges, and now and then
+	// takes its time, so that its four slots fill.
+	subDone := make(chan error, 1)
+	go func() {
+		for want := uint32(0); want < n; want++ {
+			sub.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			p, err := packets.ReadPacket(sub.conn)
+			if err != nil {
+				subDone <- fmt.Errorf("subscriber, waiting for %d: %v", want, err)
+				return
+			}
+			m, ok := p.Content.(*packets.Publish)
+			if !ok || binary.BigEndian.Uint32(m.Payload) != want {
+				subDone <- fmt.Errorf("subscriber: got %s, want message %d", describe(p), want)
+				return
+			}
+			if want%10 == 0 {
+				time.Sleep(20 * time.Millisecond) // the socket fills meanwhile
+			}
+			if _, err := (&packets.Puback{PacketID: m.PacketID}).WriteTo(sub.conn); err != nil {
+				subDone <- err
+				return
+			}
+		}
+		subDone <- nil
+	}()
+
+	// The publisher reads its PUBACKs and its own messages on one
+	// connection while another goroutine writes.
+	pubDone := make(chan error, 1)
+	go func() {
+		acks, own := uint16(1), uint32(0)
+		for acks <= n || own < n {
+			pub.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			p, err := packets.ReadPacket(pub.conn)
+			if err != nil {
+				pubDone <- fmt.Errorf("publisher, after %d acks and %d own messages: %v", acks-1, own, err)
+				return
+			}
+			switch m := p.Content.(type) {
+			case *packets.Puback:
+				if m.PacketID != acks {
+					pubDone <- fmt.Errorf("PUBACK %d, want %d: out of order", m.PacketID, acks)
+					return
+				}
+				acks++
+			case *packets.Publish:
+				if binary.BigEndian.Uint32(m.Payload) != own {
+					pubDone <- fmt.Errorf("publisher's own: got %s, want message %d", describe(p), own)
+					return
+				}
+				own++
+				if _, err := (&packets.Puback{PacketID: m.PacketID}).WriteTo(pub.conn); err != nil {
+					pubDone <- err
+					return
+				}
+			default:
+				pubDone <- fmt.Errorf("publisher: unexpected %v", p)
+				return
+			}
+		}
+		pubDone <- nil
+	}()
+	for i := uint32(0); i < n; i++ {
+		binary.BigEndian.PutUint32(payload, i)
+		m := &packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: "order/x", Payload: payload}
+		if _, err := m.WriteTo(pub.conn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, done := range []chan error{subDone, pubDone} {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	switch d := s.Broker().Counters.DeliveredDirect.Load() - direct; {
+	case d == 0:
+		t.Fatal("no message was written directly: the test saw only mochi's path")
+	case d == 2*n:
+		t.Fatal("every message was written directly: the test never saw mochi's path")
+	}
+}
+
+// TestSharedSubscriptionsGoThroughMochi: a topic with a shared
+// subscription is routed by mochi, which picks one member per message;
+// the direct path takes the topic again once it is gone.
+func TestSharedSubscriptionsGoThroughMochi(t *testing.T) {
+	s := startServer(t, inMemory())
+	member, _ := dialWire(t, s, packets.Connect{ClientID: "member", CleanStart: true})
+	member.subscribe(1, "$share/g/sh/t")
+	plain, _ := dialWire(t, s, packets.Connect{ClientID: "plain", CleanStart: true})
+	plain.subscribe(1, "sh/t")
+	pub, _ := dialWire(t, s, packets.Connect{ClientID: "pub", CleanStart: true})
+	direct := s.Broker().Counters.DeliveredDirect.Load()
+
+	pub.send(&packets.Publish{QoS: 1, PacketID: 1, Topic: "sh/t", Payload: []byte("one")})
+	if _, ok := pub.next().Content.(*packets.Puback); !ok {
+		t.Fatal("no PUBACK")
+	}
+	for _, w := range []*wire{member, plain} {
+		m, ok := w.next().Content.(*packets.Publish)
+		if !ok || string(m.Payload) != "one" {
+			t.Fatalf("got %v, want the message", m)
+		}
+		w.send(&packets.Puback{PacketID: m.PacketID})
+	}
+	if got := s.Broker().Counters.DeliveredDirect.Load(); got != direct {
+		t.Fatalf("%d messages written directly to a topic with a shared subscription", got-direct)
+	}
+
+	member.send(&packets.Unsubscribe{PacketID: 2, Topics: []string{"$share/g/sh/t"}})
+	if _, ok := member.next().Content.(*packets.Unsuback); !ok {
+		t.Fatal("no UNSUBACK")
+	}
+	pub.send(&packets.Publish{QoS: 1, PacketID: 2, Topic: "sh/t", Payload: []byte("two")})
+	if m, ok := plain.next().Content.(*packets.Publish); !ok || string(m.Payload) != "two" {
+		t.Fatalf("got %v, want the second message", m)
+	}
+	if s.Broker().Counters.DeliveredDirect.Load() != direct+1 {
+		t.Fatal("the second message, with only a plain subscriber left, was not written directly")
+	}
+}
+
+// TestSlowSubscriberDoesNotStallThePublisher: a subscriber that stops
+// reading fills its socket; the publisher, whose connection writes to
+// that socket directly while it can, still gets every PUBACK at once,
+// and another subscriber every message.
+func TestSlowSubscriberDoesNotStallThePublisher(t *testing.T) {
+	s := startServer(t, inMemory())
+	stuck, _ := dialWire(t, s, packets.Connect{ClientID: "stuck", CleanStart: true})
+	stuck.subscribe(1, "big/#") // and never reads again
+	reader, _ := dialWire(t, s, packets.Connect{ClientID: "reader", CleanStart: true})
+	reader.subscribe(1, "big/#")
+	pub, _ := dialWire(t, s, packets.Connect{ClientID: "big-pub", CleanStart: true})
+
+	const n = 300 // 19 MB: more than any socket buffer holds
+	payload := make([]byte, 64<<10)
+	got := make(chan error, 1)
+	go func() {
+		for i := 0; i < n; i++ {
+			reader.conn.SetReadDeadline(time.Now().Add(writeStall))
+			p, err := packets.ReadPacket(reader.conn)
+			if err != nil {
+				got <- fmt.Errorf("reader, message %d: %v", i, err)
+				return
+			}
+			m, ok := p.Content.(*packets.Publish)
+			if !ok || binary.BigEndian.Uint32(m.Payload) != uint32(i) {
+				got <- fmt.Errorf("reader: message %d out of order or missing", i)
+				return
+			}
+			(&packets.Puback{PacketID: m.PacketID}).WriteTo(reader.conn)
+		}
+		got <- nil
+	}()
+	for i := 0; i < n; i++ {
+		binary.BigEndian.PutUint32(payload, uint32(i))
+		pub.send(&packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: "big/x", Payload: payload})
+		pub.conn.SetReadDeadline(time.Now().Add(writeStall))
+		p, err := packets.ReadPacket(pub.conn)
+		if err != nil {
+			pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			t.Fatalf("PUBACK %d: %v (the publisher waits on the stuck subscriber)", i+1, err)
+		}
+		if a, ok := p.Content.(*packets.Puback); !ok || a.PacketID != uint16(i+1) {
+			t.Fatalf("got %v, want PUBACK %d", p, i+1)
+		}
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeStall is well under the server's write timeout (10 s), which a
+// publisher waiting on a stuck subscriber's socket would wait out.
+const writeStall = 4 * time.Second
+
+// describe names a packet the order tests got: a numbered message by its
+// number.
+func describe(p *packets.ControlPacket) string {
+	if m, ok := p.Content.(*packets.Publish); ok && len(m.Payload) >= 4 {
+		return fmt.Sprintf("message %d (id %d, dup %v)", binary.BigEndian.Uint32(m.Payload), m.PacketID, m.Duplicate)
+	}
+	return p.String()
+}
+
+// TestReceiveMaximumSlotsComeBack (MQTT-3.3.4-7, -9): messages held back
+// while a client's Receive Maximum is used up are sent as its PUBACKs give
+// slots back, and each PUBACK of a held message gives its slot back too.
+// mochi v2.7.9 forgot a held message once sent, so its PUBACK freed
+// nothing, and after Receive Maximum of them the client got no more.
+func TestReceiveMaximumSlotsComeBack(t *testing.T) {
+	s := startServer(t, inMemory())
+	two := uint16(2)
+	sub, _ := dialWire(t, s, packets.Connect{ClientID: "recv-max-2", CleanStart: true,
+		Properties: &packets.Properties{ReceiveMaximum: &two}})
+	sub.subscribe(1, "held/#")
+	pub, _ := dialWire(t, s, packets.Connect{ClientID: "held-pub", CleanStart: true})
+	const n = 40
+	for i := 0; i < n; i++ { // all at once: most are held
+		pub.send(&packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: "held/x", Payload: []byte{byte(i)}})
+	}
+	got := map[byte]bool{}
+	for len(got) < n {
+		m, ok := sub.next().Content.(*packets.Publish)
+		if !ok {
+			t.Fatalf("after %d messages: got %T, want a PUBLISH", len(got), m)
+		}
+		if got[m.Payload[0]] {
+			t.Fatalf("message %d twice", m.Payload[0])
+		}
+		got[m.Payload[0]] = true
+		sub.send(&packets.Puback{PacketID: m.PacketID})
+	}
+	if s.Broker().Traffic().Inflight != 0 {
+		// Every message was acknowledged: none may be left in flight.
+		eventually(t, "no message left in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
+	}
+}
