@@ -151,11 +151,11 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 		// Acknowledged first, as mochi does; mochi does not, as the hook
 		// rejects the packet.
 		var ack [4]byte
-		b.write(from, appendPuback(ack[:0], b.ids.ackID(from, pk.PacketID)), 0)
+		b.write(from, appendPuback(ack[:0], b.ids.ackID(from, pk.PacketID)), 0, true)
 	}
 	for i, cl := range to {
 		if cl != nil {
-			b.deliverDirect(cl, f.subs[i].sub, out)
+			b.deliverDirect(cl, f.subs[i].sub, out, cl == from)
 		}
 	}
 	return true
@@ -192,7 +192,8 @@ func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, q
 
 // deliverDirect writes msg to cl for its subscription sub, as mochi's
 // publishToClient and WritePacket (v2.7.9) would: directTo said it may.
-func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out packets.Packet) {
+// reader says the writer is cl's reader, handling a packet (see write).
+func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out packets.Packet, reader bool) {
 	out.FixedHeader.Qos = min(out.FixedHeader.Qos, sub.Qos, b.srv.Options.Capabilities.MaximumQos)
 	if len(sub.Identifiers) > 0 { // MQTT-3.3.4-3
 		out.Properties.SubscriptionIdentifier = slices.Sorted(maps.Values(sub.Identifiers))
@@ -227,18 +228,20 @@ func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out pa
 		}
 		cl.State.Inflight.DecreaseSendQuota()
 	}
-	b.write(cl, frame, 1)
+	b.write(cl, frame, 1, reader)
 	b.Counters.DeliveredDirect.Add(1)
 }
 
 // write writes packets the broker encoded itself (messages counts the
 // PUBLISHes among them) to cl's connection, counting them as mochi's
-// WritePacket does. A failed write ends the connection; QoS 1 messages
-// stay in the session, as with mochi.
-func (b *Broker) write(cl *mqtt.Client, frame []byte, messages int64) {
+// WritePacket does. reader says the writer is cl's reader, handling a
+// packet: it sends what it wrote when it next reads, so the packets need
+// no timer (see clientConn.Write). A failed write ends the connection;
+// QoS 1 messages stay in the session, as with mochi.
+func (b *Broker) write(cl *mqtt.Client, frame []byte, messages int64, reader bool) {
 	var err error
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
-		_, err = cc.Write(frame) // a concrete call: frame stays on the caller's stack
+		_, err = cc.write(frame, reader) // a concrete call: frame stays on the caller's stack
 	} else {
 		_, err = cl.Net.Conn.Write(frame)
 	}

@@ -162,8 +162,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			// only after this hook, in the one map it keeps for both
 			// directions: a reply made meanwhile (a GET's, here) could
 			// take the same id and lose its record to the
-			// acknowledgement. Recorded now, the id is taken; mochi's
-			// record replaces this one and its removal counts it out.
+			// acknowledgement. Recorded now, the id is taken until the
+			// acknowledgement (ours below, or mochi's, whose record
+			// replaces this one and whose removal counts it out).
 			atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
 		}
 		// The reply comes back on this connection (the SDKs subscribe
@@ -192,6 +193,19 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 	}
 	h.b.handle(cl, c, req)
+	if pk.FixedHeader.Qos == 1 && !mochiQueued(cl) {
+		// Acknowledged here, with the PUBACK encoded by the broker (see
+		// wire.go); mochi, told the request was QoS 0 and to be ignored,
+		// does nothing more. Only once mochi holds nothing for the
+		// client, which may include an earlier PUBACK (MQTT-4.6.0-2).
+		var ack [4]byte
+		h.b.write(cl, appendPuback(ack[:0], h.b.ids.ackID(cl, pk.PacketID)), 0, true)
+		if cl.State.Inflight.Delete(pk.PacketID) { // the id taken above
+			atomic.AddInt64(&h.b.srv.Info.Inflight, -1)
+		}
+		pk.FixedHeader.Qos, pk.Ignore = 0, true
+		return pk, nil
+	}
 	return pk, packets.CodeSuccessIgnore
 }
 

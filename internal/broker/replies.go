@@ -67,7 +67,7 @@ func (b *Broker) handle(cl *mqtt.Client, c *conn, req *statestore.Request) {
 	c.replies.held = nil
 	c.replies.mu.Unlock()
 	for _, h := range held {
-		b.deliver(cl, h)
+		b.deliver(cl, h, true)
 	}
 }
 
@@ -117,7 +117,7 @@ func (b *Broker) writeReplies(cr *connReplies) {
 		}
 		cr.mu.Unlock()
 		for _, h := range batch {
-			b.deliver(cl, h)
+			b.deliver(cl, h, false)
 		}
 	}
 }
@@ -129,9 +129,10 @@ func (c *conn) endReplies() {
 	c.replies.mu.Unlock()
 }
 
-// deliver writes a reply to cl directly if it can, else through mochi.
-func (b *Broker) deliver(cl *mqtt.Client, h heldReply) {
-	if !b.replyDirect(cl, h.r, h.payload, h.version) {
+// deliver writes a reply to cl directly if it can, else through mochi;
+// reader says the writer is cl's reader (see Broker.write).
+func (b *Broker) deliver(cl *mqtt.Client, h heldReply, reader bool) {
+	if !b.replyDirect(cl, h.r, h.payload, h.version, reader) {
 		b.inject(h.r.ResponseTopic, h.payload, replyProperties(h.r, h.version))
 	}
 }
@@ -157,7 +158,7 @@ func replyProperties(r *statestore.Request, version hlc.Timestamp) packets.Prope
 // replyDirect writes the reply to cl, which asked for it, if cl is the
 // response topic's only subscriber and can be written to directly (see
 // directTo). It reports whether it took the reply.
-func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []byte, version hlc.Timestamp) bool {
+func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []byte, version hlc.Timestamp, reader bool) bool {
 	f := b.fanoutOf(r.ResponseTopic)
 	caps := b.srv.Options.Capabilities
 	if !f.direct || len(f.subs) != 1 || f.subs[0].client != cl.ID {
@@ -179,7 +180,7 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 		out.Expiry = time.Now().Unix() + expiry
 	}
 	b.seq.stamp(&out)
-	b.deliverDirect(cl, sub, out)
+	b.deliverDirect(cl, sub, out, reader)
 	return true
 }
 

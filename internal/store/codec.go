@@ -248,6 +248,7 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 	maxVersion := sr.timestamp()
 	n := sr.uvarint()
 	keys := btree.NewG(degree, lessEntry)
+	index := map[string]*Entry{}
 	expiry := btree.NewG(degree, lessExpiry)
 	var total int64
 	for i := uint64(0); i < n && sr.err == nil; i++ {
@@ -267,6 +268,7 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 			sr.err = fmt.Errorf("%w: duplicate key", ErrCorrupt)
 			break
 		}
+		index[keyString(e)] = e
 		total += e.size()
 		if e.ExpiresAt != 0 {
 			expiry.ReplaceOrInsert(expiryItem{at: e.ExpiresAt, key: e.Key})
@@ -283,7 +285,7 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 	if _, err := sr.r.ReadByte(); err != io.EOF {
 		return fmt.Errorf("%w: trailing data", ErrCorrupt)
 	}
-	s.keys, s.expiry, s.bytes, s.maxVersion = keys, expiry, total, maxVersion
+	s.keys, s.index, s.expiry, s.bytes, s.maxVersion = keys, index, expiry, total, maxVersion
 	return nil
 }
 

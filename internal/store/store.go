@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"hash/crc32"
 	"sync"
+	"unsafe"
 
 	"github.com/google/btree"
 
@@ -144,7 +145,11 @@ const degree = 32
 // Store is the keyspace of one replica group. The zero value is not usable;
 // use New.
 type Store struct {
-	keys       *btree.BTreeG[*Entry]
+	keys *btree.BTreeG[*Entry]
+	// The same entries by key, for point lookups: a walk down the tree
+	// (about 14 key comparisons, most of them cache misses, at 10,000
+	// keys) was 4 % of a GET's CPU. nil in a clone, which the tree serves.
+	index      map[string]*Entry
 	expiry     *btree.BTreeG[expiryItem]
 	limits     Limits
 	bytes      int64
@@ -155,6 +160,7 @@ type Store struct {
 func New(limits Limits) *Store {
 	return &Store{
 		keys:   btree.NewG(degree, lessEntry),
+		index:  map[string]*Entry{},
 		expiry: btree.NewG(degree, lessExpiry),
 		limits: limits,
 	}
@@ -178,11 +184,15 @@ func (s *Store) MaxVersion() hlc.Timestamp { return s.maxVersion }
 func (s *Store) Clone() *Store {
 	c := *s
 	c.keys = s.keys.Clone()
+	c.index = nil // copying it would make Clone cost O(keys)
 	c.expiry = s.expiry.Clone()
 	return &c
 }
 
 func (s *Store) lookup(key []byte) *Entry {
+	if s.index != nil {
+		return s.index[string(key)] // no allocation: the conversion is for the lookup only
+	}
 	// The search item escapes (the tree compares through a function
 	// value): a pooled one spares a GET its only allocation here.
 	probe := probes.Get().(*Entry)
@@ -197,6 +207,10 @@ func (s *Store) lookup(key []byte) *Entry {
 }
 
 var probes = sync.Pool{New: func() any { return new(Entry) }}
+
+// keyString is e's key as a map key, sharing its bytes: entries are never
+// modified (see Split).
+func keyString(e *Entry) string { return unsafe.String(unsafe.SliceData(e.Key), len(e.Key)) }
 
 // Expired returns the version of key's entry if the entry is still stored
 // but past its deadline at now: it awaits its Expire command.
@@ -391,6 +405,9 @@ func (s *Store) fits(stored *Entry, size int64) bool {
 // search, keeping the byte count and expiry index in step.
 func (s *Store) replace(old, e *Entry) {
 	s.keys.ReplaceOrInsert(e)
+	if s.index != nil {
+		s.index[keyString(e)] = e
+	}
 	s.bytes += e.size()
 	if old != nil {
 		s.bytes -= old.size()
@@ -440,6 +457,7 @@ func Merge(parts []*Store) *Store {
 
 func (s *Store) remove(e *Entry) {
 	s.keys.Delete(e)
+	delete(s.index, keyString(e))
 	s.bytes -= e.size()
 	if e.ExpiresAt != 0 {
 		s.expiry.Delete(expiryItem{at: e.ExpiresAt, key: e.Key})

@@ -672,3 +672,59 @@ func BenchmarkGet(b *testing.B) {
 		})
 	}
 }
+
+// TestIndexFollowsTheTree: the point-lookup index holds exactly the
+// tree's entries through random sets, deletes and expiries, a snapshot
+// restore, a split and a merge; a clone, without one, reads the tree.
+func TestIndexFollowsTheTree(t *testing.T) {
+	h := newHarness(t)
+	rng := rand.New(rand.NewSource(1))
+	check := func(s *Store, what string) {
+		t.Helper()
+		if len(s.index) != s.keys.Len() {
+			t.Fatalf("%s: index has %d keys, tree %d", what, len(s.index), s.keys.Len())
+		}
+		s.keys.Ascend(func(e *Entry) bool {
+			if s.index[string(e.Key)] != e {
+				t.Fatalf("%s: index entry for %q is not the tree's", what, e.Key)
+			}
+			return true
+		})
+	}
+	for i := 0; i < 5000; i++ {
+		key := []byte(fmt.Sprintf("k%d", rng.Intn(300)))
+		switch rng.Intn(4) {
+		case 0, 1:
+			c := Command{Op: OpSet, Key: key, Value: []byte(fmt.Sprint(i))}
+			if rng.Intn(3) == 0 {
+				c.TTL = int64(1 + rng.Intn(5))
+			}
+			h.apply(c)
+		case 2:
+			h.apply(Command{Op: OpDel, Key: key})
+		case 3:
+			h.now++
+			h.s.Due(h.now, 10, func(k []byte, v hlc.Timestamp) {
+				h.apply(Command{Op: OpExpire, Key: k, Expected: v})
+			})
+		}
+	}
+	check(h.s, "after random writes")
+	restored := New(Limits{})
+	if err := restored.ReadSnapshot(bytes.NewReader(snapshotBytes(t, h.s))); err != nil {
+		t.Fatal(err)
+	}
+	check(restored, "restored")
+	parts := h.s.Split(3, func(k []byte) int { return int(k[len(k)-1]) % 3 })
+	for i, p := range parts {
+		check(p, fmt.Sprintf("part %d", i))
+	}
+	check(Merge(parts), "merged")
+	clone := h.s.Clone()
+	h.s.keys.Ascend(func(e *Entry) bool {
+		if got, _ := clone.Get(e.Key, 0); got != e {
+			t.Fatalf("clone: %q not found through the tree", e.Key)
+		}
+		return true
+	})
+}
