@@ -166,10 +166,12 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 // own goroutines, which may wait on its socket.
 func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, qos byte) bool {
 	cc, ok := cl.Net.Conn.(*clientConn)
-	if !ok || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 || mochiQueued(cl) {
+	if !ok || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {
 		return false
 	}
-	if !own && (cc.raw == nil || cc.backedUp()) {
+	// Before mochiQueued, which takes the client's lock: over TLS,
+	// mochi may hold it for a write that waits on the socket.
+	if !own && (cc.raw == nil || cc.backedUp()) || mochiQueued(cl) {
 		return false
 	}
 	// The index may not be changed yet for a subscription just removed
