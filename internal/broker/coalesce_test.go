@@ -20,26 +20,35 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// coalescePair is a clientConn on the server end of a loopback TCP
-// connection, and the client's end.
-func coalescePair(t *testing.T) (*clientConn, *countingConn, net.Conn) {
+// tcpPair is a loopback TCP connection: the server's end and the
+// client's, both closed when the test ends.
+func tcpPair(t *testing.T) (server, client net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
+	client, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	server, err := ln.Accept()
-	if err != nil {
+	t.Cleanup(func() { client.Close() })
+	if server, err = ln.Accept(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { server.Close() })
+	return server, client
+}
+
+// coalescePair is a clientConn on the server end of a loopback TCP
+// connection, and the client's end.
+func coalescePair(t *testing.T) (*clientConn, *countingConn, net.Conn) {
+	t.Helper()
+	server, client := tcpPair(t)
 	counted := &countingConn{Conn: server}
 	c := &clientConn{Conn: counted, r: server, max: 1 << 20}
-	t.Cleanup(func() { c.Close(); client.Close() })
+	t.Cleanup(func() { c.Close() })
 	return c, counted, client
 }
 

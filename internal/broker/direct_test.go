@@ -17,21 +17,9 @@ import (
 // does not read; once its socket is full the connection says it is
 // backed up, and what was written still arrives, whole and in order.
 func TestWriteDoesNotWaitOnTheSocket(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	server, client := tcpPair(t)
 	c := &clientConn{Conn: server, r: server, max: 1 << 20}
+	var err error
 	if c.raw, err = server.(*net.TCPConn).SyscallConn(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,10 @@
 package e2e
 
 import (
-	"os"
-	"runtime/pprof"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"testing"
 	"time"
 
