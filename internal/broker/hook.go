@@ -128,7 +128,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 }
 
 // OnPublish hands requests to the state store. They are not routed to
-// subscribers: CodeSuccessIgnore still acknowledges QoS 1 (returning
+// subscribers: the broker acknowledges QoS 1 itself, or, while mochi holds
+// packets for the client, has mochi do it (CodeSuccessIgnore; returning
 // ErrRejectPacket would not, mochi issue #465). Every other message is
 // numbered for in-order resends (see sequencer), and written to its
 // subscribers here if it can be (see publishDirect).
@@ -203,7 +204,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		if cl.State.Inflight.Delete(pk.PacketID) { // the id taken above
 			atomic.AddInt64(&h.b.srv.Info.Inflight, -1)
 		}
-		pk.FixedHeader.Qos, pk.Ignore = 0, true
+		pk.FixedHeader.Qos, pk.Ignore, pk.FixedHeader.Retain = 0, true, false // nor kept as a retained message
 		return pk, nil
 	}
 	return pk, packets.CodeSuccessIgnore
@@ -222,7 +223,7 @@ func (h *hook) OnQosComplete(cl *mqtt.Client, _ packets.Packet) {
 
 // OnSubscribed and OnUnsubscribed (also called by mochi's
 // UnsubscribeClient, when a session ends or starts clean): the topic
-// index changed (see replyRoutes).
+// index changed (see routes).
 func (h *hook) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.b.routes.changed() }
 
 func (h *hook) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.b.routes.changed() }

@@ -296,11 +296,12 @@ func (c *clientConn) rearm() bool {
 // sent at once. An acknowledgement written while a state store reply is
 // due waits for the reply (see ExpectReply).
 //
-// Write never waits on the client's socket, except to hold back a writer
-// that has more than coalesceBytes waiting behind a send: other clients'
-// readers write to this connection (see Broker.deliverDirect), and one
-// client that does not read must not stall them. What the socket does not
-// take at once is sent by a goroutine of its own.
+// Write never waits on the client's socket (except over TLS and
+// websockets, see sendNowLocked): other clients' readers write to this
+// connection (see Broker.deliverDirect), and one client that does not
+// read must not stall them. What the socket does not take at once is sent
+// by a goroutine of its own; a client more than maxQueued packets and
+// slowBytes behind it is a slow consumer.
 func (c *clientConn) Write(p []byte) (int, error) { return c.write(p, false) }
 
 // write is Write; reader says the writer is the client's reader, handling
