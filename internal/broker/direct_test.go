@@ -99,3 +99,61 @@ func TestMochiQueuedSeesTheQueue(t *testing.T) {
 		t.Fatal("a message mochi queued (no write loop runs) is not seen")
 	}
 }
+
+// TestSlowConsumerCap: behind a send that does not finish, a connection
+// takes up to maxQueued packets and slowBytes; the packet past both is
+// refused, the client is reported slow once, and nothing already taken is
+// lost.
+func TestSlowConsumerCap(t *testing.T) {
+	server, _ := tcpPair(t) // the client never reads
+	c := &clientConn{Conn: server, r: server, max: 1 << 20, maxQueued: 4}
+	var err error
+	if c.raw, err = server.(*net.TCPConn).SyscallConn(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slow := 0
+	c.onSlow(func() { slow++ })
+	readerWaits(t, c)
+	chunk := make([]byte, 256<<10)
+	for i := 0; !c.backedUp(); i++ {
+		if i == 1024 {
+			t.Fatal("never backed up")
+		}
+		if _, err := c.Write(chunk); err != nil {
+			t.Fatalf("write %d, before the socket filled: %v", i, err)
+		}
+	}
+	// Once the sender has taken what was pending and waits on the full
+	// socket, 4 packets and 1 MiB may wait behind it.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		c.wmu.Lock()
+		taken := c.sending && len(c.pending) == 0
+		c.wmu.Unlock()
+		if taken {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sender never took what was pending")
+		}
+	}
+	for i := 0; i < 4; i++ {
+		if _, err := c.Write(chunk); err != nil {
+			t.Fatalf("queued write %d: %v", i, err)
+		}
+	}
+	c.wmu.Lock()
+	held := len(c.pending)
+	c.wmu.Unlock()
+	if _, err := c.Write(chunk); err != errSlowConsumer {
+		t.Fatalf("fifth queued write: %v, want errSlowConsumer", err)
+	}
+	if _, err := c.Write(chunk); err != errSlowConsumer || slow != 1 {
+		t.Fatalf("sixth: %v, reported slow %d times; want refused, reported once", err, slow)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.pending) != held {
+		t.Fatalf("pending %d bytes after refusals, want the %d taken before", len(c.pending), held)
+	}
+}
