@@ -103,14 +103,14 @@ func TestAcknowledgementWaitsForReply(t *testing.T) {
 		t.Fatalf("%d writes before the reply", n)
 	}
 	c.Write(publishBytes) // the reply, from the write loop
-	if n := counted.writes.Load(); n != 1 {
-		t.Fatalf("%d writes for PUBACK and reply, want 1", n)
-	}
 	want := append(bytes.Clone(pubackBytes), publishBytes...)
 	got := make([]byte, len(want))
 	client.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(client, got); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("client read % x (%v), want % x", got, err, want)
+	}
+	if n := counted.writes.Load(); n != 1 {
+		t.Fatalf("%d writes for PUBACK and reply, want 1", n)
 	}
 }
 
@@ -125,13 +125,13 @@ func TestAcknowledgementWithoutReplyDue(t *testing.T) {
 		t.Fatalf("%d writes while the reader is busy", n)
 	}
 	readerWaits(t, c)
-	if n := counted.writes.Load(); n != 1 {
-		t.Fatalf("%d writes once the reader is done, want 1", n)
-	}
 	got := make([]byte, len(pubackBytes))
 	client.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(client, got); err != nil {
 		t.Fatal(err)
+	}
+	if n := counted.writes.Load(); n != 1 {
+		t.Fatalf("%d writes once the reader is done, want 1", n)
 	}
 
 	c2, _, client2 := coalescePair(t)

@@ -169,9 +169,7 @@ func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, q
 	if !ok || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {
 		return false
 	}
-	// Before mochiQueued, which takes the client's lock: over TLS,
-	// mochi may hold it for a write that waits on the socket.
-	if !own && (cc.raw == nil || cc.backedUp()) || mochiQueued(cl) {
+	if !own && cc.backedUp() || mochiQueued(cl) {
 		return false
 	}
 	// The index may not be changed yet for a subscription just removed

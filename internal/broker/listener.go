@@ -296,9 +296,8 @@ func (c *clientConn) rearm() bool {
 // sent at once. An acknowledgement written while a state store reply is
 // due waits for the reply (see ExpectReply).
 //
-// Write never waits on the client's socket (except over TLS and
-// websockets, see sendNowLocked): other clients' readers write to this
-// connection (see Broker.deliverDirect), and one client that does not
+// Write never waits on the client's socket: other clients' readers
+// write to this connection (see Broker.deliverDirect), and one client that does not
 // read must not stall them. What the socket does not take at once is sent
 // by a goroutine of its own; a client more than maxQueued packets and
 // slowBytes behind it is a slow consumer.
@@ -348,10 +347,11 @@ func (c *clientConn) write(p []byte, reader bool) (int, error) {
 
 // sendNowLocked sends what is pending with one non-blocking system call,
 // and hands what the socket did not take to a sender goroutine. Without a
-// raw socket (TLS, websockets) it sends in full, waiting.
+// raw socket (TLS, websockets), which cannot be tried without waiting,
+// the sender goroutine sends it all.
 func (c *clientConn) sendNowLocked() {
 	if c.raw == nil {
-		c.sendLocked()
+		c.sendAsideLocked()
 		return
 	}
 	var n int
@@ -370,13 +370,19 @@ func (c *clientConn) sendNowLocked() {
 	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
 	c.stopTimer()
 	if len(c.pending) > 0 {
-		c.sending = true // taken before the lock is let go
-		go func() {
-			c.wmu.Lock()
-			c.drainLocked()
-			c.wmu.Unlock()
-		}()
+		c.sendAsideLocked()
 	}
+}
+
+// sendAsideLocked has a goroutine of its own send what is pending.
+func (c *clientConn) sendAsideLocked() {
+	c.stopTimer()
+	c.sending = true // taken before the lock is let go
+	go func() {
+		c.wmu.Lock()
+		c.drainLocked()
+		c.wmu.Unlock()
+	}()
 }
 
 // waitSent waits, the lock held, until the sender signals.
