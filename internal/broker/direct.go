@@ -148,8 +148,8 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	// every copy.
 	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
 	if pk.FixedHeader.Qos == 1 {
-		// Acknowledged first, as mochi does; mochi does not, as the hook
-		// rejects the packet.
+		// Acknowledged first, as by mochi, which does not do it here:
+		// the hook tells it the message was QoS 0 and is to be ignored.
 		var ack [4]byte
 		b.write(from, appendPuback(ack[:0], b.ids.ackID(from, pk.PacketID)), 0, true)
 	}
@@ -162,8 +162,9 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 }
 
 // directTo reports whether a message at qos can be written to cl now,
-// for its subscription sub. own is true when the writer is one of cl's
-// own goroutines, which may wait on its socket.
+// for its subscription sub. own says the writer is cl's own reader or
+// reply writer: for those a backed-up connection is no reason to leave
+// the message to mochi, behind whose queue it would wait the same.
 func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, qos byte) bool {
 	cc, ok := cl.Net.Conn.(*clientConn)
 	if !ok || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {

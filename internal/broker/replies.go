@@ -22,9 +22,10 @@ import (
 // by the client's own reader if made while it handles the request (GET,
 // PING, errors: most replies), else (writes, once committed) by a writer
 // goroutine of the connection's own, started for each burst of replies,
-// because the goroutine that commits serves every client and must never
-// wait on one client's socket. Any other case goes through mochi, as does
-// a reply the connection's writer has too many queued before.
+// because the goroutine that commits serves every client: encoding and
+// writing their replies is spread over the connections instead. Any other
+// case goes through mochi, as does a reply the connection's writer has
+// too many queued before. The writing itself is direct.go's.
 
 // repliesTo reports whether the replies on topic go to cl alone.
 func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool {
