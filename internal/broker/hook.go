@@ -204,7 +204,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		if cl.State.Inflight.Delete(pk.PacketID) { // the id taken above
 			atomic.AddInt64(&h.b.srv.Info.Inflight, -1)
 		}
-		pk.FixedHeader.Qos, pk.Ignore, pk.FixedHeader.Retain = 0, true, false // nor kept as a retained message
+		pk.FixedHeader.Qos, pk.Ignore = 0, true // ignored: neither routed nor retained
 		return pk, nil
 	}
 	return pk, packets.CodeSuccessIgnore

@@ -155,3 +155,33 @@ func TestReplyWaitsInThePersistentSession(t *testing.T) {
 		w.send(&packets.Puback{PacketID: p.PacketID})
 	}
 }
+
+// TestRequestsAreNotRetained: a request published with the retain flag is
+// answered, and not kept as a retained message on the request topic,
+// where every later subscriber would get it (mochi retains no packet a
+// hook marked ignored, whichever way the request is acknowledged).
+func TestRequestsAreNotRetained(t *testing.T) {
+	s := startServer(t, inMemory())
+	w, _ := dialWire(t, s, packets.Connect{ClientID: "retainer", CleanStart: true})
+	const response = "clients/retainer/response"
+	w.subscribe(1, response)
+	for id, qos := range []byte{0, 1} { // QoS 0 is refused, with a reply
+		w.send(&packets.Publish{PacketID: uint16(id + 10), QoS: qos, Retain: true, Topic: statestore.RequestTopic, Payload: encode("PING"),
+			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(id)}}})
+		for acked, replied := qos == 0, false; !acked || !replied; {
+			switch c := w.next().Content.(type) {
+			case *packets.Puback:
+				acked = true
+			case *packets.Publish:
+				if qos == 1 && string(c.Payload) != "+PONG\r\n" {
+					t.Fatalf("request %d: reply %q", id, c.Payload)
+				}
+				replied = true
+				w.send(&packets.Puback{PacketID: c.PacketID})
+			}
+		}
+		if n := s.Broker().Traffic().Retained; n != 0 {
+			t.Fatalf("request %d (QoS %d): %d retained messages, want none", id, qos, n)
+		}
+	}
+}
