@@ -150,8 +150,7 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	if pk.FixedHeader.Qos == 1 {
 		// Acknowledged first, as by mochi, which does not do it here:
 		// the hook tells it the message was QoS 0 and is to be ignored.
-		var ack [4]byte
-		b.write(from, appendPuback(ack[:0], b.ids.ackID(from, pk.PacketID)), 0, true)
+		b.puback(from, pk.PacketID)
 	}
 	for i, cl := range to {
 		if cl != nil {
@@ -231,6 +230,13 @@ func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out pa
 	}
 	b.write(cl, frame, 1, reader)
 	b.Counters.DeliveredDirect.Add(1)
+}
+
+// puback acknowledges the client's QoS 1 PUBLISH that mochi knows as id,
+// from the client's reader, under the id the client used (see idSpace).
+func (b *Broker) puback(cl *mqtt.Client, id uint16) {
+	var ack [4]byte
+	b.write(cl, appendPuback(ack[:0], b.ids.ackID(cl, id)), 0, true)
 }
 
 // write writes packets the broker encoded itself (messages counts the

@@ -199,8 +199,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		// wire.go); mochi, told the request was QoS 0 and to be ignored,
 		// does nothing more. Only once mochi holds nothing for the
 		// client, which may include an earlier PUBACK (MQTT-4.6.0-2).
-		var ack [4]byte
-		h.b.write(cl, appendPuback(ack[:0], h.b.ids.ackID(cl, pk.PacketID)), 0, true)
+		h.b.puback(cl, pk.PacketID)
 		if cl.State.Inflight.Delete(pk.PacketID) { // the id taken above
 			atomic.AddInt64(&h.b.srv.Info.Inflight, -1)
 		}
