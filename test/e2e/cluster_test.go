@@ -30,16 +30,29 @@ import (
 )
 
 // freePort returns a loopback address nobody listens on now, so that a
-// killed node can come back at the same address.
+// killed node can come back at the same address. It never returns one it
+// returned before: a port closed at once is free again for the next call,
+// and a node once got the same port for its MQTT listener and its node
+// link (TestClusterLinearizableUnderFaults: "address already in use").
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if _, issued := issuedPorts.LoadOrStore(addr, true); !issued {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no loopback port not handed out before")
+	return ""
 }
+
+// issuedPorts holds the addresses freePort returned.
+var issuedPorts sync.Map
 
 // procCluster is a cluster of real mqkv processes.
 type procCluster struct {
