@@ -21,10 +21,14 @@ type Change struct {
 
 // feed fans applied changes out to live viewers. It never blocks the apply
 // path: a viewer that falls behind misses changes (and is told so).
+// Changes are formatted for display only when someone watches: the last
+// ones are kept as the events they are (the apply path hands over events
+// it will not change), since formatting every write cost about 7 % of a
+// durable SET's CPU on a server nobody was watching.
 type feed struct {
 	mu     sync.Mutex
 	subs   map[chan Change]struct{}
-	recent []Change // the last changes, for a viewer that just arrived
+	recent []store.Event // the last changes, for a viewer that just arrived; up to 2*feedRecent
 }
 
 const (
@@ -40,21 +44,22 @@ func newFeed() *feed { return &feed{subs: map[chan Change]struct{}{}} }
 func (f *feed) Events(events []store.Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.subs) == 0 && len(events) > feedRecent {
-		events = events[len(events)-feedRecent:] // nobody watching: only the kept ones
+	kept := events
+	if len(kept) > feedRecent {
+		kept = kept[len(kept)-feedRecent:]
+	}
+	if len(f.recent)+len(kept) > 2*feedRecent {
+		// Slide the newest down to the front: an amortised copy, and
+		// the array never grows past 2*feedRecent.
+		n := copy(f.recent, f.recent[len(f.recent)-(feedRecent-len(kept)):])
+		f.recent = f.recent[:n]
+	}
+	f.recent = append(f.recent, kept...)
+	if len(f.subs) == 0 {
+		return
 	}
 	for i := range events {
-		e := &events[i]
-		c := Change{Op: "SET", Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Version: e.Version.String()}
-		if e.Kind == store.EventDelete {
-			c.Op = "DELETE"
-		} else {
-			c.Value, c.ValueHex, c.Binary = valueForms(e.Value)
-		}
-		f.recent = append(f.recent, c)
-		if len(f.recent) > feedRecent {
-			f.recent = f.recent[len(f.recent)-feedRecent:]
-		}
+		c := changeOf(&events[i])
 		for ch := range f.subs {
 			select {
 			case ch <- c:
@@ -62,6 +67,17 @@ func (f *feed) Events(events []store.Event) {
 			}
 		}
 	}
+}
+
+// changeOf formats an event for the console.
+func changeOf(e *store.Event) Change {
+	c := Change{Op: "SET", Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Version: e.Version.String()}
+	if e.Kind == store.EventDelete {
+		c.Op = "DELETE"
+	} else {
+		c.Value, c.ValueHex, c.Binary = valueForms(e.Value)
+	}
+	return c
 }
 
 // subscribe adds a viewer; ok is false when maxViewers are already open.
@@ -73,7 +89,12 @@ func (f *feed) subscribe() (ch chan Change, recent []Change, ok bool) {
 	}
 	ch = make(chan Change, 256)
 	f.subs[ch] = struct{}{}
-	return ch, append([]Change(nil), f.recent...), true
+	last := f.recent[max(0, len(f.recent)-feedRecent):]
+	recent = make([]Change, len(last))
+	for i := range last {
+		recent[i] = changeOf(&last[i])
+	}
+	return ch, recent, true
 }
 
 func (f *feed) unsubscribe(ch chan Change) {

@@ -114,6 +114,30 @@ func TestAcknowledgementWaitsForReply(t *testing.T) {
 	}
 }
 
+// TestOtherAcknowledgementsDoNotWaitForAReply: a QoS 1 message read after
+// a request, before its reply, is acknowledged when the reader is done,
+// with the request's acknowledgement before it, not once the reply comes.
+func TestOtherAcknowledgementsDoNotWaitForAReply(t *testing.T) {
+	c, counted, client := coalescePair(t)
+	request(t, c, client)
+	c.ExpectReply()
+	c.Write(pubackBytes) // the request's
+	request(t, c, client)
+	c.AwaitNoReply() // the next packet is an ordinary message
+	other := []byte{0x40, 2, 0, 2}
+	c.Write(other)
+	readerWaits(t, c)
+	if n := counted.writes.Load(); n != 1 {
+		t.Fatalf("%d writes once the reader is done, want 1", n)
+	}
+	want := append(bytes.Clone(pubackBytes), other...)
+	got := make([]byte, len(want))
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(client, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("client read % x (%v), want % x", got, err, want)
+	}
+}
+
 // TestAcknowledgementWithoutReplyDue: an ordinary PUBLISH's PUBACK is sent
 // when the reader is done, and one whose reply never comes is sent after
 // replyHold, not held further.

@@ -138,6 +138,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		if !cl.Net.Inline {
 			h.b.topics.add(pk.TopicName)
 		}
+		if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.FixedHeader.Qos > 0 {
+			cc.AwaitNoReply()
+		}
 		h.b.seq.stamp(&pk)
 		if !cl.Net.Inline && h.b.publishDirect(cl, pk) {
 			// Delivered, and acknowledged if QoS 1: mochi is to do

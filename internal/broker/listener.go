@@ -447,6 +447,18 @@ func (c *clientConn) ExpectReply() {
 	c.replyDue.Store(time.Now().Add(replyHold).UnixNano())
 }
 
+// AwaitNoReply says that the packet being read is a QoS 1 or 2 message
+// that is not a request: its acknowledgement may not wait for a reply,
+// and, acknowledgements going in order (MQTT-4.6.0-2), neither may one
+// held before it. A client that mixes requests with other messages gets
+// each acknowledgement when its packet is handled, not up to replyHold
+// later.
+func (c *clientConn) AwaitNoReply() {
+	if c.replyDue.Load() != 0 {
+		c.replyDue.Store(0)
+	}
+}
+
 // awaitReply reports whether a state store reply is due; if so, what is
 // pending waits for it, and the timer's bound moves from coalesceHold to
 // the reply's.
