@@ -177,15 +177,8 @@ func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, q
 	if _, ok := cl.State.Subscriptions.Get(sub.Filter); !ok {
 		return false
 	}
-	if qos > 0 {
-		// mochi holds a message back while the client's receive
-		// maximum (0: none given, no limit) is used up; with one slot
-		// left, leave it to mochi.
-		n := cl.State.Inflight.Len()
-		recv := int(cl.Properties.Props.ReceiveMaximum)
-		if n+1 >= int(b.srv.Options.Capabilities.MaximumInflight) || recv > 0 && n+1 >= recv {
-			return false
-		}
+	if qos > 0 && cl.State.Inflight.Len()+1 >= int(b.srv.Options.Capabilities.MaximumInflight) {
+		return false // mochi drops it (the client's Receive Maximum is its connection's: see window)
 	}
 	return true
 }
@@ -261,25 +254,50 @@ func (b *Broker) write(cl *mqtt.Client, frame []byte, messages int64, reader boo
 	atomic.AddInt64(&b.srv.Info.MessagesSent, messages)
 }
 
-// releaseHeld sends the oldest of the QoS 1 and 2 messages mochi held
-// back while the client's Receive Maximum was used up, now that the
-// client gave a slot back. mochi v2.7.9 does this itself after each
-// packet read, but picks by the low 16 bits of the messages' stamps (out
-// of publishing order, see sequencer), and then deletes the message from
-// the session, so the client's PUBACK never gives its slot back: after
-// Receive Maximum such messages the client got no message again, and a
-// reconnect would not have resent them.
-func (b *Broker) releaseHeld(cl *mqtt.Client) {
-	held := cl.State.Inflight.GetAll(true) // those held: Expiry -1
+// countWindow has the client's connection count its Receive Maximum (see
+// window) and mochi count nothing, so that mochi holds no message back:
+// on connect, and again once a session is taken over (mochi counts anew
+// then). Messages mochi held before are written now, into the window.
+func (b *Broker) countWindow(cl *mqtt.Client, cc *clientConn) {
+	recv := int(cl.Properties.Props.ReceiveMaximum)
+	if cl.Properties.ProtocolVersion != 5 || recv == 0 {
+		return // no window: mochi holds nothing either
+	}
+	if !cc.Windowed() {
+		cc.SetWindow(recv, func(id uint16) (packets.Packet, bool) { return cl.State.Inflight.Get(id) })
+	}
+	cl.State.Inflight.ResetSendQuota(0)
+	b.unhold(cl)
+}
+
+// acked frees the window slot of the message the client acknowledged.
+// A message mochi held back in the instant before it was told to count
+// nothing (see countWindow) is written now, into the window.
+func (b *Broker) acked(cl *mqtt.Client, cc *clientConn, id uint16) {
+	if cc.Acked(id) && cl.State.Inflight.Len() > cc.Tracked() {
+		b.unhold(cl)
+	}
+}
+
+// unhold writes the messages mochi held back for the client's Receive
+// Maximum (its records' Expiry -1), oldest first, with their expiry
+// restored as mochi set it when it routed them.
+func (b *Broker) unhold(cl *mqtt.Client) {
+	held := cl.State.Inflight.GetAll(true)
 	if len(held) == 0 || cl.Closed() {
 		return
 	}
-	m := slices.MinFunc(held, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
-	m.Expiry = 0 // sent now (its expiry was lost when held)
-	cl.State.Inflight.Set(m)
-	cl.State.Inflight.DecreaseSendQuota()
-	if err := cl.WritePacket(m); err != nil {
-		b.log.Debug("held message not written", "client", cl.ID, "error", err)
+	slices.SortFunc(held, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+	for _, m := range held {
+		m.Expiry = 0
+		if e := min(b.srv.Options.Capabilities.MaximumMessageExpiryInterval, int64(m.Properties.MessageExpiryInterval)); e > 0 {
+			m.Expiry = m.Created + e
+		}
+		cl.State.Inflight.Set(m)
+		if err := cl.WritePacket(m); err != nil {
+			b.log.Debug("held message not written", "client", cl.ID, "error", err)
+			return
+		}
 	}
 }
 

@@ -35,8 +35,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnPacketRead,
 		mqtt.OnClientExpired,
 		mqtt.OnSubscribed,
-		mqtt.OnUnsubscribed,
-		mqtt.OnQosComplete:
+		mqtt.OnUnsubscribed:
 		return true
 	}
 	return false
@@ -52,6 +51,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
 		cc.onSlow(func() { h.b.slowConsumer(cl) })
+		h.b.countWindow(cl, cc)
 	}
 	return h.b.authenticate(cl, pk)
 }
@@ -65,6 +65,9 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	h.b.routes.changed() // mochi re-adds a resumed session's subscriptions without a hook
 	h.b.cancelWill(cl.ID)
+	if cc, ok := cl.Net.Conn.(*clientConn); ok {
+		h.b.countWindow(cl, cc) // again: mochi set its own count when it took the session over
+	}
 	if c := h.b.connOf(cl); c != nil {
 		h.b.pruneSubscriptions(cl, c)
 	}
@@ -111,17 +114,17 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 // idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	h.b.ids.read(cl, &pk)
-	if cc, ok := cl.Net.Conn.(*clientConn); ok {
-		// Messages may be held for the client's Receive Maximum only
-		// when it has at least that many in flight.
-		t, recv := pk.FixedHeader.Type, int(cl.Properties.Props.ReceiveMaximum)
-		cc.freesSlot = (t == packets.Puback || t == packets.Pubcomp) && recv > 0 && cl.State.Inflight.Len() >= recv
-	}
 	if code := h.b.protocolError(cl, &pk); code != packets.CodeSuccess {
 		// mochi would find most of these too, but its DISCONNECT can be
 		// lost (see endConnection).
 		endConnection(cl, code)
 		return pk, code
+	}
+	switch t := pk.FixedHeader.Type; {
+	case t == packets.Puback, t == packets.Pubcomp, t == packets.Pubrec && pk.ReasonCode >= 0x80:
+		if cc, ok := cl.Net.Conn.(*clientConn); ok {
+			h.b.acked(cl, cc, pk.PacketID)
+		}
 	}
 	h.b.subLimits.read(cl, &pk)
 	return pk, nil
@@ -210,17 +213,6 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, nil
 	}
 	return pk, packets.CodeSuccessIgnore
-}
-
-// OnQosComplete: when the client's PUBACK or PUBCOMP being processed
-// gave a send slot back, the oldest message held for it takes the slot
-// (see releaseHeld). It runs right after mochi gives the slot back, before
-// a publisher could take it for a newer message.
-func (h *hook) OnQosComplete(cl *mqtt.Client, _ packets.Packet) {
-	if cc, ok := cl.Net.Conn.(*clientConn); ok && cc.freesSlot {
-		cc.freesSlot = false
-		h.b.releaseHeld(cl)
-	}
 }
 
 // OnSubscribed and OnUnsubscribed (also called by mochi's

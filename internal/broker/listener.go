@@ -163,10 +163,7 @@ type clientConn struct {
 	readWant  atomic.Int64 // the deadline mochi asked for last
 	readArmed atomic.Int64 // the one set on the connection
 
-	// The packet being read is the client's PUBACK or PUBCOMP while
-	// messages may be held for its Receive Maximum (see
-	// hook.OnQosComplete); the reader's alone.
-	freesSlot bool
+	win window // the client's Receive Maximum; under wmu
 
 	hurry    atomic.Bool // being ended: writes get endTimeout
 	tooLarge atomic.Bool // an MQTT 5 client sent a packet over the maximum
@@ -312,6 +309,55 @@ func (c *clientConn) write(p []byte, reader bool) (int, error) {
 	if c.werr != nil {
 		return 0, c.werr
 	}
+	if p := c.win.admit(p, time.Now()); len(p) > 0 {
+		if _, err := c.writeLocked(p, reader); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// SetWindow starts counting the client's Receive Maximum (see window);
+// record finds a message's record in the session.
+func (c *clientConn) SetWindow(max int, record func(id uint16) (packets.Packet, bool)) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.win = window{max: max, out: map[uint16]struct{}{}, record: record}
+}
+
+// Windowed reports whether SetWindow was called.
+func (c *clientConn) Windowed() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.win.max > 0
+}
+
+// Acked says the client's reader has read the PUBACK, PUBCOMP or failed
+// PUBREC of the message sent under id: its slot in the window goes to the
+// oldest message held, if any, which leaves once the reader is done. It
+// reports whether the connection counts a window.
+func (c *clientConn) Acked(id uint16) bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.win.max == 0 {
+		return false
+	}
+	if p := c.win.acked(id, time.Now()); len(p) > 0 && c.werr == nil {
+		c.writeLocked(p, true) // an error ends the connection; the messages stay in the session
+	}
+	return true
+}
+
+// Tracked is how many messages the window counts: sent and not yet
+// acknowledged, or held.
+func (c *clientConn) Tracked() int {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return len(c.win.out) + len(c.win.held)
+}
+
+// writeLocked is write past the window.
+func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 	c.pending = append(c.pending, p...)
 	if c.replyDue.Load() != 0 && hasPublish(p) {
 		// Most likely the awaited reply: what is pending waits no more
@@ -418,21 +464,11 @@ func hasPublish(p []byte) bool {
 		if p[0]>>4 == packets.Publish {
 			return true
 		}
-		size, n := 0, 1
-		for shift := 0; ; shift += 7 {
-			if n == len(p) || n > 4 {
-				return false
-			}
-			size |= int(p[n]&0x7f) << shift
-			n++
-			if p[n-1]&0x80 == 0 {
-				break
-			}
-		}
-		if size > len(p)-n {
+		frame, ok := nextFrame(p)
+		if !ok {
 			return false
 		}
-		p = p[n+size:]
+		p = p[len(frame):]
 	}
 	return false
 }

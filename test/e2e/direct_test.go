@@ -251,3 +251,102 @@ func TestReceiveMaximumSlotsComeBack(t *testing.T) {
 		eventually(t, "no message left in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
 	}
 }
+
+// TestHeldMessagesKeepTheirOrder (MQTT-4.6.0-6, MQTT-3.3.4-9): publishers
+// send bursts at once to a subscriber whose Receive Maximum is 2, so most
+// messages wait in its session for a slot. The slot each PUBACK frees goes
+// to the oldest message held: none routed meanwhile overtakes one held
+// before it, each publisher's messages arrive in the order sent, and the
+// subscriber never has more than 2 unacknowledged.
+func TestHeldMessagesKeepTheirOrder(t *testing.T) {
+	s := startServer(t, inMemory())
+	two := uint16(2)
+	sub, _ := dialWire(t, s, packets.Connect{ClientID: "recv-max-order", CleanStart: true,
+		Properties: &packets.Properties{ReceiveMaximum: &two}})
+	sub.subscribe(1, "order/#")
+	const pubs, n = 4, 250
+	expiry := uint32(600)
+	for p := range pubs {
+		w, _ := dialWire(t, s, packets.Connect{ClientID: fmt.Sprint("order-pub-", p), CleanStart: true})
+		go func() {
+			for i := range n {
+				// Written one by one, as acknowledged: the publishers'
+				// messages interleave at the server, each routed while
+				// others are held. (Errors end the goroutine: the test
+				// fails on what the subscriber misses.)
+				pk := &packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: fmt.Sprint("order/", p),
+					Payload: []byte{byte(i >> 8), byte(i)}, Properties: &packets.Properties{MessageExpiry: &expiry}}
+				if _, err := pk.WriteTo(w.conn); err != nil {
+					return
+				}
+				if ack, err := packets.ReadPacket(w.conn); err != nil || ack.Type != packets.PUBACK {
+					return
+				}
+			}
+		}()
+	}
+	next := map[string]int{}
+	unacked := map[uint16]bool{}
+	for got := 0; got < pubs*n; got++ {
+		m, ok := sub.next().Content.(*packets.Publish)
+		if !ok {
+			t.Fatalf("after %d messages: got %T, want a PUBLISH", got, m)
+		}
+		if seq := int(m.Payload[0])<<8 | int(m.Payload[1]); seq != next[m.Topic] {
+			t.Fatalf("message %d of %s arrived when %d was due", seq, m.Topic, next[m.Topic])
+		}
+		next[m.Topic]++
+		if m.Properties == nil || m.Properties.MessageExpiry == nil || *m.Properties.MessageExpiry == 0 || *m.Properties.MessageExpiry > expiry {
+			t.Fatalf("message %d of %s: expiry interval %v, want (0, %d]", got, m.Topic, m.Properties.MessageExpiry, expiry)
+		}
+		unacked[m.PacketID] = true
+		if len(unacked) > 2 {
+			t.Fatalf("%d messages unacknowledged, over the Receive Maximum of 2", len(unacked))
+		}
+		// Acknowledged in batches of two, after both arrived: each PUBACK
+		// frees a slot while messages are held.
+		if len(unacked) == 2 || got == pubs*n-1 {
+			for id := range unacked {
+				sub.send(&packets.Puback{PacketID: id})
+				delete(unacked, id)
+			}
+		}
+	}
+}
+
+// TestHeldMessageExpires (MQTT-3.3.2-5, MQTT-3.3.2-6): a message held for
+// the subscriber's Receive Maximum past its expiry interval is not
+// delivered; one still valid is sent with what is left of its interval.
+func TestHeldMessageExpires(t *testing.T) {
+	s := startServer(t, inMemory())
+	one := uint16(1)
+	sub, _ := dialWire(t, s, packets.Connect{ClientID: "recv-max-expiry", CleanStart: true,
+		Properties: &packets.Properties{ReceiveMaximum: &one}})
+	sub.subscribe(1, "expiring/#")
+	pub, _ := dialWire(t, s, packets.Connect{ClientID: "expiring-pub", CleanStart: true})
+	short, long := uint32(1), uint32(600)
+	for i, e := range []*uint32{nil, &short, &long} {
+		pub.send(&packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: "expiring/x", Payload: []byte{byte(i)},
+			Properties: &packets.Properties{MessageExpiry: e}})
+		if _, ok := pub.next().Content.(*packets.Puback); !ok {
+			t.Fatal("want a PUBACK")
+		}
+	}
+	first, ok := sub.next().Content.(*packets.Publish)
+	if !ok || first.Payload[0] != 0 {
+		t.Fatalf("first message %+v", first)
+	}
+	// The other two are held for the one slot. Expiry counts whole
+	// seconds: after 2 s the short one has expired whenever it was made.
+	time.Sleep(2100 * time.Millisecond)
+	sub.send(&packets.Puback{PacketID: first.PacketID})
+	m, ok := sub.next().Content.(*packets.Publish)
+	if !ok || m.Payload[0] != 2 {
+		t.Fatalf("after the expired one: %+v, want message 2", m)
+	}
+	if got := m.Properties.MessageExpiry; got == nil || *got >= long || *got < long-10 {
+		t.Fatalf("expiry interval %v, want what is left of %d", got, long)
+	}
+	sub.send(&packets.Puback{PacketID: m.PacketID})
+	eventually(t, "nothing left in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
+}
