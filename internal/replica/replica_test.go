@@ -307,3 +307,22 @@ func TestMissingSnapshotsIsAnError(t *testing.T) {
 		t.Fatalf("open without its snapshot: %v", err)
 	}
 }
+
+// TestDiskPollKeepsAheadOfAWriter: the guard looks again before a writer
+// at fillRate could use up the space above the reserve, never less often
+// than diskPollIdle, never more often than diskPoll.
+func TestDiskPollKeepsAheadOfAWriter(t *testing.T) {
+	const reserve = 128 << 20
+	for _, free := range []uint64{0, reserve, reserve + 1, reserve + 10<<20, reserve + 1<<30, reserve + 3<<30, 1 << 50} {
+		wait := nextPoll(free, reserve)
+		if wait < diskPoll || wait > diskPollIdle {
+			t.Fatalf("free %d: next poll in %v, outside [%v, %v]", free, wait, diskPoll, diskPollIdle)
+		}
+		if free > reserve && wait > diskPoll && float64(free-reserve) < wait.Seconds()*fillRate {
+			t.Fatalf("free %d: a writer at %d B/s passes the reserve before the poll in %v", free, fillRate, wait)
+		}
+	}
+	if nextPoll(1<<50, reserve) != diskPollIdle || nextPoll(reserve/2, reserve) != diskPoll {
+		t.Fatal("far from full: once a second; below the reserve: every diskPoll")
+	}
+}
