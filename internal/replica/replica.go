@@ -167,6 +167,26 @@ const (
 	sharedPipelineDepth = 1
 )
 
+// commitTimeout is raft's: how long its replication loop lets a follower
+// go without an AppendEntries. That is how a follower learns the commit
+// index after the last write of a burst, and so when it applies that
+// write; the group now tells it sooner itself (see nudgeFollowers), so
+// this is only the fallback. At 5 ms, as before, it was an idle
+// three-node cluster's CPU: 649 ms a second in all, AppendEntries with
+// nothing in them; 108 ms with this and the nudge. A var so that a test
+// can show nothing waits for it.
+var commitTimeout = 250 * time.Millisecond
+
+// commitNudge is how long a group with followers waits, after its last
+// entry in flight is applied, before it tells the followers the commit
+// index (see nudgeFollowers); a write that comes meanwhile tells them
+// with its own entry. Shorter, and writes a few milliseconds apart (one
+// client's, spread over a node's groups) each cost a barrier entry and
+// its syncs: at 2 ms a lone client's cluster writes were 10-15 % slower.
+// A follower applies the last write about 10.6 ms after it began (p50;
+// 8.4 ms with the old 5 ms CommitTimeout).
+const commitNudge = 10 * time.Millisecond
+
 // Group is one replica group.
 type Group struct {
 	cfg   Config
@@ -192,6 +212,12 @@ type Group struct {
 	// The group stops for good when an entry cannot be applied: it takes
 	// no more writes, Failed is closed, and the node must stop.
 	*Fault
+
+	// Telling followers the commit index after a burst (nudgeFollowers).
+	entries   atomic.Uint64 // log entries proposed
+	nudgeMu   sync.Mutex
+	nudge     *time.Timer
+	nudgeFrom uint64 // entries when the timer was set
 
 	readyTerm     atomic.Uint64 // the term in which this leader applied all before it
 	leaderChanges atomic.Int64  // leaders observed since start
@@ -299,7 +325,7 @@ func raftConfig(cfg Config) *raft.Config {
 		rc.ElectionTimeout = 1000 * time.Millisecond
 		rc.LeaderLeaseTimeout = 500 * time.Millisecond
 	}
-	rc.CommitTimeout = 5 * time.Millisecond
+	rc.CommitTimeout = commitTimeout
 	rc.BatchApplyCh = true
 	rc.MaxAppendEntries = 256
 	rc.NoLegacyTelemetry = true
@@ -804,6 +830,11 @@ func (g *Group) Close() error {
 		g.submitMu.Unlock()
 		close(g.closing)
 		g.wg.Wait()
+		g.nudgeMu.Lock()
+		if g.nudge != nil {
+			g.nudge.Stop()
+		}
+		g.nudgeMu.Unlock()
 		f := g.raft.Shutdown()
 		// Raft closes its transport only after its goroutines end; one of
 		// them may wait for an answer from a peer that will not come
@@ -884,8 +915,47 @@ func (g *Group) propose() {
 		// raft keeps the slice until applied: hand it a copy.
 		start := time.Now()
 		f := g.raft.Apply(append([]byte(nil), buf...), 0)
+		g.entries.Add(1)
 		g.inflight <- pending{future: f, dones: dones, start: start}
 	}
+}
+
+// armNudge has nudgeFollowers run commitNudge from now, unless the
+// group proposes another entry meanwhile. Only a group with a transport
+// has followers to tell.
+func (g *Group) armNudge() {
+	if g.cfg.Transport == nil {
+		return
+	}
+	g.nudgeMu.Lock()
+	defer g.nudgeMu.Unlock()
+	g.nudgeFrom = g.entries.Load()
+	if g.nudge == nil {
+		g.nudge = time.AfterFunc(commitNudge, g.nudgeFollowers)
+	} else {
+		g.nudge.Reset(commitNudge)
+	}
+}
+
+// nudgeFollowers tells the followers the commit index once the leader's
+// entries stopped coming: a follower learns it from the next
+// AppendEntries, and applies (and reports events for) the last writes of
+// a burst only then. hashicorp/raft sends one every CommitTimeout, idle
+// or not; an empty barrier entry sends one now, once per burst. The
+// barrier's own commit reaches the followers later: it changes nothing.
+func (g *Group) nudgeFollowers() {
+	g.nudgeMu.Lock()
+	from := g.nudgeFrom
+	g.nudgeMu.Unlock()
+	if g.entries.Load() != from || g.raft.State() != raft.Leader {
+		return // a newer entry carries the commit index
+	}
+	select {
+	case <-g.closing:
+		return
+	default:
+	}
+	g.raft.Barrier(0) // not waited for: it only needs to be sent
 }
 
 // drain fails proposals still queued at close.
@@ -928,6 +998,9 @@ func (g *Group) complete() {
 			err = fmt.Errorf("replica: %d results for %d commands", len(results), len(p.dones))
 		}
 		<-g.slots
+		if len(g.inflight) == 0 {
+			g.armNudge()
+		}
 		for i, done := range p.dones {
 			if done == nil {
 				continue // a command the proposer added itself

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -324,5 +326,72 @@ func TestDiskPollKeepsAheadOfAWriter(t *testing.T) {
 	}
 	if nextPoll(1<<50, reserve) != diskPollIdle || nextPoll(reserve/2, reserve) != diskPoll {
 		t.Fatal("far from full: once a second; below the reserve: every diskPoll")
+	}
+}
+
+// TestFollowersApplyTheLastWriteAtOnce: a follower applies, and reports
+// the events of, the last write of a burst without waiting for raft's
+// CommitTimeout, here raised to a minute: the leader tells it the commit
+// index itself (nudgeFollowers).
+func TestFollowersApplyTheLastWriteAtOnce(t *testing.T) {
+	defer func(d time.Duration) { commitTimeout = d }(commitTimeout)
+	commitTimeout = time.Minute
+	ids := []string{"n1", "n2", "n3"}
+	trans := make([]*raft.InmemTransport, len(ids))
+	var conf raft.Configuration
+	for i, id := range ids {
+		_, trans[i] = raft.NewInmemTransport(raft.ServerAddress(id))
+		conf.Servers = append(conf.Servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id)})
+	}
+	for i := range trans {
+		for j := range trans {
+			if i != j {
+				trans[i].Connect(raft.ServerAddress(ids[j]), trans[j])
+			}
+		}
+	}
+	events := make([]chan store.Event, len(ids))
+	groups := make([]*Group, len(ids))
+	for i, id := range ids {
+		ch := make(chan store.Event, 100)
+		events[i] = ch
+		g, err := Open(Config{NodeID: id, Transport: trans[i], Bootstrap: &conf, OnEvents: func(b Batch) {
+			for _, e := range b.Events {
+				ch <- e
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups[i] = g
+		defer g.Close()
+	}
+	var leader *Group
+	for deadline := time.Now().Add(20 * time.Second); leader == nil; {
+		for _, g := range groups {
+			if _, ok := g.Leader(); ok && g.LeaderReady(time.Second) == nil {
+				leader = g
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for round := range 3 {
+		key := fmt.Sprint("last-", round)
+		write(t, leader, store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte("v")}, hlc.Timestamp{})
+		for i, g := range groups {
+			timeout := time.After(10 * time.Second) // far below the minute raft would take
+			for done := false; !done; {
+				select {
+				case e := <-events[i]:
+					done = string(e.Key) == key
+				case <-timeout:
+					leaderHere := g == leader
+					t.Fatalf("round %d: node %s (leader: %v) never applied %s", round, ids[i], leaderHere, key)
+				}
+			}
+		}
 	}
 }
