@@ -258,12 +258,17 @@ func (b *Broker) write(cl *mqtt.Client, frame []byte, messages int64, reader boo
 // window) and mochi count nothing, so that mochi holds no message back:
 // on connect, and again once a session is taken over (mochi counts anew
 // then). Messages mochi held before are written now, into the window.
+//
+// A window as large as the session's maximum of messages in flight
+// (--max-queued; mochi lowers a larger Receive Maximum to it, and routes
+// nothing past it) is never full: such a client, the AIO SDKs' (65,535),
+// gets none, and its packets no counting.
 func (b *Broker) countWindow(cl *mqtt.Client, cc *clientConn) {
 	recv := int(cl.Properties.Props.ReceiveMaximum)
 	if cl.Properties.ProtocolVersion != 5 || recv == 0 {
 		return // no window: mochi holds nothing either
 	}
-	if !cc.Windowed() {
+	if recv < int(b.srv.Options.Capabilities.MaximumInflight) && !cc.Windowed() {
 		cc.SetWindow(recv, func(id uint16) (packets.Packet, bool) { return cl.State.Inflight.Get(id) })
 	}
 	cl.State.Inflight.ResetSendQuota(0)
