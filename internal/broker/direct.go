@@ -279,7 +279,9 @@ func (b *Broker) countWindow(cl *mqtt.Client, cc *clientConn) {
 // A message mochi held back in the instant before it was told to count
 // nothing (see countWindow) is written now, into the window.
 func (b *Broker) acked(cl *mqtt.Client, cc *clientConn, id uint16) {
-	if cc.Acked(id) && cl.State.Inflight.Len() > cc.Tracked() {
+	// The acknowledged message's record is still there: mochi deletes it
+	// after this hook.
+	if cc.Acked(id) && cl.State.Inflight.Len() > cc.Tracked()+1 {
 		b.unhold(cl)
 	}
 }
@@ -295,7 +297,7 @@ func (b *Broker) unhold(cl *mqtt.Client) {
 	slices.SortFunc(held, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
 	for _, m := range held {
 		m.Expiry = 0
-		if e := min(b.srv.Options.Capabilities.MaximumMessageExpiryInterval, int64(m.Properties.MessageExpiryInterval)); e > 0 {
+		if e := nonZeroMin(b.srv.Options.Capabilities.MaximumMessageExpiryInterval, int64(m.Properties.MessageExpiryInterval)); e > 0 {
 			m.Expiry = m.Created + e
 		}
 		cl.State.Inflight.Set(m)

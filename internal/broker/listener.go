@@ -309,8 +309,12 @@ func (c *clientConn) write(p []byte, reader bool) (int, error) {
 	if c.werr != nil {
 		return 0, c.werr
 	}
-	if p := c.win.admit(p, time.Now()); len(p) > 0 {
-		if _, err := c.writeLocked(p, reader); err != nil {
+	sent := p
+	if c.win.max > 0 {
+		sent = c.win.admit(p, time.Now())
+	}
+	if len(sent) > 0 {
+		if _, err := c.writeLocked(sent, reader); err != nil {
 			return 0, err
 		}
 	}
