@@ -947,8 +947,8 @@ func (g *Group) nudgeFollowers() {
 	g.nudgeMu.Lock()
 	from := g.nudgeFrom
 	g.nudgeMu.Unlock()
-	if g.entries.Load() != from || g.raft.State() != raft.Leader {
-		return // a newer entry carries the commit index
+	if g.entries.Load() != from || g.raft.State() != raft.Leader || g.Voters() <= 1 {
+		return // a newer entry carries the commit index, or nobody follows
 	}
 	select {
 	case <-g.closing:
