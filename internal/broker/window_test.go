@@ -39,6 +39,14 @@ func payloads(t *testing.T, p []byte) []byte {
 	return out
 }
 
+// testWindow is a window of max whose session records are records.
+func testWindow(max int, records map[uint16]packets.Packet) window {
+	return window{max: max, out: map[uint16]struct{}{}, record: func(id uint16) (packets.Packet, bool) {
+		r, ok := records[id]
+		return r, ok
+	}}
+}
+
 // TestWindowHoldsInOrder: past the window, QoS 1 and 2 PUBLISHes wait in
 // the order written while everything else passes; each acknowledgement
 // of a message sent lets the oldest one held go, and one for an id not
@@ -46,10 +54,7 @@ func payloads(t *testing.T, p []byte) []byte {
 func TestWindowHoldsInOrder(t *testing.T) {
 	now := time.Now()
 	records := map[uint16]packets.Packet{}
-	w := window{max: 2, out: map[uint16]struct{}{}, record: func(id uint16) (packets.Packet, bool) {
-		r, ok := records[id]
-		return r, ok
-	}}
+	w := testWindow(2, records)
 	var all []byte
 	for i := range 5 {
 		id := uint16(i + 1)
@@ -95,10 +100,7 @@ func TestWindowHoldsInOrder(t *testing.T) {
 func TestWindowExpiry(t *testing.T) {
 	start := time.Now()
 	records := map[uint16]packets.Packet{}
-	w := window{max: 1, out: map[uint16]struct{}{}, record: func(id uint16) (packets.Packet, bool) {
-		r, ok := records[id]
-		return r, ok
-	}}
+	w := testWindow(1, records)
 	for i, expiry := range []int64{0, start.Unix() + 2, start.Unix() + 600} {
 		id := uint16(i + 1)
 		records[id] = packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, PacketID: id, Created: start.Unix(), Expiry: expiry}

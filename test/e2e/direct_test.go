@@ -218,6 +218,15 @@ func describe(p *packets.ControlPacket) string {
 	return p.String()
 }
 
+// limitedSubscriber connects a hand-driven client with Receive Maximum
+// recv, subscribed to filter at QoS 1.
+func limitedSubscriber(t *testing.T, s interface{ Addr() string }, id string, recv uint16, filter string) *wire {
+	t.Helper()
+	w, _ := dialWire(t, s, packets.Connect{ClientID: id, CleanStart: true, Properties: &packets.Properties{ReceiveMaximum: &recv}})
+	w.subscribe(1, filter)
+	return w
+}
+
 // TestReceiveMaximumSlotsComeBack (MQTT-3.3.4-7, -9): messages held back
 // while a client's Receive Maximum is used up are sent as its PUBACKs give
 // slots back, and each PUBACK of a held message gives its slot back too.
@@ -225,10 +234,7 @@ func describe(p *packets.ControlPacket) string {
 // nothing, and after Receive Maximum of them the client got no more.
 func TestReceiveMaximumSlotsComeBack(t *testing.T) {
 	s := startServer(t, inMemory())
-	two := uint16(2)
-	sub, _ := dialWire(t, s, packets.Connect{ClientID: "recv-max-2", CleanStart: true,
-		Properties: &packets.Properties{ReceiveMaximum: &two}})
-	sub.subscribe(1, "held/#")
+	sub := limitedSubscriber(t, s, "recv-max-2", 2, "held/#")
 	pub, _ := dialWire(t, s, packets.Connect{ClientID: "held-pub", CleanStart: true})
 	const n = 40
 	for i := 0; i < n; i++ { // all at once: most are held
@@ -260,10 +266,7 @@ func TestReceiveMaximumSlotsComeBack(t *testing.T) {
 // subscriber never has more than 2 unacknowledged.
 func TestHeldMessagesKeepTheirOrder(t *testing.T) {
 	s := startServer(t, inMemory())
-	two := uint16(2)
-	sub, _ := dialWire(t, s, packets.Connect{ClientID: "recv-max-order", CleanStart: true,
-		Properties: &packets.Properties{ReceiveMaximum: &two}})
-	sub.subscribe(1, "order/#")
+	sub := limitedSubscriber(t, s, "recv-max-order", 2, "order/#")
 	const pubs, n = 4, 250
 	expiry := uint32(600)
 	for p := range pubs {
@@ -319,10 +322,7 @@ func TestHeldMessagesKeepTheirOrder(t *testing.T) {
 // delivered; one still valid is sent with what is left of its interval.
 func TestHeldMessageExpires(t *testing.T) {
 	s := startServer(t, inMemory())
-	one := uint16(1)
-	sub, _ := dialWire(t, s, packets.Connect{ClientID: "recv-max-expiry", CleanStart: true,
-		Properties: &packets.Properties{ReceiveMaximum: &one}})
-	sub.subscribe(1, "expiring/#")
+	sub := limitedSubscriber(t, s, "recv-max-expiry", 1, "expiring/#")
 	pub, _ := dialWire(t, s, packets.Connect{ClientID: "expiring-pub", CleanStart: true})
 	short, long := uint32(1), uint32(600)
 	for i, e := range []*uint32{nil, &short, &long} {
