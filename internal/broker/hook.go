@@ -49,6 +49,14 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		// (MQTT-3.2.2-21: the client must use it instead of its own).
 		cl.State.ServerKeepalive, cl.State.Keepalive = true, h.b.serverKeepAlive
 	}
+	// The server never sends topic aliases (a client's Topic Alias
+	// Maximum allows them, MQTT-3.2.2-17, it does not ask for them).
+	// mochi's choice of them was wrong twice: it stored messages with the
+	// alias in place of the topic and resent them so on the next
+	// connection, where the alias means nothing (MQTT-3.3.2-10), and a
+	// message held for the Receive Maximum could carry the alias's only
+	// definition while later ones that use it went ahead.
+	cl.Properties.Props.TopicAliasMaximum = 0
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
 		cc.onSlow(func() { h.b.slowConsumer(cl) })
 		h.b.countWindow(cl, cc)

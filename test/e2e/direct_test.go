@@ -350,3 +350,40 @@ func TestHeldMessageExpires(t *testing.T) {
 	sub.send(&packets.Puback{PacketID: m.PacketID})
 	eventually(t, "nothing left in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
 }
+
+// TestNoTopicAliasesToClients (MQTT-3.3.2-10, -12): the server sends no
+// topic aliases, though the client allows them, so a message it resends on
+// the next connection still names its topic. mochi aliased the second
+// message to a topic and stored it so.
+func TestNoTopicAliasesToClients(t *testing.T) {
+	s := startServer(t, inMemory())
+	aliases, expiry := uint16(10), uint32(300)
+	connect := packets.Connect{ClientID: "aliasing", CleanStart: true,
+		Properties: &packets.Properties{TopicAliasMaximum: &aliases, SessionExpiryInterval: &expiry}}
+	sub, _ := dialWire(t, s, connect)
+	sub.subscribe(1, "alias/#")
+	pub, _ := dialWire(t, s, packets.Connect{ClientID: "alias-pub", CleanStart: true})
+	for i := range 3 {
+		pub.send(&packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: "alias/x", Payload: []byte{byte(i)}})
+		if _, ok := pub.next().Content.(*packets.Puback); !ok {
+			t.Fatal("want a PUBACK")
+		}
+	}
+	for i := range 3 {
+		m, ok := sub.next().Content.(*packets.Publish)
+		if !ok || m.Topic != "alias/x" || m.Properties != nil && m.Properties.TopicAlias != nil {
+			t.Fatalf("message %d: %+v, want topic alias/x and no alias", i, m)
+		}
+	}
+	// Unacknowledged, they come again on the next connection.
+	sub.conn.Close()
+	eventually(t, "the subscriber's disconnect", func() bool { return s.Broker().ClientsConnected() == 1 })
+	connect.CleanStart = false
+	again, _ := dialWire(t, s, connect)
+	for i := range 3 {
+		m, ok := again.next().Content.(*packets.Publish)
+		if !ok || m.Topic != "alias/x" {
+			t.Fatalf("resent message %d: %+v, want topic alias/x", i, m)
+		}
+	}
+}

@@ -82,19 +82,19 @@ func (rc *rawClient) unsubscribe(filter string) {
 // quota of a client with a Receive Maximum never came back and mochi held
 // every reply back once it was used up.
 // Both ways a reply takes: written by mqkv, and through mochi (which is
-// taken for a client that accepts topic aliases).
+// taken for a response topic subscribed as a shared subscription).
 func TestRepliesKeepTheirPacketIDs(t *testing.T) {
-	t.Run("direct", func(t *testing.T) { repliesKeepTheirPacketIDs(t, 0) })
-	t.Run("through mochi", func(t *testing.T) { repliesKeepTheirPacketIDs(t, 10) })
+	t.Run("direct", func(t *testing.T) { repliesKeepTheirPacketIDs(t, "") })
+	t.Run("through mochi", func(t *testing.T) { repliesKeepTheirPacketIDs(t, "$share/counter/") })
 }
 
-func repliesKeepTheirPacketIDs(t *testing.T, aliases uint16) {
+func repliesKeepTheirPacketIDs(t *testing.T, share string) {
 	s := startServer(t, inMemory())
 	recv := uint16(2)
 	w, _ := dialWire(t, s, packets.Connect{ClientID: "counter", CleanStart: true,
-		Properties: &packets.Properties{ReceiveMaximum: &recv, TopicAliasMaximum: &aliases}})
+		Properties: &packets.Properties{ReceiveMaximum: &recv}})
 	const response = "clients/counter/response"
-	w.subscribe(1000, response)
+	w.subscribe(1000, share+response)
 	for id := uint16(1); id <= 6; id++ {
 		w.send(&packets.Publish{PacketID: id, QoS: 1, Topic: statestore.RequestTopic, Payload: encode("PING"),
 			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(id)}}})
@@ -116,6 +116,9 @@ func repliesKeepTheirPacketIDs(t *testing.T, aliases uint16) {
 		}
 	}
 	eventually(t, "every reply acknowledged, none in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
+	if direct := s.Broker().Counters.DeliveredDirect.Load(); (share == "") != (direct > 0) {
+		t.Fatalf("%d replies written past mochi, with subscription %q", direct, share+response)
+	}
 }
 
 // TestReplyWaitsInThePersistentSession: a client with a persistent
