@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bytes"
 	"encoding/hex"
 	"sync"
 	"unicode/utf8"
@@ -54,7 +55,15 @@ func (f *feed) Events(events []store.Event) {
 		n := copy(f.recent, f.recent[len(f.recent)-(feedRecent-len(kept)):])
 		f.recent = f.recent[:n]
 	}
+	start := len(f.recent)
 	f.recent = append(f.recent, kept...)
+	for i := start; i < len(f.recent); i++ {
+		if v := f.recent[i].Value; len(v) > valuePreview {
+			// Only the preview is shown: kept whole, a large value
+			// would stay in memory after the key moved on.
+			f.recent[i].Value = bytes.Clone(v[:valuePreview])
+		}
+	}
 	if len(f.subs) == 0 {
 		return
 	}

@@ -45,4 +45,11 @@ func TestFeedKeepsTheLastChanges(t *testing.T) {
 		t.Fatalf("live change %+v", c)
 	}
 	f.unsubscribe(ch)
+
+	// A large value is kept only as far as it is shown.
+	big := make([]byte, 1<<20)
+	f.Events([]store.Event{{Kind: store.EventSet, Key: []byte("big"), Value: big}})
+	if kept := f.recent[len(f.recent)-1].Value; len(kept) != valuePreview || &kept[0] == &big[0] {
+		t.Fatalf("kept %d bytes of a 1 MiB value, shared: %v", len(kept), &kept[0] == &big[0])
+	}
 }
