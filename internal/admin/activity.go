@@ -24,8 +24,8 @@ type activity struct {
 
 type window struct {
 	since, until time.Time
-	clients      map[string]int64
-	keys         map[string]int64
+	clients      map[string]*int64
+	keys         map[string]*int64
 }
 
 const activityWindow = 5 * time.Second
@@ -66,7 +66,7 @@ func newActivity() *activity {
 }
 
 func newWindow(at time.Time) window {
-	return window{since: at, clients: map[string]int64{}, keys: map[string]int64{}}
+	return window{since: at, clients: map[string]*int64{}, keys: map[string]*int64{}}
 }
 
 // rotate starts a new window when the current one is over. Windows are
@@ -93,7 +93,11 @@ func (a *activity) observe(r statestore.Reply) {
 	a.rotate(time.Now())
 	count(a.cur.clients, r.ClientID)
 	if r.Key != nil {
-		count(a.cur.keys, string(r.Key))
+		if n, ok := a.cur.keys[string(r.Key)]; ok { // looked up without copying the key
+			*n++
+		} else {
+			count(a.cur.keys, string(r.Key))
+		}
 	}
 	if r.Duration >= slowRequest {
 		if len(a.slow) == maxSlow {
@@ -103,11 +107,21 @@ func (a *activity) observe(r statestore.Reply) {
 	}
 }
 
-func count(m map[string]int64, name string) {
-	if _, ok := m[name]; !ok && len(m) >= maxTracked {
-		name = othersName
+// count adds one to name's count, or to othersName's past maxTracked
+// names. Counts are pointers so that a known name's is raised without a
+// map assignment, which would copy a key made from bytes.
+func count(m map[string]*int64, name string) {
+	n, ok := m[name]
+	if !ok {
+		if len(m) >= maxTracked {
+			name = othersName
+		}
+		if n, ok = m[name]; !ok {
+			n = new(int64)
+			m[name] = n
+		}
 	}
-	m[name]++
+	*n++
 }
 
 // take returns the figures of the last complete window (the current one
@@ -128,10 +142,10 @@ func (a *activity) take() Activity {
 	return Activity{WindowSeconds: secs, Clients: top(w.clients, secs), Keys: top(w.keys, secs), Slow: slow}
 }
 
-func top(m map[string]int64, secs float64) []Rate {
+func top(m map[string]*int64, secs float64) []Rate {
 	out := make([]Rate, 0, len(m))
 	for name, n := range m {
-		out = append(out, Rate{Name: name, PerSecond: float64(n) / secs})
+		out = append(out, Rate{Name: name, PerSecond: float64(*n) / secs})
 	}
 	slices.SortFunc(out, func(a, b Rate) int {
 		if c := cmp.Compare(b.PerSecond, a.PerSecond); c != 0 {

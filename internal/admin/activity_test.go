@@ -39,8 +39,15 @@ func TestActivityIsBounded(t *testing.T) {
 	for i := range maxTracked + 500 {
 		a.observe(statestore.Reply{ClientID: fmt.Sprint(i), Key: []byte(fmt.Sprint(i))})
 	}
-	if len(a.cur.clients) > maxTracked+1 || a.cur.clients[othersName] != 500 {
-		t.Fatalf("%d clients tracked, %d under others", len(a.cur.clients), a.cur.clients[othersName])
+	others := func(m map[string]*int64) int64 {
+		if n := m[othersName]; n != nil {
+			return *n
+		}
+		return 0
+	}
+	if len(a.cur.clients) > maxTracked+1 || others(a.cur.clients) != 500 || len(a.cur.keys) > maxTracked+1 || others(a.cur.keys) != 500 {
+		t.Fatalf("%d clients tracked, %d under others; %d keys, %d under others",
+			len(a.cur.clients), others(a.cur.clients), len(a.cur.keys), others(a.cur.keys))
 	}
 	for range 3 * maxSlow {
 		a.observe(statestore.Reply{Duration: time.Second})
