@@ -166,7 +166,7 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 // the message to mochi, behind whose queue it would wait the same.
 func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, qos byte) bool {
 	cc, ok := cl.Net.Conn.(*clientConn)
-	if !ok || cl.Closed() || cl.Properties.Props.TopicAliasMaximum > 0 {
+	if !ok || cl.Closed() { // (topic aliases: the server sends none, see hook.OnConnect)
 		return false
 	}
 	if !own && cc.backedUp() || mochiQueued(cl) {
