@@ -128,8 +128,8 @@ func withExpiry(frame []byte, expiry int64, now time.Time) []byte {
 		return frame
 	}
 	pk := packets.Packet{FixedHeader: fh, ProtocolVersion: 5}
-	if err := pk.PublishDecode(frame[n+1:]); err != nil || pk.Properties.TopicAlias != 0 {
-		return frame // (appendPublish sends no topic alias: one mochi chose stays)
+	if err := pk.PublishDecode(frame[n+1:]); err != nil {
+		return frame
 	}
 	pk.Expiry = expiry
 	out, ok := appendPublish(nil, &pk, 5, 0, now.Unix())
