@@ -120,7 +120,7 @@ func main() {
 					log.Fatalf("%s %s: %v", s.name, w, err)
 				}
 				res.workload = w
-				fmt.Fprintf(os.Stderr, "round %d %-9s %-6s %8.0f ops/s  p50 %6.2f ms  p99 %6.2f ms  %5.0f µs CPU/op\n",
+				fmt.Fprintf(os.Stderr, "round %d %-9s %-6s %8.0f ops/s  p50 %6.2f ms  p99 %6.2f ms  %5.1f µs CPU/op\n",
 					r+1, s.name, w, res.opsPerSec(), ms(res.p(50)), ms(res.p(99)), res.cpuPerOp())
 				sums[k].add(res)
 			}
@@ -235,7 +235,7 @@ func printTable(rs []result, clients, size, rounds int, d time.Duration) {
 				ratio = fmt.Sprintf("%.2fx", m.opsPerSec()/p.opsPerSec())
 				cpuRatio = fmt.Sprintf("%.2fx", m.cpuPerOp()/p.cpuPerOp())
 			}
-			fmt.Printf("| %s | %s | %.0f | %.2f | %.2f | %.0f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), ratio, cpuRatio)
+			fmt.Printf("| %s | %s | %.0f | %.2f | %.2f | %.1f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), ratio, cpuRatio)
 		}
 	}
 }

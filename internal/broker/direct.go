@@ -3,7 +3,6 @@ package broker
 import (
 	"bytes"
 	"cmp"
-	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -50,10 +49,27 @@ type fanout struct {
 	subs   []target
 }
 
-// target is one client's subscriptions matching a topic, merged.
+// target is one client's subscriptions matching a topic, merged. ids are
+// their subscription identifiers, sorted, as every message to the client
+// carries them (MQTT-3.3.4-3), none if no subscription has one: found
+// once per topic, not per message.
 type target struct {
 	client string
 	sub    packets.Subscription
+	ids    []int
+}
+
+// newTarget is client's merged subscription sub as a target.
+func newTarget(client string, sub packets.Subscription) target {
+	t := target{client: client, sub: sub}
+	for _, id := range sub.Identifiers {
+		if id > 0 { // mochi keeps 0 for a subscription without one
+			t.ids = append(t.ids, id)
+		}
+	}
+	slices.Sort(t.ids)
+	t.ids = slices.Clip(t.ids) // an append to a message's copy must not reach the others
+	return t
 }
 
 // maxRoutes bounds the memory of routes: past it, it starts over.
@@ -94,7 +110,7 @@ func (b *Broker) fanoutOf(topic string) fanout {
 		}
 		f := fanout{direct: true, subs: make([]target, 0, len(subs.Subscriptions))}
 		for id, sub := range subs.Subscriptions {
-			f.subs = append(f.subs, target{client: id, sub: sub})
+			f.subs = append(f.subs, newTarget(id, sub))
 		}
 		return f
 	})
@@ -154,7 +170,7 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	}
 	for i, cl := range to {
 		if cl != nil {
-			b.deliverDirect(cl, f.subs[i].sub, out, cl == from)
+			b.deliverDirect(cl, f.subs[i], out, cl == from)
 		}
 	}
 	return true
@@ -183,14 +199,12 @@ func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, q
 	return true
 }
 
-// deliverDirect writes msg to cl for its subscription sub, as mochi's
+// deliverDirect writes msg to cl for its subscriptions t, as mochi's
 // publishToClient and WritePacket (v2.7.9) would: directTo said it may.
 // reader says the writer is cl's reader, handling a packet (see write).
-func (b *Broker) deliverDirect(cl *mqtt.Client, sub packets.Subscription, out packets.Packet, reader bool) {
-	out.FixedHeader.Qos = min(out.FixedHeader.Qos, sub.Qos, b.srv.Options.Capabilities.MaximumQos)
-	if len(sub.Identifiers) > 0 { // MQTT-3.3.4-3
-		out.Properties.SubscriptionIdentifier = slices.Sorted(maps.Values(sub.Identifiers))
-	}
+func (b *Broker) deliverDirect(cl *mqtt.Client, t target, out packets.Packet, reader bool) {
+	out.FixedHeader.Qos = min(out.FixedHeader.Qos, t.sub.Qos, b.srv.Options.Capabilities.MaximumQos)
+	out.Properties.SubscriptionIdentifier = t.ids // shared, read only (MQTT-3.3.4-3)
 	if out.FixedHeader.Qos > 0 {
 		id, err := cl.NextPacketID()
 		if err != nil {
@@ -243,7 +257,9 @@ func (b *Broker) write(cl *mqtt.Client, frame []byte, messages int64, reader boo
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
 		_, err = cc.write(frame, reader) // a concrete call: frame stays on the caller's stack
 	} else {
-		_, err = cl.Net.Conn.Write(frame)
+		// A copy: frame, passed to an interface, would otherwise be
+		// moved to the heap on every call, this one's path or not.
+		_, err = cl.Net.Conn.Write(bytes.Clone(frame))
 	}
 	if err != nil {
 		b.log.Debug("write failed", "client", cl.ID, "error", err)

@@ -19,8 +19,7 @@ import (
 func TestWriteDoesNotWaitOnTheSocket(t *testing.T) {
 	server, client := tcpPair(t)
 	c := &clientConn{Conn: server, r: server, max: 1 << 20}
-	var err error
-	if c.raw, err = server.(*net.TCPConn).SyscallConn(); err != nil {
+	if err := c.useRaw(server.(*net.TCPConn)); err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
@@ -107,8 +106,7 @@ func TestMochiQueuedSeesTheQueue(t *testing.T) {
 func TestSlowConsumerCap(t *testing.T) {
 	server, _ := tcpPair(t) // the client never reads
 	c := &clientConn{Conn: server, r: server, max: 1 << 20, maxQueued: 4}
-	var err error
-	if c.raw, err = server.(*net.TCPConn).SyscallConn(); err != nil {
+	if err := c.useRaw(server.(*net.TCPConn)); err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()

@@ -146,10 +146,13 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 // subscribers here if it can be (see publishDirect).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
-		if !cl.Net.Inline {
-			h.b.topics.add(pk.TopicName)
+		cc, _ := cl.Net.Conn.(*clientConn)
+		if cc != nil {
+			h.b.topics.addFrom(pk.TopicName, &cc.lastTopic)
+		} else if !cl.Net.Inline {
+			h.b.topics.addFrom(pk.TopicName, nil)
 		}
-		if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.FixedHeader.Qos > 0 {
+		if cc != nil && pk.FixedHeader.Qos > 0 {
 			cc.AwaitNoReply()
 		}
 		h.b.seq.stamp(&pk)

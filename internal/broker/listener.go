@@ -134,8 +134,15 @@ type clientConn struct {
 	max       uint32 // the server's maximum packet size
 	maxQueued int    // packets that may wait behind a send that does not finish; 0: no limit
 	frames    framer
+	lastTopic topicCount // the topic the client last published to, for the console's counts
 
 	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
+	// tryWrite writes pending to the socket once, without waiting; made
+	// once, as a closure per send would be allocated per send. Its
+	// result is in tried and triedErr (all under wmu).
+	tryWrite func(fd uintptr) bool
+	tried    int
+	triedErr error
 
 	wmu     sync.Mutex
 	pending []byte      // written by mochi, not yet sent
@@ -208,9 +215,23 @@ func newClientConn(conn net.Conn, maxPacketSize uint32, maxQueued int) (*clientC
 	}
 	c := &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize, maxQueued: maxQueued}
 	if tcp, ok := conn.(*net.TCPConn); ok {
-		c.raw, _ = tcp.SyscallConn()
+		c.useRaw(tcp)
 	}
 	return c, nil
+}
+
+// useRaw has sends tried on tcp's socket without waiting (see Write).
+func (c *clientConn) useRaw(tcp *net.TCPConn) error {
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return err
+	}
+	c.raw = raw
+	c.tryWrite = func(fd uintptr) bool {
+		c.tried, c.triedErr = syscall.Write(int(fd), c.pending)
+		return true // one attempt: no waiting for the socket
+	}
+	return nil
 }
 
 // Read sends what is pending before it waits for input: the
@@ -404,15 +425,12 @@ func (c *clientConn) sendNowLocked() {
 		c.sendAsideLocked()
 		return
 	}
-	var n int
-	var err error
-	if rerr := c.raw.Write(func(fd uintptr) bool {
-		n, err = syscall.Write(int(fd), c.pending)
-		return true // one attempt: no waiting for the socket
-	}); rerr != nil {
-		err = rerr
+	c.tried, c.triedErr = 0, nil
+	err := c.raw.Write(c.tryWrite)
+	if err == nil {
+		err = c.triedErr
 	}
-	n = max(n, 0)
+	n := max(c.tried, 0)
 	if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR) {
 		c.werr = err
 		return

@@ -165,7 +165,8 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 	if !f.direct || len(f.subs) != 1 || f.subs[0].client != cl.ID {
 		return false
 	}
-	sub := f.subs[0].sub
+	t := f.subs[0]
+	sub := t.sub
 	if !b.directTo(cl, true, sub, min(sub.Qos, 1, caps.MaximumQos)) || !b.allowed(cl, r.ResponseTopic, false) {
 		return false
 	}
@@ -181,7 +182,7 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 		out.Expiry = time.Now().Unix() + expiry
 	}
 	b.seq.stamp(&out)
-	b.deliverDirect(cl, sub, out, reader)
+	b.deliverDirect(cl, t, out, reader)
 	return true
 }
 

@@ -77,20 +77,45 @@ const maxTopicsCounted = 10_000
 // OtherTopics names the count of messages to topics beyond the bound.
 const OtherTopics = "(other topics)"
 
-func (t *topicCounts) add(topic string) {
-	if c, ok := t.m.Load(topic); ok {
-		c.(*atomic.Int64).Add(1)
+// topicCount is a publisher's last topic and its count: most publish to
+// the same topic again, whose count is then found without hashing it.
+// Only the publisher's reader uses it.
+type topicCount struct {
+	topic string
+	n     *atomic.Int64
+}
+
+// addFrom counts a message to topic; last, if not nil, is its
+// publisher's last topic, and becomes this one.
+func (t *topicCounts) addFrom(topic string, last *topicCount) {
+	if last != nil && last.n != nil && last.topic == topic {
+		last.n.Add(1)
 		return
 	}
-	if t.n.Load() >= maxTopicsCounted {
+	c := t.counter(topic)
+	if c == nil {
 		t.other.Add(1)
 		return
+	}
+	c.Add(1)
+	if last != nil {
+		*last = topicCount{topic: topic, n: c}
+	}
+}
+
+// counter returns topic's count, nil past the bound.
+func (t *topicCounts) counter(topic string) *atomic.Int64 {
+	if c, ok := t.m.Load(topic); ok {
+		return c.(*atomic.Int64)
+	}
+	if t.n.Load() >= maxTopicsCounted {
+		return nil
 	}
 	c, loaded := t.m.LoadOrStore(topic, new(atomic.Int64))
 	if !loaded {
 		t.n.Add(1)
 	}
-	c.(*atomic.Int64).Add(1)
+	return c.(*atomic.Int64)
 }
 
 // TopicMessages returns the messages published to each topic since start.
