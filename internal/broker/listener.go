@@ -129,12 +129,14 @@ func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
 // writes are coalesced (see Write).
 type clientConn struct {
 	net.Conn
-	r io.Reader
+	head []byte // the first packet's header, read to check its size: read again first
+	r    io.Reader
 
 	max       uint32 // the server's maximum packet size
 	maxQueued int    // packets that may wait behind a send that does not finish; 0: no limit
 	frames    framer
-	lastTopic topicCount // the topic the client last published to, for the console's counts
+	lastTopic topicCount           // the topic the client last published to, for the console's counts
+	owner     atomic.Pointer[conn] // what the broker knows of the connection, as in Broker.conns
 
 	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
 	// tryWrite writes pending to the socket once, without waiting; made
@@ -213,7 +215,7 @@ func newClientConn(conn net.Conn, maxPacketSize uint32, maxQueued int) (*clientC
 	if size > maxConnectSize {
 		return nil, errConnectTooLarge
 	}
-	c := &clientConn{Conn: conn, r: io.MultiReader(bytes.NewReader(hdr[:n]), conn), max: maxPacketSize, maxQueued: maxQueued}
+	c := &clientConn{Conn: conn, head: bytes.Clone(hdr[:n]), r: conn, max: maxPacketSize, maxQueued: maxQueued}
 	if tcp, ok := conn.(*net.TCPConn); ok {
 		c.useRaw(tcp)
 	}
@@ -249,9 +251,16 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	c.waiting = true
 	c.wmu.Unlock()
 
-	n, err := c.r.Read(p)
-	for n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.rearm() {
+	var n int
+	var err error
+	if len(c.head) > 0 {
+		n = copy(p, c.head)
+		c.head = c.head[n:]
+	} else {
 		n, err = c.r.Read(p)
+		for n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.rearm() {
+			n, err = c.r.Read(p)
+		}
 	}
 
 	c.wmu.Lock()
