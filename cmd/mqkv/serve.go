@@ -34,6 +34,7 @@ password files; SIGINT or SIGTERM stop the server.`,
   mqkv serve --in-memory --admin-listen 127.0.0.1:8080`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			keepSysmonAwake()
 			if maxPacket > 1<<28 || maxOutbound <= 0 || maxOutbound > 1<<20 {
 				return fmt.Errorf("serve: --max-packet-size at most %d, --max-outbound between 1 and %d", 1<<28, 1<<20)
 			}

@@ -75,6 +75,9 @@ func Spawn(binary string, extra ...string) (*Process, error) {
 	}
 }
 
+// Pid returns the process id of the server.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Addr returns the MQTT address of the server.
 func (p *Process) Addr() string { return p.addr }
 
