@@ -33,23 +33,19 @@ func TestServeKeepsSysmonAwake(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	t.Setenv("GODEBUG", "madvdontneed=1")
-	p, err := server.Spawn(mqkvBinary(t), "--in-memory")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Kill()
-	if got := godebugOf(t, p); len(got) != 1 || got[0] != "madvdontneed=1,schedtrace=2147483647" {
-		t.Fatalf("GODEBUG %q, want exactly [madvdontneed=1,schedtrace=2147483647]", got)
-	}
-
-	t.Setenv("GODEBUG", "schedtrace=0")
-	p2, err := server.Spawn(mqkvBinary(t), "--in-memory")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p2.Kill()
-	if got := godebugOf(t, p2); len(got) != 1 || got[0] != "schedtrace=0" {
-		t.Fatalf("GODEBUG %q, want the user's [schedtrace=0]", got)
+	for _, c := range []struct{ godebug, want string }{
+		{"madvdontneed=1", "madvdontneed=1,schedtrace=2147483647"},
+		{"schedtrace=0", "schedtrace=0"}, // the user's, left alone
+	} {
+		t.Setenv("GODEBUG", c.godebug)
+		p, err := server.Spawn(mqkvBinary(t), "--in-memory")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := godebugOf(t, p)
+		p.Kill()
+		if len(got) != 1 || got[0] != c.want {
+			t.Fatalf("GODEBUG=%s: the server runs with %q, want exactly [%s]", c.godebug, got, c.want)
+		}
 	}
 }
