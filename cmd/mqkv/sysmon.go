@@ -11,8 +11,8 @@ import (
 // finds every P idle, and the next system call of any goroutine wakes it
 // with a futex; woken so, it polls every 20 µs for a millisecond before
 // backing off again. A server busy part of the time, as the broker is
-// between clients' round trips, goes through that cycle thousands of
-// times a second (golang/go#18236 has others who found it). Measured on
+// between clients' round trips, goes through that cycle over and over
+// (golang/go#18236 has others who found it). Measured on
 // the 2-core machine at 64 clients: sysmon used 12 % of the server's CPU
 // under GETs and 9 % under durable SETs; with it kept out of deep sleep,
 // server CPU per pub/sub message fell by 16 %, per SET by 15 % (see
