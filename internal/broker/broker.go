@@ -344,9 +344,6 @@ func (b *Broker) forget(cl *mqtt.Client, c *conn) {
 	if b.conns.CompareAndDelete(cl, c) {
 		b.handler.Disconnected(cl.ID, c.id)
 	}
-	if cc, ok := cl.Net.Conn.(*clientConn); ok {
-		cc.owner.CompareAndSwap(c, nil)
-	}
 	b.dropNotifySubscription(cl)
 }
 

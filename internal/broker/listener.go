@@ -135,8 +135,7 @@ type clientConn struct {
 	max       uint32 // the server's maximum packet size
 	maxQueued int    // packets that may wait behind a send that does not finish; 0: no limit
 	frames    framer
-	lastTopic topicCount           // the topic the client last published to, for the console's counts
-	owner     atomic.Pointer[conn] // what the broker knows of the connection, as in Broker.conns
+	lastTopic topicCount // the topic the client last published to, for the console's counts
 
 	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
 	// tryWrite writes pending to the socket once, without waiting; made

@@ -166,8 +166,7 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 		return false
 	}
 	t := f.subs[0]
-	sub := t.sub
-	if !b.directTo(cl, true, sub, min(sub.Qos, 1, caps.MaximumQos)) || !b.allowed(cl, r.ResponseTopic, false) {
+	if !b.directTo(cl, true, t.sub, min(t.sub.Qos, 1, caps.MaximumQos)) || !b.allowed(cl, r.ResponseTopic, false) {
 		return false
 	}
 	out := packets.Packet{

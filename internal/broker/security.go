@@ -115,9 +115,6 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 		return errAuthFailed
 	}
 	b.conns.Store(cl, c)
-	if cc, ok := cl.Net.Conn.(*clientConn); ok {
-		cc.owner.Store(c)
-	}
 	return nil
 }
 
@@ -133,9 +130,6 @@ func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) {
 
 // connOf returns what the broker knows of a connection.
 func (b *Broker) connOf(cl *mqtt.Client) *conn {
-	if cc, ok := cl.Net.Conn.(*clientConn); ok {
-		return cc.owner.Load() // the same, found without hashing: this runs per message
-	}
 	if v, ok := b.conns.Load(cl); ok {
 		return v.(*conn)
 	}
