@@ -159,14 +159,14 @@ const (
 	// what arrives meanwhile goes into the next entry, and an entry's
 	// cost (raft's hand-offs, the fsync's CPU) is shared by its commands.
 	// A second entry in flight lets the disk sync one while the previous
-	// one is applied, but it also halves the entries, and on a busy
-	// two-core machine the CPU they cost mattered more than the overlap.
-	// Durable SET, one node, one with two (alternating, 2026-11-25):
-	// 4 clients 7,100-7,450 ops/s against 6,000; 8 clients 10,200
-	// against 9,400-9,500; 16 clients +8 %; 64 clients +2-4 % and 1-5 %
-	// less CPU per SET; 2 clients 2 % slower (each client's write had an
-	// entry to itself). A group on the node's journal has the other
-	// groups' entries to keep the journal busy (a one-node cluster of 8
+	// one is applied, but splits what arrives into more, smaller entries,
+	// and on a busy two-core machine their CPU mattered more than the
+	// overlap. Durable SET on a node on its own, one against two
+	// (alternating builds, docs/benchmarks.md, 2026-11-25 late night):
+	// +16 % at 4 clients, +5-10 % at 8 to 64 with 5-8 % less CPU per
+	// SET, but 6 % slower with exactly two writers (each had an entry to
+	// itself). A group on the node's journal has the other groups'
+	// entries to keep the journal busy besides (a one-node cluster of 8
 	// groups: 0.79x a node on its own's durable SET with two, 0.88x with
 	// one).
 	pipelineDepth = 1
