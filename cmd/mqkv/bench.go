@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -96,6 +97,7 @@ Baselines, measured in the same run:
 		mode := "existing server"
 		baseAddr := *addr
 		var children []*server.Process // the servers whose CPU is counted
+		var baseChild *server.Process  // the baseline's own server (nopolicy)
 		// storage gives a child server its flags: in memory, or a fresh
 		// data directory, removed once the servers have stopped.
 		var dirs []string
@@ -135,7 +137,7 @@ Baselines, measured in the same run:
 					return err
 				}
 				defer p.Stop()
-				baseAddr = p.Addr()
+				baseAddr, baseChild = p.Addr(), p
 			}
 			if *policyFile != "" {
 				extra = append(extra, "--policy", *policyFile)
@@ -219,6 +221,10 @@ Baselines, measured in the same run:
 				}
 			}
 		}
+		baseServers := children
+		if baseChild != nil {
+			baseServers = []*server.Process{baseChild}
+		}
 		var base, main []bench.Result
 		var flushes []time.Duration // a log flush on the data disk, probed after each round
 		for r := 0; r < *rounds; r++ {
@@ -232,25 +238,20 @@ Baselines, measured in the same run:
 				default:
 					c.Op = bench.Op(*baseline)
 				}
+				measured := meter(&c, baseServers)
 				res, err := bench.Run(ctx, c)
 				if err != nil {
 					return fmt.Errorf("bench: %s: %w", c.Op, err)
 				}
+				measured(&res)
 				base = append(base, res)
 			}
-			var cpu time.Duration
-			cfg.Window = func(begin bool) {
-				if begin {
-					cpu = -cpuOf(children)
-				} else {
-					cpu += cpuOf(children)
-				}
-			}
+			measured := meter(&cfg, children)
 			res, err := bench.Run(ctx, cfg)
 			if err != nil {
 				return fmt.Errorf("bench: %s: %w", cfg.Op, err)
 			}
-			res.CPU = cpu
+			measured(&res)
 			main = append(main, res)
 			if len(dirs) > 0 && !*inMemory && (cfg.Op == bench.OpSet || cfg.Op == bench.OpMixed || cfg.Op == bench.OpLease) {
 				// One client leaves the disk idle between its flushes
@@ -290,9 +291,27 @@ Baselines, measured in the same run:
 				fmt.Fprintf(os.Stderr, "warning: %s: %d requests answered with an error, not counted as ops\n", names[i], r.Errors)
 			}
 		}
-		if m := rows[len(rows)-1]; m.CPU > 0 && m.Ops > 0 {
-			fmt.Printf("server CPU: %.1f µs per %s, summed over %d server process(es), measured time only\n",
-				float64(m.CPU.Microseconds())/float64(m.Ops), cfg.Op, len(children))
+		// CPU per op of each row, the servers' and the load generator's:
+		// on shared cores a ratio of throughputs is a ratio of both.
+		var srv, own []string
+		for i, r := range rows {
+			if r.Ops == 0 {
+				continue
+			}
+			if r.CPU > 0 {
+				srv = append(srv, fmt.Sprintf("%.1f µs per %s", float64(r.CPU.Microseconds())/float64(r.Ops), names[i]))
+			}
+			own = append(own, fmt.Sprintf("%.1f µs per %s", float64(r.ClientCPU.Microseconds())/float64(r.Ops), names[i]))
+		}
+		if len(srv) > 0 {
+			fmt.Printf("server CPU: %s, summed over %d server process(es), measured time only\n", strings.Join(srv, ", "), len(children))
+		}
+		if len(own) > 0 {
+			who := "its MQTT clients"
+			if *baseline == "echo" || cfg.Op == bench.OpEcho {
+				who += " and echo responders"
+			}
+			fmt.Printf("load generator CPU (this process: %s): %s\n", who, strings.Join(own, ", "))
 		}
 		if m := rows[len(rows)-1]; victim != "" {
 			fmt.Printf("failover: node %s SIGKILLed %v into the round; no request completed for at most %s; in the %v after: %d requests, p99 %s, max %s, %d answered with an error\n",
@@ -343,6 +362,31 @@ Baselines, measured in the same run:
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+
+// meter has a round of c record the CPU used in its measured time, by
+// servers and by this process (the load generator); the returned func
+// puts both in the round's result.
+func meter(c *bench.Config, servers []*server.Process) func(*bench.Result) {
+	var srv, own time.Duration
+	c.Window = func(begin bool) {
+		s, o := cpuOf(servers), selfCPU()
+		if begin {
+			srv, own = -s, -o
+		} else {
+			srv, own = srv+s, own+o
+		}
+	}
+	return func(r *bench.Result) { r.CPU, r.ClientCPU = srv, own }
+}
+
+// selfCPU is the user and system CPU time this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // cpuOf sums the CPU time of processes.
 func cpuOf(ps []*server.Process) time.Duration {

@@ -80,6 +80,7 @@ type Result struct {
 	Errors    int
 	Elapsed   time.Duration
 	CPU       time.Duration   // server CPU during the round, if measured
+	ClientCPU time.Duration   // the load generator's (this process's) CPU during the round
 	latencies []time.Duration // sorted
 
 	// With a Fault: the longest time in the measured round during which
@@ -491,12 +492,13 @@ func Merge(rs []Result) Result {
 		out.Op = r.Op
 		out.latencies = append(lat, r.latencies...)
 	}
-	out.Ops, out.Errors, out.Elapsed, out.CPU = 0, 0, 0, 0
+	out.Ops, out.Errors, out.Elapsed, out.CPU, out.ClientCPU = 0, 0, 0, 0, 0
 	for _, r := range rs {
 		out.Ops += r.Ops
 		out.Errors += r.Errors
 		out.Elapsed += r.Elapsed
 		out.CPU += r.CPU
+		out.ClientCPU += r.ClientCPU
 	}
 	slices.Sort(out.latencies)
 	return out
