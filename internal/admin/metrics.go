@@ -20,6 +20,7 @@ type Metrics struct {
 	latency   *prometheus.HistogramVec
 	commit    prometheus.Histogram
 	sync      prometheus.Histogram
+	entry     prometheus.Histogram
 	snapBytes prometheus.Gauge
 	snapTime  prometheus.Histogram
 
@@ -50,6 +51,10 @@ func NewMetrics() *Metrics {
 		sync: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "mqkv_log_append_seconds", Help: "Time to append entries to the log, fsync included.", Buckets: latencyBuckets,
 		}),
+		entry: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mqkv_log_entry_commands", Help: "State store commands per log entry: writes that arrive while an entry is synced share the next one, and its fsync.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 … 1024, the most an entry holds
+		}),
 		snapBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mqkv_snapshot_bytes", Help: "Size of the last snapshot."}),
 		snapTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "mqkv_snapshot_duration_seconds", Help: "Time to write a snapshot.", Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10),
@@ -57,7 +62,7 @@ func NewMetrics() *Metrics {
 		recent:   make([]time.Duration, 0, 4096),
 		activity: newActivity(),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.commit, m.sync, m.snapBytes, m.snapTime,
+	m.reg.MustRegister(m.requests, m.latency, m.commit, m.sync, m.entry, m.snapBytes, m.snapTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -67,6 +72,7 @@ func (m *Metrics) Timings() replica.Timings {
 	return replica.Timings{
 		Commit: func(d time.Duration) { m.commit.Observe(d.Seconds()) },
 		Sync:   func(d time.Duration) { m.sync.Observe(d.Seconds()) },
+		Entry:  func(n int) { m.entry.Observe(float64(n)) },
 		Snapshot: func(n int64, d time.Duration) {
 			m.snapBytes.Set(float64(n))
 			m.snapTime.Observe(d.Seconds())

@@ -96,6 +96,7 @@ type Timings struct {
 	Commit   func(time.Duration)                // a log entry, from proposal to applied
 	Sync     func(time.Duration)                // appending entries to the log, fsync included
 	Snapshot func(bytes int64, d time.Duration) // writing a snapshot
+	Entry    func(commands int)                 // a log entry proposed, with how many commands share it
 }
 
 // Proposal is a write waiting for the log. The proposer sets Cmd.Version
@@ -911,6 +912,9 @@ func (g *Group) propose() {
 			default:
 				break gather
 			}
+		}
+		if g.cfg.Timings.Entry != nil {
+			g.cfg.Timings.Entry(len(cmds))
 		}
 		buf = store.AppendBatch(buf[:0], g.cfg.Limits, cmds)
 		// raft keeps the slice until applied: hand it a copy.

@@ -38,8 +38,17 @@ func httpGet(t *testing.T, url string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// metric reads one sample of a metric family (with the given labels).
+// metric reads one sample of a metric family (with the given labels): a
+// counter's or gauge's value, a histogram's count.
 func metric(t *testing.T, base, name string, labels map[string]string) float64 {
+	t.Helper()
+	v, _ := histogram(t, base, name, labels)
+	return v
+}
+
+// histogram reads one sample of a metric family as metric does, and a
+// histogram's sum besides.
+func histogram(t *testing.T, base, name string, labels map[string]string) (value, sum float64) {
 	t.Helper()
 	code, body := httpGet(t, base+"/metrics")
 	if code != 200 {
@@ -52,7 +61,7 @@ func metric(t *testing.T, base, name string, labels map[string]string) float64 {
 	}
 	f := fams[name]
 	if f == nil {
-		return 0 // a vector without samples yet is not exported
+		return 0, 0 // a vector without samples yet is not exported
 	}
 next:
 	for _, m := range f.Metric {
@@ -63,14 +72,14 @@ next:
 		}
 		switch {
 		case m.Counter != nil:
-			return m.Counter.GetValue()
+			return m.Counter.GetValue(), 0
 		case m.Gauge != nil:
-			return m.Gauge.GetValue()
+			return m.Gauge.GetValue(), 0
 		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount())
+			return float64(m.Histogram.GetSampleCount()), m.Histogram.GetSampleSum()
 		}
 	}
-	return 0
+	return 0, 0
 }
 
 func TestAdminEndpoint(t *testing.T) {
@@ -108,11 +117,16 @@ func TestAdminEndpoint(t *testing.T) {
 		{"mqkv_mqtt_messages_sent_total", nil, 9},
 		{"mqkv_raft_commit_seconds", nil, 1},
 		{"mqkv_log_append_seconds", nil, 1},
+		{"mqkv_log_entry_commands", nil, 1},
 	}
 	for _, ch := range checks {
 		if got := metric(t, base, ch.name, ch.labels); got < ch.min {
 			t.Errorf("%s%v = %v, want ≥ %v", ch.name, ch.labels, got, ch.min)
 		}
+	}
+	// Every write above is a command of some entry: five in at most five.
+	if entries, cmds := histogram(t, base, "mqkv_log_entry_commands", nil); cmds < 5 || cmds < entries {
+		t.Errorf("log entries %v holding %v commands, want ≥ 5 commands and ≥ 1 per entry", entries, cmds)
 	}
 	c.call("SET", "m/1", "changed")
 	if got := metric(t, base, "mqkv_notifications_sent_total", nil); got < 1 {
