@@ -19,7 +19,8 @@ import (
 type activity struct {
 	mu        sync.Mutex
 	cur, last window
-	slow      []SlowRequest // the last maxSlow, oldest first
+	slow      []SlowRequest    // the last maxSlow, oldest first
+	now       func() time.Time // time.Now; a test holds it still so that no window ends mid-test
 }
 
 type window struct {
@@ -62,7 +63,7 @@ type Activity struct {
 }
 
 func newActivity() *activity {
-	return &activity{cur: newWindow(time.Now().Truncate(activityWindow))}
+	return &activity{cur: newWindow(time.Now().Truncate(activityWindow)), now: time.Now}
 }
 
 func newWindow(at time.Time) window {
@@ -90,7 +91,8 @@ func (a *activity) rotate(now time.Time) {
 func (a *activity) observe(r statestore.Reply) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.rotate(time.Now())
+	now := a.now()
+	a.rotate(now)
 	count(a.cur.clients, r.ClientID)
 	if r.Key != nil {
 		if n, ok := a.cur.keys[string(r.Key)]; ok { // looked up without copying the key
@@ -103,7 +105,7 @@ func (a *activity) observe(r statestore.Reply) {
 		if len(a.slow) == maxSlow {
 			a.slow = append(a.slow[:0], a.slow[1:]...)
 		}
-		a.slow = append(a.slow, SlowRequest{At: time.Now(), ClientID: r.ClientID, Command: r.Command, Key: string(r.Key), MS: float64(r.Duration.Microseconds()) / 1000})
+		a.slow = append(a.slow, SlowRequest{At: now, ClientID: r.ClientID, Command: r.Command, Key: string(r.Key), MS: float64(r.Duration.Microseconds()) / 1000})
 	}
 }
 
@@ -129,7 +131,7 @@ func count(m map[string]*int64, name string) {
 func (a *activity) take() Activity {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
+	now := a.now()
 	a.rotate(now)
 	w := a.last
 	if w.since.IsZero() { // none complete yet: the current one so far

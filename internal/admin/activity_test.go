@@ -10,6 +10,8 @@ import (
 
 func TestActivityRanksClientsAndKeys(t *testing.T) {
 	a := newActivity()
+	at := a.cur.since.Add(time.Second)
+	a.now = func() time.Time { return at }
 	for i := range 30 {
 		a.observe(statestore.Reply{Command: "GET", ClientID: "busy", Key: []byte("hot"), Duration: time.Millisecond})
 		if i%3 == 0 {
@@ -26,7 +28,7 @@ func TestActivityRanksClientsAndKeys(t *testing.T) {
 	}
 	// A complete window is what everyone sees, whoever looked before.
 	a.cur.since = a.cur.since.Add(-activityWindow)
-	a.rotate(time.Now())
+	a.rotate(at)
 	a.observe(statestore.Reply{Command: "GET", ClientID: "late", Key: []byte("later")})
 	w1, w2 := a.take(), a.take()
 	if len(w1.Clients) != 2 || len(w2.Clients) != 2 || w1.Clients[0].Name != "busy" {
@@ -36,6 +38,9 @@ func TestActivityRanksClientsAndKeys(t *testing.T) {
 
 func TestActivityIsBounded(t *testing.T) {
 	a := newActivity()
+	// All in one window: a window ending halfway would split the counts.
+	at := a.cur.since.Add(time.Second)
+	a.now = func() time.Time { return at }
 	for i := range maxTracked + 500 {
 		a.observe(statestore.Reply{ClientID: fmt.Sprint(i), Key: []byte(fmt.Sprint(i))})
 	}
