@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/mqkv/mqkv/internal/bench"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/journal"
+	"github.com/mqkv/mqkv/internal/procs"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -369,7 +369,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float6
 func meter(c *bench.Config, servers []*server.Process) func(*bench.Result) {
 	var srv, own time.Duration
 	c.Window = func(begin bool) {
-		s, o := cpuOf(servers), selfCPU()
+		s, o := cpuOf(servers), procs.CPU()
 		if begin {
 			srv, own = -s, -o
 		} else {
@@ -377,15 +377,6 @@ func meter(c *bench.Config, servers []*server.Process) func(*bench.Result) {
 		}
 	}
 	return func(r *bench.Result) { r.CPU, r.ClientCPU = srv, own }
-}
-
-// selfCPU is the user and system CPU time this process has used.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // cpuOf sums the CPU time of processes.

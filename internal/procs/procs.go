@@ -83,13 +83,13 @@ func Run(ctx context.Context, p Policy, tick time.Duration, changed func(procs i
 	defer runtime.GOMAXPROCS(p.Max)
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	last, lastCPU := time.Now(), cpuTime()
+	last, lastCPU := time.Now(), CPU()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			c := cpuTime()
+			c := CPU()
 			used := float64(c-lastCPU) / float64(now.Sub(last))
 			last, lastCPU = now, c
 			next := p.Next(s, used)
@@ -104,8 +104,8 @@ func Run(ctx context.Context, p Policy, tick time.Duration, changed func(procs i
 	}
 }
 
-// cpuTime is the user and system CPU the process has used.
-func cpuTime() time.Duration {
+// CPU is the user and system CPU time this process has used.
+func CPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
