@@ -40,7 +40,10 @@ func (t Timestamp) IsZero() bool { return t.Wall == 0 && t.Counter == 0 && t.Nod
 
 // String renders t in the wire form shared by all AIO SDKs.
 func (t Timestamp) String() string {
-	return string(t.Append(make([]byte, 0, 22+len(t.Node))))
+	// On the stack unless the node id is long: a reply carries its key's
+	// version as a string, and this is then its only allocation.
+	var buf [64]byte
+	return string(t.Append(buf[:0]))
 }
 
 // Append appends the wire form of t to b.
