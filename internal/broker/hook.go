@@ -174,17 +174,19 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		h.b.kick(cl, packets.ErrNotAuthorized)
 		return pk, packets.CodeSuccessIgnore
 	}
-	if pk.FixedHeader.Qos > 0 {
+	if pk.FixedHeader.Qos == 2 {
 		if cl.State.Inflight.Set(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}) {
-			// mochi records the request's acknowledgement under its id
-			// only after this hook, in the one map it keeps for both
+			// mochi records a QoS 2 request's PUBREC under its id only
+			// after this hook, in the one map it keeps for both
 			// directions: a reply made meanwhile (a GET's, here) could
-			// take the same id and lose its record to the
-			// acknowledgement. Recorded now, the id is taken until the
-			// acknowledgement (ours below, or mochi's, whose record
-			// replaces this one and whose removal counts it out).
+			// take the same id and lose its record to the PUBREC.
+			// Recorded now, the id is taken until mochi's record
+			// replaces this one. (A QoS 1 request leaves no record: see
+			// below.)
 			atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
 		}
+	}
+	if pk.FixedHeader.Qos > 0 {
 		// The reply comes back on this connection (the SDKs subscribe
 		// to their own response topics): the PUBACK goes with it.
 		if cc, ok := cl.Net.Conn.(*clientConn); ok && pk.Properties.ResponseTopic != "" && h.b.repliesTo(cl, pk.Properties.ResponseTopic) {
@@ -211,14 +213,25 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 	}
 	h.b.handle(cl, c, req)
-	if pk.FixedHeader.Qos == 1 && !mochiQueued(cl) {
-		// Acknowledged here, with the PUBACK encoded by the broker (see
-		// wire.go); mochi, told the request was QoS 0 and to be ignored,
-		// does nothing more. Only once mochi holds nothing for the
-		// client, which may include an earlier PUBACK (MQTT-4.6.0-2).
-		h.b.puback(cl, pk.PacketID)
-		if cl.State.Inflight.Delete(pk.PacketID) { // the id taken above
-			atomic.AddInt64(&h.b.srv.Info.Inflight, -1)
+	if pk.FixedHeader.Qos == 1 {
+		// Acknowledged here; mochi, told the request was QoS 0 and to be
+		// ignored, does nothing more. mochi would record the PUBACK in
+		// its inflight map for the time it takes to write it, in the
+		// one map it keeps for both directions, where it would replace
+		// a reply made meanwhile under the same id (the ids of the two
+		// directions are apart in MQTT 5: the client's PUBACK for that
+		// reply may follow this one). Keeping a request's id out of
+		// the replies' way would cost a record per request: 45 % of
+		// the bytes allocated under GET load.
+		if !mochiQueued(cl) {
+			// Encoded by the broker (see wire.go) and written directly,
+			// once mochi holds nothing for the client, which may
+			// include an earlier PUBACK (MQTT-4.6.0-2).
+			h.b.puback(cl, pk.PacketID)
+		} else if err := cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}); err != nil {
+			// Behind what mochi holds, in order; its id renamed back
+			// in OnPacketEncode, like mochi's own.
+			h.b.log.Debug("write failed", "client", cl.ID, "error", err)
 		}
 		pk.FixedHeader.Qos, pk.Ignore = 0, true // ignored: neither routed nor retained
 		return pk, nil

@@ -74,13 +74,15 @@ func (rc *rawClient) unsubscribe(filter string) {
 
 // TestRepliesKeepTheirPacketIDs: a client that numbers its requests as the
 // server numbers its replies (both from 1, one each, as a client that
-// counts its ids up may) gets every reply under an id of its own. A reply
-// made while its request is being read took that request's id, and mochi,
-// which keeps both directions in one map, then recorded the request's
-// PUBACK over the reply's record: the reply would not be resent after a
-// reconnect, and the client's PUBACK for it found nothing, so the send
-// quota of a client with a Receive Maximum never came back and mochi held
-// every reply back once it was used up.
+// counts its ids up may) gets every reply, and every reply's record lasts
+// until the client acknowledges it. A reply made while its request is
+// being read takes that request's id (MQTT 5 keeps the two directions'
+// ids apart, §2.2.1). mochi keeps both directions in one map: had it
+// recorded the request's PUBACK there, over the reply's record, the reply
+// would not be resent after a reconnect, and the client's PUBACK for it
+// would find nothing, so the send quota of a client with a Receive
+// Maximum would never come back and mochi would hold every reply back
+// once it was used up.
 // Both ways a reply takes: written by mqkv, and through mochi (which is
 // taken for a response topic subscribed as a shared subscription).
 func TestRepliesKeepTheirPacketIDs(t *testing.T) {
@@ -90,12 +92,13 @@ func TestRepliesKeepTheirPacketIDs(t *testing.T) {
 
 func repliesKeepTheirPacketIDs(t *testing.T, share string) {
 	s := startServer(t, inMemory())
-	recv := uint16(2)
+	recv, expiry := uint16(2), uint32(300)
 	w, _ := dialWire(t, s, packets.Connect{ClientID: "counter", CleanStart: true,
-		Properties: &packets.Properties{ReceiveMaximum: &recv}})
+		Properties: &packets.Properties{ReceiveMaximum: &recv, SessionExpiryInterval: &expiry}})
 	const response = "clients/counter/response"
 	w.subscribe(1000, share+response)
-	for id := uint16(1); id <= 6; id++ {
+	const last = 7 // its reply is left unacknowledged, to be resent
+	for id := uint16(1); id <= last; id++ {
 		w.send(&packets.Publish{PacketID: id, QoS: 1, Topic: statestore.RequestTopic, Payload: encode("PING"),
 			Properties: &packets.Properties{ResponseTopic: response, CorrelationData: []byte{byte(id)}}})
 		acked, replied := false, false
@@ -107,15 +110,26 @@ func repliesKeepTheirPacketIDs(t *testing.T, share string) {
 				if string(c.Payload) != "+PONG\r\n" || c.QoS != 1 {
 					t.Fatalf("request %d: reply %q at QoS %d", id, c.Payload, c.QoS)
 				}
-				if c.PacketID == id {
-					t.Fatalf("request %d: the reply took the request's id", id)
+				if c.PacketID != id {
+					// Both number from 1, one each: the case this
+					// test is about did not come up.
+					t.Fatalf("request %d: reply under id %d, want the request's own", id, c.PacketID)
 				}
 				replied = true
-				w.send(&packets.Puback{PacketID: c.PacketID})
+				if id != last {
+					w.send(&packets.Puback{PacketID: c.PacketID})
+				}
 			}
 		}
 	}
-	eventually(t, "every reply acknowledged, none in flight", func() bool { return s.Broker().Traffic().Inflight == 0 })
+	eventually(t, "every reply but the last acknowledged", func() bool { return s.Broker().Traffic().Inflight == 1 })
+	w.conn.Close()
+	eventually(t, "the drop noticed", func() bool { return s.Broker().ClientsConnected() == 0 })
+	w, _ = dialWire(t, s, packets.Connect{ClientID: "counter", Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
+	if c, ok := w.next().Content.(*packets.Publish); !ok || c.PacketID != last || !c.Duplicate || string(c.Payload) != "+PONG\r\n" {
+		t.Fatalf("after reconnecting: %+v, want the unacknowledged reply resent under id %d", c, last)
+	}
+	w.send(&packets.Puback{PacketID: last})
 	if direct := s.Broker().Counters.DeliveredDirect.Load(); (share == "") != (direct > 0) {
 		t.Fatalf("%d replies written past mochi, with subscription %q", direct, share+response)
 	}
