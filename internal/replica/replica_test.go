@@ -395,3 +395,29 @@ func TestFollowersApplyTheLastWriteAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldFor: the proposer waits only after an entry of many writers
+// when few have come back, and never longer than half a commit or
+// maxHold.
+func TestHoldFor(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		prev, queued int
+		commit, want time.Duration
+	}{
+		{prev: 0, queued: 1, commit: ms, want: 0},      // the first entry
+		{prev: 1, queued: 1, commit: ms, want: 0},      // one writer
+		{prev: 7, queued: 1, commit: ms, want: 0},      // a few
+		{prev: 8, queued: 1, commit: ms, want: ms / 2}, // many, one back
+		{prev: 8, queued: 3, commit: ms, want: ms / 2}, // three of eight
+		{prev: 8, queued: 4, commit: ms, want: 0},      // half are back
+		{prev: 40, queued: 19, commit: 300 * time.Microsecond, want: 150 * time.Microsecond},
+		{prev: 40, queued: 25, commit: ms, want: 0},           // more than half
+		{prev: 40, queued: 1, commit: 0, want: 0},             // no commit timed yet
+		{prev: 64, queued: 1, commit: 20 * ms, want: maxHold}, // a slow disk
+	} {
+		if got := holdFor(c.prev, c.queued, c.commit); got != c.want {
+			t.Errorf("holdFor(%d, %d, %v) = %v, want %v", c.prev, c.queued, c.commit, got, c.want)
+		}
+	}
+}
