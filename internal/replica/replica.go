@@ -949,8 +949,9 @@ func (g *Group) propose() {
 // holdWriters. Measured (docs/benchmarks.md, 2026-11-26): at 64 clients
 // the one-command entries fell from 5,804 to 529-596 in 7 s and the mean
 // entry grew from 13.6 to 22 commands; durable SET +11-20 % at 16 clients
-// with 8-13 % less CPU per SET, -1 to +11 % at 64 (up to 8 % less CPU),
-// unchanged at 1 and 4 clients and in a three-node cluster. Waiting on a
+// with 8-13 % less CPU per SET, +3-17 % at 8 and 32, -1 to +11 % at 64
+// (up to 8 % less CPU), unchanged at 1 and 4 clients and in a three-node
+// cluster. Waiting on a
 // timer matters: a hold woken by each arriving write (tried first) spent
 // what it saved.
 func holdFor(prev, queued int, commit time.Duration) time.Duration {
