@@ -223,14 +223,14 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		// reply may follow this one). Keeping a request's id out of
 		// the replies' way would cost a record per request: 45 % of
 		// the bytes allocated under GET load.
+		// Encoded by the broker (see wire.go) and written directly once
+		// mochi holds nothing for the client, which may include an
+		// earlier PUBACK (MQTT-4.6.0-2); else through mochi, behind what
+		// it holds, its id renamed back in OnPacketEncode like mochi's
+		// own.
 		if !mochiQueued(cl) {
-			// Encoded by the broker (see wire.go) and written directly,
-			// once mochi holds nothing for the client, which may
-			// include an earlier PUBACK (MQTT-4.6.0-2).
 			h.b.puback(cl, pk.PacketID)
 		} else if err := cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}); err != nil {
-			// Behind what mochi holds, in order; its id renamed back
-			// in OnPacketEncode, like mochi's own.
 			h.b.log.Debug("write failed", "client", cl.ID, "error", err)
 		}
 		pk.FixedHeader.Qos, pk.Ignore = 0, true // ignored: neither routed nor retained
