@@ -45,6 +45,7 @@ func benchCmd() *cobra.Command {
 	rounds := fs.Int("rounds", 1, "alternate baseline and op this many times; figures are totals over all rounds")
 	addAfter := fs.Duration("add-node-after", 0, "with --cluster: start one more node this `long` into the measured time and report the rebalancing: how long until its replicas are in place, MB moved to it, and the throughput before and meanwhile")
 	rate := fs.Float64("rate", 0, "pace the clients to about this many requests a `second` in all (0: as fast as replies come); compares CPU per op at the same load")
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the load generator (this process, not the server) to `file`")
 	killAfter := fs.Duration("kill-after", 0, "with --cluster 3 or more: SIGKILL the last node this `long` into the measured time (clients use the other nodes) and report the failover: the longest time no request completed, and latencies in the 10 s after")
 	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
 it, waits for the reply, and sends the next. Prints throughput and latency
@@ -91,6 +92,11 @@ Baselines, measured in the same run:
 		if *valueSize < 0 || *patterns < 0 || *warmup < 0 {
 			return fmt.Errorf("bench: --value-size, --patterns and --warmup must not be negative")
 		}
+		stopProfile, err := cpuProfileTo(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
 		ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
 		defer cancel()
 

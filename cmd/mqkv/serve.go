@@ -49,16 +49,11 @@ password files; SIGINT or SIGTERM stop the server.`,
 				return err
 			}
 			cfg.Logger = logger
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return err
-				}
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			stopProfile, err := cpuProfileTo(cpuProfile)
+			if err != nil {
+				return err
 			}
+			defer stopProfile()
 			// SIGHUP is caught before the pid file exists: one sent as soon
 			// as it does must reload, not end the process (its default
 			// action), which CI once caught. SIGINT and SIGTERM still end
@@ -183,4 +178,21 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("log format %q: want text or json", format)
+}
+
+// cpuProfileTo starts a CPU profile of this process into path, if not
+// empty; the returned func ends it.
+func cpuProfileTo(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
