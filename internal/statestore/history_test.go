@@ -1,0 +1,124 @@
+package statestore
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// TestHistoryKeepsTheNewestChanges drives one partition's ring through
+// growth, many wraps and every kind of trimming, and checks each time
+// against the changes a plain list would keep: the newest PerPartition,
+// none older than MaxAge, and whatever SINCE replays in version order.
+func TestHistoryKeepsTheNewestChanges(t *testing.T) {
+	const per = 6
+	h := newHistory(HistoryLimits{PerPartition: per, MaxAge: time.Minute, MaxBytes: 1 << 20})
+	h.begin(hlc.Timestamp{Wall: 1})
+	rng := rand.New(rand.NewPCG(1, 2))
+	key := []byte("k")
+	var kept []store.Event // what a list would keep, oldest first
+	now := time.Unix(1000, 0)
+	var times []time.Time
+	for i := 1; i <= 500; i++ {
+		if rng.IntN(20) == 0 {
+			now = now.Add(2 * time.Minute) // everything kept so far ages out with the next add
+		} else {
+			now = now.Add(time.Second)
+		}
+		ev := store.Event{Kind: store.EventSet, Key: key, Value: []byte(fmt.Sprint(i)), Version: hlc.Timestamp{Wall: int64(i + 1), Node: "n"}}
+		h.add([]store.Event{ev}, now)
+		kept, times = append(kept, ev), append(times, now)
+		for len(kept) > per || now.Sub(times[0]) > time.Minute {
+			kept, times = kept[1:], times[1:]
+		}
+		got, ok := h.since(key, nil, hlc.Timestamp{Wall: 1})
+		if len(kept) > 0 && kept[0].Version.Wall > 2 {
+			// The oldest changes are forgotten: a SINCE from before them
+			// is truncated, one from the last forgotten is not.
+			if ok {
+				t.Fatalf("add %d: SINCE before the forgotten changes replayed %d", i, len(got))
+			}
+			got, ok = h.since(key, nil, hlc.Timestamp{Wall: kept[0].Version.Wall - 1, Node: "n"})
+		}
+		if !ok || len(got) != len(kept) {
+			t.Fatalf("add %d: replayed %d (ok %v), want %d", i, len(got), ok, len(kept))
+		}
+		for j := range got {
+			if string(got[j].Value) != string(kept[j].Value) || got[j].Version != kept[j].Version {
+				t.Fatalf("add %d: change %d is %s@%v, want %s@%v", i, j, got[j].Value, got[j].Version, kept[j].Value, kept[j].Version)
+			}
+		}
+	}
+	p := &h.parts[store.Partition(key)]
+	if len(p.ring) > 2*per {
+		t.Fatalf("the ring grew to %d slots for %d changes", len(p.ring), per)
+	}
+}
+
+// TestHistoryByteBudget: over MaxBytes, a written partition forgets its
+// oldest changes (but keeps its newest), and the byte count follows.
+func TestHistoryByteBudget(t *testing.T) {
+	h := newHistory(HistoryLimits{PerPartition: 100, MaxBytes: 100})
+	h.begin(hlc.Timestamp{Wall: 1})
+	now := time.Unix(1000, 0)
+	for i := 0; i < 50; i++ {
+		k := []byte(fmt.Sprintf("key-%02d", i%5)) // 6 bytes
+		h.add([]store.Event{{Kind: store.EventSet, Key: k, Value: make([]byte, 14), Version: hlc.Timestamp{Wall: int64(i + 2)}}}, now)
+		if h.bytes > 100+20 {
+			t.Fatalf("add %d: %d bytes kept, budget 100", i, h.bytes)
+		}
+	}
+	var n int64
+	for i := range h.parts {
+		p := &h.parts[i]
+		for j := 0; j < p.n; j++ {
+			n += p.at(j).size()
+		}
+		if p.n == 0 && p.ring != nil {
+			t.Fatalf("partition %d: an empty ring kept its slots", i)
+		}
+	}
+	if n != h.bytes {
+		t.Fatalf("the changes hold %d bytes, the count says %d", n, h.bytes)
+	}
+	m, err := glob.Compile([]byte("key-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := h.since(nil, m, hlc.Timestamp{Wall: 46}); !ok || len(got) != 5 {
+		t.Fatalf("the newest 5 changes: got %d (ok %v)", len(got), ok)
+	}
+}
+
+// TestPartitionLogRing: the ring against a plain list, through random
+// adds and drops (growing while wrapped, emptying, starting again).
+func TestPartitionLogRing(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var p partitionLog
+	var list []int64
+	for i := int64(1); i <= 5000; i++ {
+		if len(list) > 0 && rng.IntN(100) < 45+len(list)%7 {
+			p.drop()
+			list = list[1:]
+		} else {
+			p.push(change{Event: store.Event{Version: hlc.Timestamp{Wall: i}}})
+			list = append(list, i)
+		}
+		if p.n != len(list) {
+			t.Fatalf("step %d: %d changes, want %d", i, p.n, len(list))
+		}
+		for j, w := range list {
+			if got := p.at(j).Version.Wall; got != w {
+				t.Fatalf("step %d: change %d is %d, want %d", i, j, got, w)
+			}
+		}
+		if p.n == 0 && p.ring != nil {
+			t.Fatalf("step %d: an empty log kept its ring", i)
+		}
+	}
+}
