@@ -107,19 +107,25 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 // none is left. Once the connection has ended they go through mochi,
 // into the session if it persists.
 func (b *Broker) writeReplies(cr *connReplies) {
+	var spare []heldReply // the last batch's slice, emptied: the queue's next
 	for {
 		cr.mu.Lock()
 		batch, cl := cr.queue, cr.cl
-		cr.queue = nil
 		if len(batch) == 0 {
+			if batch == nil {
+				cr.queue = spare // kept for the next burst
+			}
 			cr.writing = false
 			cr.mu.Unlock()
 			return
 		}
+		cr.queue = spare
 		cr.mu.Unlock()
 		for _, h := range batch {
 			b.deliver(cl, h, false)
 		}
+		clear(batch) // no reply kept alive by the slice
+		spare = batch[:0]
 	}
 }
 

@@ -26,16 +26,15 @@ const waitStep = 100 * time.Millisecond
 func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 	g := n.groupOf(p.Cmd.Key)
 	if r := n.local(g); r != nil && r.LeaderReady(readyTimeout(ctx)) == nil {
-		done := p.Done
-		p.Done = func(res store.Result, err error) {
-			var nl *replica.NotLeaderError
-			if errors.As(err, &nl) { // never logged: try where the leader is
-				go n.submitRemote(ctx, g, p.Cmd, p.After, done)
-				return
-			}
-			done(res, err)
+		err := r.TrySubmit(p)
+		if err == nil {
+			return
 		}
-		r.Submit(p)
+		if nl := (*replica.NotLeaderError)(nil); errors.As(err, &nl) {
+			go n.submitRemote(ctx, g, p.Cmd, p.After, p.Done) // never logged: try where the leader is
+			return
+		}
+		p.Done(store.Result{}, err)
 		return
 	}
 	go n.submitRemote(ctx, g, p.Cmd, p.After, p.Done)

@@ -603,26 +603,31 @@ func (g *Group) Clock() *hlc.Clock { return g.clock }
 // slows the caller down when the log cannot keep up. A replica that does
 // not lead fails it at once with a *NotLeaderError.
 func (g *Group) Submit(p Proposal) {
+	if err := g.TrySubmit(p); err != nil {
+		p.Done(store.Result{}, err)
+	}
+}
+
+// TrySubmit is Submit, except that a write refused at once (ErrClosed, a
+// *NotLeaderError, a full disk) is returned rather than given to p.Done,
+// so that a caller can send it elsewhere without wrapping Done: a
+// closure per write.
+func (g *Group) TrySubmit(p Proposal) error {
 	g.submitMu.RLock()
+	defer g.submitMu.RUnlock()
 	if g.closed {
-		g.submitMu.RUnlock()
-		p.Done(store.Result{}, ErrClosed)
-		return
+		return ErrClosed
 	}
 	if g.raft.State() != raft.Leader {
-		g.submitMu.RUnlock()
-		p.Done(store.Result{}, g.notLeader())
-		return
+		return g.notLeader()
 	}
 	if p.Cmd.Op == store.OpSet {
 		if err := g.cfg.Disk.Check(); err != nil {
-			g.submitMu.RUnlock()
-			p.Done(store.Result{}, err)
-			return
+			return err
 		}
 	}
 	g.in <- p
-	g.submitMu.RUnlock()
+	return nil
 }
 
 func (g *Group) notLeader() error {

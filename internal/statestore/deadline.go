@@ -22,6 +22,13 @@ type deadline struct {
 
 func newDeadline(d time.Duration) *deadline { return &deadline{at: time.Now().Add(d)} }
 
+// deadlineIn starts the request's deadline in the request itself: one
+// allocation less per read and write. A request is handled once.
+func (r *Request) deadlineIn(d time.Duration) *deadline {
+	r.deadline = deadline{at: time.Now().Add(d)}
+	return &r.deadline
+}
+
 func (c *deadline) Deadline() (time.Time, bool) { return c.at, true }
 
 func (c *deadline) Done() <-chan struct{} {

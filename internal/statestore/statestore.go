@@ -111,9 +111,10 @@ type Request struct {
 	// came from, for its Reply; the service does not look at it.
 	Origin any
 
-	start   time.Time // when Handle took it, for latency metrics
-	command string    // the verb, for metrics
-	key     []byte    // the key it names, if any, for activity figures
+	start    time.Time // when Handle took it, for latency metrics
+	command  string    // the verb, for metrics
+	key      []byte    // the key it names, if any, for activity figures
+	deadline deadline  // its time limit, once it reads or writes
 }
 
 // follower is a Router whose change events must be asked for: Follow
@@ -403,7 +404,7 @@ func (s *Service) readKey(r *Request, args [][]byte) (e store.Entry, found, ok b
 		s.fail(r, err)
 		return e, false, false
 	}
-	ctx := newDeadline(RequestTimeout)
+	ctx := r.deadlineIn(RequestTimeout)
 	defer ctx.release()
 	e, found, err := s.router.Get(ctx, args[1])
 	if err != nil {
@@ -538,23 +539,23 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 		return
 	}
 	op := cmd.Op
-	ctx := newDeadline(RequestTimeout)
+	ctx := r.deadlineIn(RequestTimeout)
 	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Done: func(res store.Result, err error) {
 		ctx.release()
 		switch {
+		case err == nil:
+			// First: the cases below would allocate (errors.As's target)
+			// for every write.
+			s.answerWrite(r, op, res, get)
 		case errors.Is(err, replica.ErrOutcomeUnknown):
 			s.log.Warn("state store write outcome unknown", "client", r.ClientID, "error", err)
 			s.fail(r, errUnknownOutcome)
-			return
 		case errors.As(err, new(*replica.DiskFullError)):
 			s.fail(r, resp.Error(err.Error())) // the guard logs the condition once
-			return
-		case err != nil:
+		default:
 			s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
 			s.fail(r, errUnavailable)
-			return
 		}
-		s.answerWrite(r, op, res, get)
 	}})
 }
 

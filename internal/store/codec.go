@@ -134,9 +134,10 @@ func appendTimestamp(b []byte, t hlc.Timestamp) []byte {
 // decoder reads the batch encoding; the first error sticks and later reads
 // return zero values, so callers check once at the end.
 type decoder struct {
-	b   []byte
-	off int
-	err error
+	b        []byte
+	off      int
+	err      error
+	lastNode string // see node
 }
 
 func (d *decoder) byte() byte {
@@ -187,7 +188,21 @@ func (d *decoder) bytes() []byte {
 }
 
 func (d *decoder) timestamp() hlc.Timestamp {
-	return hlc.Timestamp{Wall: d.varint(), Counter: d.uvarint(), Node: string(d.bytes())}
+	return hlc.Timestamp{Wall: d.varint(), Counter: d.uvarint(), Node: d.node()}
+}
+
+// node reads a version's node id. The versions of a log entry, or of a
+// snapshot, nearly all name the same node: they share one string rather
+// than one allocation each.
+func (d *decoder) node() string {
+	b := d.bytes()
+	if len(b) == 0 {
+		return "" // a zero timestamp (no fence, no expected version)
+	}
+	if string(b) != d.lastNode { // compared without a copy
+		d.lastNode = string(b)
+	}
+	return d.lastNode
 }
 
 // Snapshot format:
