@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"hash/crc32"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/google/btree"
@@ -28,14 +29,18 @@ func Partition(key []byte) uint16 {
 	return uint16(crc32.Checksum(key, castagnoli) % Partitions)
 }
 
-// Entry is a stored key. Entries are immutable once stored: a write replaces
-// the entry, so snapshots (which share entries) never see later writes.
+// Entry is a stored key. A write replaces the entry, or changes it in
+// place while no clone of its store shares it (see Store.gen): snapshots,
+// copies and split stores never see later writes. The bytes of Key and
+// Value are never modified: a caller may keep them, but must copy the
+// Entry itself before the store's lock is let go.
 type Entry struct {
 	Key       []byte
 	Value     []byte
 	Version   hlc.Timestamp // set on every write that stores the key
 	Fence     hlc.Timestamp // fencing token protecting the key; zero if none
 	ExpiresAt int64         // unix ms deadline; 0 if the key does not expire
+	gen       uint64        // the generation of the store that made it
 }
 
 // expired reports whether the entry is past its deadline at now (unix ms).
@@ -154,7 +159,16 @@ type Store struct {
 	limits     Limits
 	bytes      int64
 	maxVersion hlc.Timestamp
+	// gen is this store's generation, unique among stores, new after
+	// every Clone, Split and Merge: an entry of the current generation is
+	// seen by this store alone, so a write may change it in place instead
+	// of replacing it in the tree (a walk down the tree, 1.8 µs of a
+	// durable SET's 26 at 10,000 keys).
+	gen uint64
 }
+
+// generations hands out Store.gen.
+var generations atomic.Uint64
 
 // New returns an empty store.
 func New(limits Limits) *Store {
@@ -163,6 +177,7 @@ func New(limits Limits) *Store {
 		index:  map[string]*Entry{},
 		expiry: btree.NewG(degree, lessExpiry),
 		limits: limits,
+		gen:    generations.Add(1),
 	}
 }
 
@@ -186,6 +201,8 @@ func (s *Store) Clone() *Store {
 	c.keys = s.keys.Clone()
 	c.index = nil // copying it would make Clone cost O(keys)
 	c.expiry = s.expiry.Clone()
+	c.gen = generations.Add(1)
+	s.gen = generations.Add(1) // the entries are shared now
 	return &c
 }
 
@@ -208,8 +225,10 @@ func (s *Store) lookup(key []byte) *Entry {
 
 var probes = sync.Pool{New: func() any { return new(Entry) }}
 
-// keyString is e's key as a map key, sharing its bytes: entries are never
-// modified (see Split).
+// keyString is e's key as a map key, sharing its bytes, which are never
+// modified. Assigning the key again moves the map's key to e's bytes (Go
+// stores the new string), so an entry's old buffer, which also holds its
+// old value, is not kept alive by the index.
 func keyString(e *Entry) string { return unsafe.String(unsafe.SliceData(e.Key), len(e.Key)) }
 
 // Expired returns the version of key's entry if the entry is still stored
@@ -351,24 +370,36 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		}
 		return res, events
 	}
+	res := Result{Outcome: Applied, Version: c.Version}
+	if cur != nil {
+		res.Previous, res.HadPrevious = cur.Value, true
+	}
 	// One allocation holds the key and value, copied out of the command so
 	// the store never aliases a log buffer.
 	buf := make([]byte, len(c.Key)+len(c.Value))
 	n := copy(buf, c.Key)
 	copy(buf[n:], c.Value)
-	e := &Entry{
+	next := Entry{
 		Key:     buf[:n:n],
 		Value:   buf[n:],
 		Version: c.Version,
 		Fence:   fence,
+		gen:     s.gen,
 	}
 	if c.TTL > 0 {
-		e.ExpiresAt = c.Now + c.TTL
+		next.ExpiresAt = c.Now + c.TTL
 	}
-	s.replace(stored, e)
-	res := Result{Outcome: Applied, Version: e.Version}
-	if cur != nil {
-		res.Previous, res.HadPrevious = cur.Value, true
+	e := &next
+	if stored != nil && stored.gen == s.gen {
+		// No clone shares it: changed in place, the tree left as it is
+		// (the key, and so its place, is the same).
+		prev := *stored
+		*stored = next
+		e = stored
+		s.account(&prev, e)
+	} else {
+		s.keys.ReplaceOrInsert(e)
+		s.account(stored, e)
 	}
 	return res, append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
 }
@@ -405,6 +436,12 @@ func (s *Store) fits(stored *Entry, size int64) bool {
 // search, keeping the byte count and expiry index in step.
 func (s *Store) replace(old, e *Entry) {
 	s.keys.ReplaceOrInsert(e)
+	s.account(old, e)
+}
+
+// account brings the index, byte count and expiry index from old (nil if
+// the key is new) to e, which the tree holds now.
+func (s *Store) account(old, e *Entry) {
 	if s.index != nil {
 		s.index[keyString(e)] = e
 	}
@@ -425,8 +462,9 @@ func (s *Store) replace(old, e *Entry) {
 // Split divides the store into n stores by part(key), which must be in
 // [0, n). Each keeps the whole store's maximum version, so versions issued
 // on any part stay above every version the store held. Entries are shared:
-// they are never modified.
+// none of the stores changes them in place.
 func (s *Store) Split(n int, part func(key []byte) int) []*Store {
+	s.gen = generations.Add(1)
 	out := make([]*Store, n)
 	for i := range out {
 		out[i] = New(s.limits)
@@ -440,10 +478,12 @@ func (s *Store) Split(n int, part func(key []byte) int) []*Store {
 }
 
 // Merge joins stores holding different keys (a cluster's groups) into
-// one, with the highest of their maximum versions. Entries are shared.
+// one, with the highest of their maximum versions. Entries are shared, as
+// in Split.
 func Merge(parts []*Store) *Store {
 	out := New(Limits{})
 	for _, p := range parts {
+		p.gen = generations.Add(1)
 		if p.maxVersion.Compare(out.maxVersion) > 0 {
 			out.maxVersion = p.maxVersion
 		}

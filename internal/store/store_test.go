@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"testing"
+	"unsafe"
 
 	"github.com/mqkv/mqkv/internal/hlc"
 )
@@ -328,6 +329,71 @@ func TestCloneIsIsolated(t *testing.T) {
 	h.apply(Command{Op: OpSet, Key: []byte("b"), Value: []byte("3")})
 	if e, _ := snap.Get([]byte("a"), h.now); string(e.Value) != "1" || snap.Len() != 1 {
 		t.Fatalf("clone saw later writes: %+v len %d", e, snap.Len())
+	}
+}
+
+// TestWritesInPlaceStayUnseenByCopies: a write changes the key's entry in
+// place only while no clone, split or merge shares it; what those copies
+// hold never changes, and the store's own indexes stay right.
+func TestWritesInPlaceStayUnseenByCopies(t *testing.T) {
+	h := newHarness(t)
+	set := func(s *Store, v string, ttl int64) {
+		t.Helper()
+		c := Command{Op: OpSet, Key: []byte("a"), Value: []byte(v), TTL: ttl, Version: h.version(), Now: h.now}
+		if r, _ := s.Apply(&c, nil); r.Outcome != Applied {
+			t.Fatalf("SET a %s: %v", v, r.Outcome)
+		}
+	}
+	get := func(s *Store) string {
+		e, ok := s.Get([]byte("a"), h.now)
+		if !ok {
+			return "(none)"
+		}
+		return string(e.Value)
+	}
+	set(h.s, "1", 0)
+	first := h.s.lookup([]byte("a"))
+	set(h.s, "22", 50)
+	if h.s.lookup([]byte("a")) != first {
+		t.Fatal("the second write of a key no copy shares replaced its entry")
+	}
+	clone := h.s.Clone()
+	set(h.s, "333", 0)
+	set(h.s, "4444", 20) // in place again, on the entry made after the clone
+	if got := get(clone); got != "22" {
+		t.Fatalf("the clone sees %q, want 22", got)
+	}
+	parts := h.s.Split(2, func([]byte) int { return 0 })
+	set(h.s, "5", 0)
+	if got := get(parts[0]); got != "4444" {
+		t.Fatalf("the split store sees %q after a write to its source, want 4444", got)
+	}
+	set(parts[0], "66", 0)
+	if got := get(h.s); got != "5" {
+		t.Fatalf("the source sees %q after a write to a split store, want 5", got)
+	}
+	merged := Merge(parts)
+	set(parts[0], "777", 0)
+	if got := get(merged); got != "66" {
+		t.Fatalf("the merge sees %q after a write to a part, want 66", got)
+	}
+	// The store's own accounting after in-place writes, with and without
+	// a deadline.
+	for _, s := range []*Store{h.s, parts[0]} {
+		set(s, "88", 30)
+		set(s, "999", 0)
+		e := s.lookup([]byte("a"))
+		if s.Bytes() != 1+3 || s.expiry.Len() != 0 || s.keys.Len() != 1 {
+			t.Fatalf("bytes %d, expiry items %d, tree %d: want 4, 0, 1", s.Bytes(), s.expiry.Len(), s.keys.Len())
+		}
+		if got, ok := s.keys.Get(&Entry{Key: []byte("a")}); !ok || got != e {
+			t.Fatal("the tree does not hold the changed entry")
+		}
+		for k := range s.index {
+			if unsafe.StringData(k) != &e.Key[0] {
+				t.Fatal("the index's key still holds an old entry's buffer (and so its old value)")
+			}
+		}
 	}
 }
 
