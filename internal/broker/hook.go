@@ -30,6 +30,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnACLCheck,
 		mqtt.OnPublish,
 		mqtt.OnPublishDropped,
+		mqtt.OnQosDropped,
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
 		mqtt.OnPacketRead,
@@ -251,6 +252,20 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 		h.b.Counters.NotificationsDropped.Add(1)
 	}
 	h.b.slowConsumer(cl)
+}
+
+// OnQosDropped counts back the messages a resumed session took with it.
+// mochi (v2.7.9, inheritClientSession) moves the old connection's
+// messages in flight to the new one, then clears them from the old one as
+// if dropped, lowering its count of messages in flight by as many; each
+// later goes once more when acknowledged, and the count, published as
+// $SYS/broker/messages/inflight, went below zero. A taken-over client's
+// messages are not dropped; those of a session that starts clean are
+// cleared before the client is marked taken over, and stay uncounted.
+func (h *hook) OnQosDropped(cl *mqtt.Client, _ packets.Packet) {
+	if cl.IsTakenOver() {
+		atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
+	}
 }
 
 // OnClientExpired ends an expired session's subscriptions: mochi forgets

@@ -371,7 +371,14 @@ func (s *sessions) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	s.mu.Unlock()
 }
 
-func (s *sessions) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { s.OnQosComplete(cl, pk) }
+// OnQosDropped forgets a message given up on, but not one a resumed
+// session took with it (see hook.OnQosDropped): its record, under the
+// same client id and packet id, stays.
+func (s *sessions) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if !cl.IsTakenOver() {
+		s.OnQosComplete(cl, pk)
+	}
+}
 
 // dropPending forgets the client's messages not yet written or deleted.
 func (s *sessions) dropPending(clientID string) {
