@@ -389,7 +389,7 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	if c.TTL > 0 {
 		next.ExpiresAt = c.Now + c.TTL
 	}
-	e := &next
+	var e *Entry
 	if stored != nil && stored.gen == s.gen {
 		// No clone shares it: changed in place, the tree left as it is
 		// (the key, and so its place, is the same).
@@ -398,8 +398,9 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		e = stored
 		s.account(&prev, e)
 	} else {
-		s.keys.ReplaceOrInsert(e)
-		s.account(stored, e)
+		e = new(Entry)
+		*e = next
+		s.replace(stored, e)
 	}
 	return res, append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
 }
