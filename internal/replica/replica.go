@@ -956,9 +956,8 @@ func (g *Group) propose() {
 // entry grew from 13.6 to 22 commands; durable SET +11-20 % at 16 clients
 // with 8-13 % less CPU per SET, +3-17 % at 8 and 32, -1 to +11 % at 64
 // (up to 8 % less CPU), unchanged at 1 and 4 clients and in a three-node
-// cluster. Waiting on a
-// timer matters: a hold woken by each arriving write (tried first) spent
-// what it saved.
+// cluster. Waiting on a timer matters: a hold woken by each arriving
+// write (tried first) spent what it saved.
 func holdFor(prev, queued int, commit time.Duration) time.Duration {
 	if prev < holdWriters || 2*queued >= prev {
 		return 0
