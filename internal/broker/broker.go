@@ -20,6 +20,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/mqkv/mqkv/internal/drain"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/statestore"
@@ -32,6 +33,9 @@ type Handler interface {
 	// Revoke applies a connection's new grant to its KEYNOTIFY
 	// registrations (after a policy change).
 	Revoke(clientID string, conn uint64, g *policy.Grant)
+	// Drain waits until the requests handed to Handle are answered, or
+	// ctx ends; Close calls it once it hands none any more.
+	Drain(ctx context.Context) error
 }
 
 // Listener is one network endpoint clients connect to.
@@ -154,6 +158,12 @@ type Broker struct {
 	wills     wills
 	stop      chan struct{}
 	closeOnce sync.Once
+
+	// Shutting down (see drain): requests are no longer handled, and
+	// those in progress are counted until answered.
+	draining atomic.Bool
+	handling drain.Counter // requests in the handler's Handle
+	writers  drain.Counter // reply writers (see writeReplies)
 }
 
 // New creates a broker with its listeners bound. Call Serve to start it.
@@ -283,13 +293,45 @@ func (b *Broker) Serve() error {
 	return nil
 }
 
-// Close disconnects every client and stops the broker. Session state is
-// flushed and closed.
+// Close answers the requests in progress, then disconnects every client
+// and stops the broker. Session state is flushed and closed.
 func (b *Broker) Close() error {
+	b.drain()
 	b.closeOnce.Do(func() { close(b.stop) })
 	err := b.srv.Close()
 	b.dropWills()
 	return err
+}
+
+// drainTimeout bounds a shutdown's wait for the requests in progress. A
+// write is answered by statestore.RequestTimeout at the latest, even when
+// its group has lost its quorum.
+const drainTimeout = statestore.RequestTimeout + time.Second
+
+// drain ends request handling for a shutdown: requests that arrive from
+// now on are neither handled nor acknowledged (a client sends them again
+// once it reconnects, here after a restart or to another node), and those
+// already handled are answered before their clients are disconnected, so
+// that no client misses the reply to a write that was applied (and, as a
+// persistent session resending it, finds its own SET NX refused).
+func (b *Broker) drain() {
+	b.draining.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	// In order: a request that passed its check (see hook.OnPublish) is
+	// handled, so its write is submitted; then every write is answered,
+	// so its reply is queued; then every queued reply is written.
+	err := b.handling.Wait(ctx)
+	if err == nil {
+		err = b.handler.Drain(ctx)
+	}
+	if err == nil {
+		err = b.writers.Wait(ctx)
+	}
+	if err != nil {
+		b.log.Warn("shutdown: requests still in progress are left unanswered", "waited", drainTimeout,
+			"handling", b.handling.InProgress(), "writers", b.writers.InProgress())
+	}
 }
 
 // sweep forgets connections that ended without mochi reporting it (a

@@ -166,6 +166,16 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		return pk, nil
 	}
+	// Counted before the check, so that a shutdown that begins after it
+	// waits for this request (see Broker.drain).
+	h.b.handling.Start()
+	defer h.b.handling.Done()
+	if h.b.draining.Load() {
+		// Shutting down: neither handled nor acknowledged. The client
+		// sends it again once it reconnects.
+		pk.FixedHeader.Qos, pk.Ignore = 0, true
+		return pk, nil
+	}
 	c := h.b.connOf(cl)
 	if c == nil {
 		return pk, packets.CodeSuccessIgnore

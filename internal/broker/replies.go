@@ -93,6 +93,7 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 				// A writer for this burst of replies: none stays behind
 				// for connections that are idle.
 				cr.writing = true
+				b.writers.Start()
 				go b.writeReplies(cr)
 			}
 			cr.mu.Unlock()
@@ -107,6 +108,7 @@ func (b *Broker) Reply(r *statestore.Request, payload []byte, version hlc.Timest
 // none is left. Once the connection has ended they go through mochi,
 // into the session if it persists.
 func (b *Broker) writeReplies(cr *connReplies) {
+	defer b.writers.Done()
 	var spare []heldReply // the last batch's slice, emptied: the queue's next
 	for {
 		cr.mu.Lock()

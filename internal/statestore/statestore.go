@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/drain"
 	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
@@ -182,6 +183,8 @@ type Service struct {
 	// start: at once where changes always flow, else at the first Follow.
 	historyOn bool
 
+	writes drain.Counter // submitted and not yet answered: see Drain
+
 	// OnReply, if set, is told of every reply (see Reply): the command, its result
 	// (ok, miss, not_applied or error) and how long the request took.
 	OnReply func(Reply)
@@ -208,6 +211,12 @@ func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 	}
 	return s
 }
+
+// Drain waits until every write submitted so far is answered (each ends
+// by RequestTimeout), or ctx ends. A shutdown calls it once no request
+// is handled any more, so that no client loses the reply to a write that
+// was applied.
+func (s *Service) Drain(ctx context.Context) error { return s.writes.Wait(ctx) }
 
 // SetTransport sets the transport; the broker is built after the service.
 func (s *Service) SetTransport(t Transport) { s.transport = t }
@@ -540,8 +549,10 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 	}
 	op := cmd.Op
 	ctx := r.deadlineIn(RequestTimeout)
+	s.writes.Start()
 	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Done: func(res store.Result, err error) {
 		ctx.release()
+		defer s.writes.Done() // once answered
 		switch {
 		case err == nil:
 			// First: the cases below would allocate (errors.As's target)

@@ -172,6 +172,7 @@ type req struct {
 	// so the PUBACK may never come.
 	disconnects     bool
 	noResponseTopic bool
+	corr            []byte // correlation data instead of random bytes
 }
 
 // now returns a valid request timestamp from this process's clock.
@@ -203,9 +204,11 @@ func (rc *rawClient) send(r req) chan *paho.Publish {
 
 // trySend is send for callers that expect the server to go away.
 func (rc *rawClient) trySend(r req) (chan *paho.Publish, error) {
-	var corr []byte
-	corr = make([]byte, 16)
-	rand.Read(corr)
+	corr := r.corr
+	if corr == nil {
+		corr = make([]byte, 16)
+		rand.Read(corr)
+	}
 	reply := make(chan *paho.Publish, 1)
 	rc.mu.Lock()
 	rc.waiting[string(corr)] = reply
