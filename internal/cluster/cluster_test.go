@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -401,5 +403,62 @@ func TestStatusWithoutQuorum(t *testing.T) {
 		if g.Leader != "" || g.Migrating || !sameSet(g.Replicas, []string{"n1", "n2", "n3"}) {
 			t.Fatalf("group %d without quorum: %+v", g.ID, g)
 		}
+	}
+}
+
+// TestWritesFollowALeadershipTransfer: a write that the leader's raft
+// refuses because a leadership transfer is under way (it never enters the
+// log) is sent on to the next leader, not answered with an error. The
+// placement moves leaders this way in normal operation.
+func TestWritesFollowALeadershipTransfer(t *testing.T) {
+	h := newHarness(t, 3, 1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var written atomic.Int64
+	errs := make(chan error, 100)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := set(t, h.nodes[w%3], fmt.Sprintf("t%d", w), fmt.Sprint(i))
+				switch {
+				case err == nil:
+					written.Add(1)
+				case errors.Is(err, replica.ErrOutcomeUnknown):
+					// Leadership lost with the entry in flight: its fate
+					// is for the client to find out, as documented.
+				default:
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for round := 0; round < 6; round++ {
+		before := written.Load()
+		for deadline := time.Now().Add(20 * time.Second); written.Load() < before+20; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: writes stopped at %d", round, written.Load())
+			}
+		}
+		for _, n := range h.nodes {
+			if r := n.local(0); r != nil {
+				if _, leads := r.Leader(); leads {
+					r.Raft().LeadershipTransfer().Error()
+				}
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("a write failed across a leadership transfer: %v", err)
 	}
 }

@@ -26,18 +26,46 @@ const waitStep = 100 * time.Millisecond
 func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 	g := n.groupOf(p.Cmd.Key)
 	if r := n.local(g); r != nil && r.LeaderReady(readyTimeout(ctx)) == nil {
-		err := r.TrySubmit(p)
-		if err == nil {
-			return
+		done := p.Done
+		if r.Replicated() {
+			// Queued, the write may still be refused as not the
+			// leader's: raft takes no entry while a leadership transfer
+			// is under way (the placement moves leaders so). A group of
+			// one never loses its leader, and its writes are spared the
+			// closure.
+			p.Done = n.toLeaderIfRefused(ctx, g, p.Cmd, p.After, done)
 		}
-		if nl := (*replica.NotLeaderError)(nil); errors.As(err, &nl) {
-			go n.submitRemote(ctx, g, p.Cmd, p.After, p.Done) // never logged: try where the leader is
-			return
+		switch err := r.TrySubmit(p); {
+		case err == nil:
+		case isNotLeader(err):
+			go n.submitRemote(ctx, g, p.Cmd, p.After, done)
+		default:
+			done(store.Result{}, err)
 		}
-		p.Done(store.Result{}, err)
 		return
 	}
 	go n.submitRemote(ctx, g, p.Cmd, p.After, p.Done)
+}
+
+// toLeaderIfRefused wraps the Done of a write given to a local replica: a
+// write refused as not the leader's never entered the log, so it goes on
+// to the group's leader, wherever that is now.
+func (n *Node) toLeaderIfRefused(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, done func(store.Result, error)) func(store.Result, error) {
+	return func(res store.Result, err error) {
+		if isNotLeader(err) {
+			go n.submitRemote(ctx, g, cmd, after, done)
+			return
+		}
+		done(res, err)
+	}
+}
+
+func isNotLeader(err error) bool {
+	if err == nil {
+		return false // before the target, which escapes: none allocated
+	}
+	var nl *replica.NotLeaderError
+	return errors.As(err, &nl)
 }
 
 func readyTimeout(ctx context.Context) time.Duration {
@@ -60,8 +88,7 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 					var err error
 					r.Submit(replica.Proposal{Cmd: cmd, After: after, Done: func(rs store.Result, e error) { res, err = rs, e; close(ch) }})
 					<-ch
-					var nl *replica.NotLeaderError
-					if !errors.As(err, &nl) {
+					if !isNotLeader(err) {
 						done(res, err)
 						return
 					}

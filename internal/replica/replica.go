@@ -695,6 +695,11 @@ func (g *Group) ReadReady(timeout time.Duration) error {
 	return g.VerifyLeader()
 }
 
+// Replicated reports whether the group may have replicas on other nodes,
+// so that its leadership can move: false for a single node's group, made
+// without a transport.
+func (g *Group) Replicated() bool { return g.cfg.Transport != nil }
+
 // Voters counts the voters of the group's latest configuration.
 func (g *Group) Voters() int {
 	n := 0
