@@ -729,8 +729,9 @@ func (g *Group) Get(key []byte) (store.Entry, bool) {
 // Ascend calls fn with the live entries whose keys start with prefix,
 // from the first at or after from, in key order, until fn returns false or
 // limit entries were given; it reports whether it ran out of entries
-// (rather than stopping for fn or limit). Entries are immutable: fn may keep
-// them. It holds the store's read lock: fn must not block.
+// (rather than stopping for fn or limit). fn may keep an entry's Key and
+// Value, whose bytes never change, but not the entry (see store.Entry).
+// It holds the store's read lock: fn must not block.
 func (g *Group) Ascend(from, prefix []byte, limit int, fn func(*store.Entry) bool) (exhausted bool) {
 	exhausted = true
 	g.view(func(s *store.Store, now int64) {

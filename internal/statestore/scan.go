@@ -90,7 +90,7 @@ func (s *Service) scan(r *Request, args [][]byte) {
 		examined++
 		last = e.Key
 		if m.Match(e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
-			keys = append(keys, e.Key) // entries are immutable: no copy
+			keys = append(keys, e.Key) // a key's bytes never change: no copy
 		}
 		return true
 	})
