@@ -173,6 +173,10 @@ type clientConn struct {
 
 	win window // the client's Receive Maximum; under wmu
 
+	// Until the CONNACK is written (see holdUntilConnack), under wmu.
+	beforeConnack bool
+	early         []byte // what was written before it
+
 	hurry    atomic.Bool // being ended: writes get endTimeout
 	tooLarge atomic.Bool // an MQTT 5 client sent a packet over the maximum
 }
@@ -214,7 +218,7 @@ func newClientConn(conn net.Conn, maxPacketSize uint32, maxQueued int) (*clientC
 	if size > maxConnectSize {
 		return nil, errConnectTooLarge
 	}
-	c := &clientConn{Conn: conn, head: bytes.Clone(hdr[:n]), r: conn, max: maxPacketSize, maxQueued: maxQueued}
+	c := &clientConn{Conn: conn, head: bytes.Clone(hdr[:n]), r: conn, max: maxPacketSize, maxQueued: maxQueued, beforeConnack: true}
 	if tcp, ok := conn.(*net.TCPConn); ok {
 		c.useRaw(tcp)
 	}
@@ -339,6 +343,11 @@ func (c *clientConn) write(p []byte, reader bool) (int, error) {
 		return 0, c.werr
 	}
 	sent := p
+	if c.beforeConnack {
+		if sent = c.holdUntilConnack(p); sent == nil {
+			return len(p), nil
+		}
+	}
 	if c.win.max > 0 {
 		sent = c.win.admit(p, time.Now())
 	}
@@ -348,6 +357,35 @@ func (c *clientConn) write(p []byte, reader bool) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// holdUntilConnack keeps what is written to the client before its
+// CONNACK, which must be the first packet it gets (MQTT-3.2.0-1): mochi
+// (v2.7.9) registers the connection of a resumed session, so that the
+// session's messages are routed to it, before it writes the CONNACK. It
+// returns nil until the CONNACK comes, then the CONNACK, what was held
+// and the rest of p. Nothing written before a CONNACK that never comes is
+// sent: such a connection is closed.
+func (c *clientConn) holdUntilConnack(p []byte) []byte {
+	for rest := p; len(rest) > 0; {
+		frame, ok := nextFrame(rest)
+		if !ok {
+			break
+		}
+		if frame[0]>>4 == packets.Connack {
+			c.beforeConnack = false
+			out := make([]byte, 0, len(p)+len(c.early))
+			out = append(out, frame...)
+			out = append(out, c.early...)
+			out = append(out, p[:len(p)-len(rest)]...)
+			out = append(out, rest[len(frame):]...)
+			c.early = nil
+			return out
+		}
+		rest = rest[len(frame):]
+	}
+	c.early = append(c.early, p...)
+	return nil
 }
 
 // SetWindow starts counting the client's Receive Maximum (see window);
