@@ -144,8 +144,12 @@ type Broker struct {
 	maxPacketSize   uint32
 	serverKeepAlive uint16
 
-	conns    sync.Map // *mqtt.Client → *conn
-	nextConn atomic.Uint64
+	conns sync.Map // *mqtt.Client → *conn
+	// handovers: a connection whose session another is taking over →
+	// that other, from mochi's OnSessionEstablish to
+	// OnSessionEstablished (see hook.OnQosDropped).
+	handovers sync.Map
+	nextConn  atomic.Uint64
 
 	mu         sync.Mutex
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription

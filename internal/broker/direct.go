@@ -234,6 +234,10 @@ func (b *Broker) deliverDirect(cl *mqtt.Client, t target, out packets.Packet, re
 			b.sessions.OnQosPublish(cl, out, out.Created, 0)
 		}
 		cl.State.Inflight.DecreaseSendQuota()
+		if cl.IsTakenOver() {
+			b.forwardIfTakenOver(cl, out) // see hook.OnQosPublish
+			return
+		}
 	}
 	b.write(cl, frame, 1, reader)
 	b.Counters.DeliveredDirect.Add(1)

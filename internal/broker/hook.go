@@ -26,11 +26,13 @@ func (h *hook) Provides(b byte) bool {
 	switch b {
 	case mqtt.OnConnect,
 		mqtt.OnConnectAuthenticate,
+		mqtt.OnSessionEstablish,
 		mqtt.OnSessionEstablished,
 		mqtt.OnACLCheck,
 		mqtt.OnPublish,
 		mqtt.OnPublishDropped,
 		mqtt.OnQosDropped,
+		mqtt.OnQosPublish,
 		mqtt.OnDisconnect,
 		mqtt.OnPacketEncode,
 		mqtt.OnPacketRead,
@@ -69,9 +71,30 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 	return h.b.connOf(cl) != nil
 }
 
-// OnSessionEstablished cancels a delayed will of the client and judges the subscriptions a resumed session brought
+// OnSessionEstablish: cl is about to take over its client id's session
+// from the connection that holds it, if any (see OnQosDropped).
+func (h *hook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
+	if prev, ok := h.b.srv.Clients.Get(cl.ID); ok && prev != cl {
+		if c := h.b.connOf(cl); c != nil {
+			h.b.handovers.Store(prev, cl)
+			c.from = prev
+		}
+	}
+}
+
+// OnSessionEstablished moves to cl what mochi left with the connection
+// whose session it took over (see takeLeftovers), cancels a delayed will
+// of the client and judges the subscriptions a resumed session brought
 // along against the client's current grant.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	if c := h.b.connOf(cl); c != nil && c.from != nil {
+		prev := c.from
+		c.from = nil
+		h.b.handovers.CompareAndDelete(prev, cl)
+		if prev.IsTakenOver() {
+			h.b.takeLeftovers(cl, prev)
+		}
+	}
 	h.b.routes.changed() // mochi re-adds a resumed session's subscriptions without a hook
 	h.b.cancelWill(cl.ID)
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
@@ -133,6 +156,9 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 	case t == packets.Puback, t == packets.Pubcomp, t == packets.Pubrec && pk.ReasonCode >= 0x80:
 		if cc, ok := cl.Net.Conn.(*clientConn); ok {
 			h.b.acked(cl, cc, pk.PacketID)
+		}
+		if t == packets.Puback && cl.IsTakenOver() {
+			h.b.ackedInHandover(cl, pk.PacketID)
 		}
 	}
 	h.b.subLimits.read(cl, &pk)
@@ -264,17 +290,118 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 	h.b.slowConsumer(cl)
 }
 
-// OnQosDropped counts back the messages a resumed session took with it.
-// mochi (v2.7.9, inheritClientSession) moves the old connection's
-// messages in flight to the new one, then clears them from the old one as
-// if dropped, lowering its count of messages in flight by as many; each
-// later goes once more when acknowledged, and the count, published as
-// $SYS/broker/messages/inflight, went below zero. A taken-over client's
-// messages are not dropped; those of a session that starts clean are
-// cleared before the client is marked taken over, and stay uncounted.
-func (h *hook) OnQosDropped(cl *mqtt.Client, _ packets.Packet) {
-	if cl.IsTakenOver() {
-		atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
+// OnQosDropped keeps the messages of a session being taken over. mochi
+// (v2.7.9, inheritClientSession) copies the old connection's messages in
+// flight to the new one, re-adds the session's subscriptions one by one,
+// and only then clears the old connection's messages as if dropped:
+//   - A copied message was moved, not dropped. mochi lowered its count of
+//     messages in flight for it (published as
+//     $SYS/broker/messages/inflight) and lowers it again once the client
+//     acknowledges it, so it is counted back.
+//   - A message routed to the old connection after the copy (until the
+//     new one is registered, the client id's messages still go there)
+//     would be lost. The new connection takes it, under its packet id
+//     (the session's ids are the old connection's), and mochi resends it
+//     with the others.
+//
+// The session store keeps the records of both (sessions.OnQosDropped). A
+// session that starts clean is cleared before the client is marked taken
+// over: its messages are dropped.
+func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if !cl.IsTakenOver() {
+		return
+	}
+	v, ok := h.b.handovers.Load(cl)
+	if !ok {
+		// Not while mochi hands the session over (a refusal read late
+		// on the old connection): nothing was moved.
+		return
+	}
+	next := v.(*mqtt.Client)
+	if _, moved := next.State.Inflight.Get(pk.PacketID); !moved {
+		next.State.Inflight.Set(pk)
+	}
+	atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
+}
+
+// OnQosPublish catches a message mochi queued on a connection whose
+// session was taken over and handed over already: the publisher found
+// the old connection just before the new one was registered. It goes to
+// the connection that holds the session now.
+func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ int) {
+	h.b.forwardIfTakenOver(cl, pk)
+}
+
+// forwardIfTakenOver moves pk, just queued on cl, to the connection that
+// holds cl's session now, if cl's was taken over and handed over.
+func (b *Broker) forwardIfTakenOver(cl *mqtt.Client, pk packets.Packet) {
+	if !cl.IsTakenOver() {
+		return
+	}
+	if _, handing := b.handovers.Load(cl); handing {
+		return // OnQosDropped or takeLeftovers moves it
+	}
+	if next, ok := b.srv.Clients.Get(cl.ID); ok && next != cl {
+		b.move(next, cl, pk)
+	}
+}
+
+// ackedInHandover: the client acknowledged message id on prev, the
+// connection whose session it is taking over, while mochi hands it over.
+// The copy the new connection took is acknowledged too: else it is sent
+// again, and counted out of the messages in flight a second time.
+func (b *Broker) ackedInHandover(prev *mqtt.Client, id uint16) {
+	v, ok := b.handovers.Load(prev)
+	if !ok {
+		return
+	}
+	next := v.(*mqtt.Client)
+	if _, held := prev.State.Inflight.Get(id); held {
+		next.State.Inflight.Delete(id) // mochi deletes prev's and counts it out
+		return
+	}
+	// Already moved to next (OnQosDropped): done there.
+	if next.State.Inflight.Delete(id) {
+		atomic.AddInt64(&b.srv.Info.Inflight, -1)
+		if b.sessions != nil {
+			b.sessions.OnQosComplete(next, packets.Packet{PacketID: id})
+		}
+	}
+}
+
+// takeLeftovers moves to next the messages mochi queued on prev, whose
+// session next took over, after it copied prev's messages and before it
+// routed the client id's messages to next: left with prev, they were
+// never sent. They go out now, after the messages resent on connect.
+func (b *Broker) takeLeftovers(next, prev *mqtt.Client) {
+	for _, pk := range prev.State.Inflight.GetAll(false) {
+		b.move(next, prev, pk)
+	}
+}
+
+// move moves a message queued on prev to next, and sends it.
+func (b *Broker) move(next, prev *mqtt.Client, pk packets.Packet) {
+	if !prev.State.Inflight.Delete(pk.PacketID) {
+		return
+	}
+	if _, taken := next.State.Inflight.Get(pk.PacketID); taken {
+		// Each connection numbers the messages routed to it from its
+		// own counter: next may use the id already.
+		id, err := next.NextPacketID()
+		if err != nil {
+			atomic.AddInt64(&b.srv.Info.Inflight, -1)
+			atomic.AddInt64(&b.srv.Info.InflightDropped, 1)
+			b.log.Warn("message dropped in a session takeover: packet ids exhausted", "client", next.ID)
+			return
+		}
+		pk.PacketID = uint16(id)
+		if b.sessions != nil {
+			b.sessions.OnQosPublish(next, pk, pk.Created, 0)
+		}
+	}
+	next.State.Inflight.Set(pk) // still counted in flight
+	if err := next.WritePacket(pk); err != nil {
+		b.log.Debug("write failed", "client", next.ID, "error", err)
 	}
 }
 

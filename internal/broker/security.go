@@ -43,6 +43,10 @@ type conn struct {
 	since            time.Time            // when it connected
 	will             atomic.Pointer[will] // nil: none, or already sent
 	replies          connReplies          // see Broker.Reply
+	// from is the connection whose session this one is taking over,
+	// until its leftovers are taken (see Broker.takeLeftovers). Only
+	// the connection's own goroutine, which establishes it, uses it.
+	from *mqtt.Client
 }
 
 var errAuthFailed = errors.New("authentication failed")
