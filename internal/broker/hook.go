@@ -157,9 +157,6 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 		if cc, ok := cl.Net.Conn.(*clientConn); ok {
 			h.b.acked(cl, cc, pk.PacketID)
 		}
-		if t == packets.Puback && cl.IsTakenOver() {
-			h.b.ackedInHandover(cl, pk.PacketID)
-		}
 	}
 	h.b.subLimits.read(cl, &pk)
 	return pk, nil
@@ -172,6 +169,14 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 // numbered for in-order resends (see sequencer), and written to its
 // subscribers here if it can be (see publishDirect).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Qos > 0 && !cl.Net.Inline && h.b.draining.Load() {
+		// Shutting down (see Broker.drain): no QoS 1 or 2 message is
+		// taken or acknowledged any more, a request or not, so that
+		// acknowledgements keep their order (MQTT-4.6.0-2). The client
+		// sends them again once it reconnects.
+		pk.FixedHeader.Qos, pk.Ignore = 0, true
+		return pk, nil
+	}
 	if pk.TopicName != statestore.RequestTopic || cl.Net.Inline {
 		cc, _ := cl.Net.Conn.(*clientConn)
 		if cc != nil {
@@ -197,8 +202,8 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	h.b.handling.Start()
 	defer h.b.handling.Done()
 	if h.b.draining.Load() {
-		// Shutting down: neither handled nor acknowledged. The client
-		// sends it again once it reconnects.
+		// Shutting down, since the check above: neither handled nor
+		// acknowledged (nothing after it is).
 		pk.FixedHeader.Qos, pk.Ignore = 0, true
 		return pk, nil
 	}
@@ -343,29 +348,6 @@ func (b *Broker) forwardIfTakenOver(cl *mqtt.Client, pk packets.Packet) {
 	}
 	if next, ok := b.srv.Clients.Get(cl.ID); ok && next != cl {
 		b.move(next, cl, pk)
-	}
-}
-
-// ackedInHandover: the client acknowledged message id on prev, the
-// connection whose session it is taking over, while mochi hands it over.
-// The copy the new connection took is acknowledged too: else it is sent
-// again, and counted out of the messages in flight a second time.
-func (b *Broker) ackedInHandover(prev *mqtt.Client, id uint16) {
-	v, ok := b.handovers.Load(prev)
-	if !ok {
-		return
-	}
-	next := v.(*mqtt.Client)
-	if _, held := prev.State.Inflight.Get(id); held {
-		next.State.Inflight.Delete(id) // mochi deletes prev's and counts it out
-		return
-	}
-	// Already moved to next (OnQosDropped): done there.
-	if next.State.Inflight.Delete(id) {
-		atomic.AddInt64(&b.srv.Info.Inflight, -1)
-		if b.sessions != nil {
-			b.sessions.OnQosComplete(next, packets.Packet{PacketID: id})
-		}
 	}
 }
 
