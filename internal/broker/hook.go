@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"strings"
 	"sync/atomic"
 
@@ -306,8 +307,9 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 //   - A message routed to the old connection after the copy (until the
 //     new one is registered, the client id's messages still go there)
 //     would be lost. The new connection takes it, under its packet id
-//     (the session's ids are the old connection's), and mochi resends it
-//     with the others.
+//     (the session's ids are the old connection's; one the old
+//     connection used again replaces the copy it was for), and mochi
+//     resends it with the others.
 //
 // The session store keeps the records of both (sessions.OnQosDropped). A
 // session that starts clean is cleared before the client is marked taken
@@ -323,10 +325,20 @@ func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 		return
 	}
 	next := v.(*mqtt.Client)
-	if _, moved := next.State.Inflight.Get(pk.PacketID); !moved {
+	if copied, ok := next.State.Inflight.Get(pk.PacketID); !ok || !sameMessage(copied, pk) {
+		// Not copied: it came after the copy. Or its id was used again
+		// for it once the client acknowledged the copied message on the
+		// old connection: that copy is done with.
 		next.State.Inflight.Set(pk)
 	}
 	atomic.AddInt64(&h.b.srv.Info.Inflight, 1)
+}
+
+// sameMessage reports whether a and b are copies of one message: every
+// message published gets its own order number (see sequencer), which its
+// copies keep until a session resumes with them.
+func sameMessage(a, b packets.Packet) bool {
+	return a.Created == b.Created && a.TopicName == b.TopicName && bytes.Equal(a.Payload, b.Payload)
 }
 
 // OnQosPublish catches a message mochi queued on a connection whose
