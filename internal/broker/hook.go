@@ -388,9 +388,16 @@ func (b *Broker) move(next, prev *mqtt.Client, pk packets.Packet) {
 			b.log.Warn("message dropped in a session takeover: packet ids exhausted", "client", next.ID)
 			return
 		}
+		old := pk.PacketID
 		pk.PacketID = uint16(id)
 		if b.sessions != nil {
 			b.sessions.OnQosPublish(next, pk, pk.Created, 0)
+			// The session's record under the old id is next's own
+			// message's again: the moved one, recorded there when it
+			// was routed to prev, may have replaced it, and a restart
+			// would then resend the moved message twice and next's
+			// never.
+			b.sessions.rerecord(next, old)
 		}
 	}
 	next.State.Inflight.Set(pk) // still counted in flight

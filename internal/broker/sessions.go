@@ -357,6 +357,29 @@ func (s *sessions) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ i
 	s.mu.Unlock()
 }
 
+// rerecord makes the session's record under packet id what cl holds in
+// flight under it now, or removes it if cl holds nothing there. The
+// lookup is made under s.mu: an acknowledgement that removes the message
+// from cl after it reports to OnQosComplete, which waits for s.mu, so the
+// record never outlives the message.
+func (s *sessions) rerecord(cl *mqtt.Client, id uint16) {
+	if !persistent(cl) {
+		return
+	}
+	k := inflightID{cl.ID, id}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if pk, ok := cl.State.Inflight.Get(id); ok {
+		delete(s.pendingDel, k)
+		s.pendingPut[k] = pk
+		s.inflight[k] = struct{}{}
+		return
+	}
+	delete(s.inflight, k)
+	delete(s.pendingPut, k)
+	s.pendingDel[k] = struct{}{}
+}
+
 func (s *sessions) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	k := inflightID{cl.ID, pk.PacketID}
 	s.mu.Lock()
