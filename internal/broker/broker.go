@@ -146,7 +146,7 @@ type Broker struct {
 
 	conns sync.Map // *mqtt.Client → *conn
 	// handovers: a connection whose session another is taking over →
-	// that other, from mochi's OnSessionEstablish to
+	// its *handover, from mochi's OnSessionEstablish to
 	// OnSessionEstablished (see hook.OnQosDropped).
 	handovers sync.Map
 	nextConn  atomic.Uint64

@@ -165,6 +165,11 @@ type clientConn struct {
 
 	writeBy time.Time // the write deadline set on the connection (see sendLocked)
 
+	// The message the acknowledgement being read is for, and its
+	// packet id (0: none); the reader's alone (see hook.OnQosComplete).
+	acking   packets.Packet
+	ackingID uint16
+
 	// The keep-alive read deadline, moved by mochi on every packet read,
 	// is set on the connection lazily (see SetDeadline); Unix nanoseconds,
 	// 0 for none.

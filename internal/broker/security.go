@@ -44,9 +44,14 @@ type conn struct {
 	will             atomic.Pointer[will] // nil: none, or already sent
 	replies          connReplies          // see Broker.Reply
 	// from is the connection whose session this one is taking over,
-	// until its leftovers are taken (see Broker.takeLeftovers). Only
-	// the connection's own goroutine, which establishes it, uses it.
-	from *mqtt.Client
+	// and handover that takeover, until its leftovers are taken (see
+	// Broker.takeLeftovers). Only the connection's own goroutine, which
+	// establishes it, uses them.
+	from     *mqtt.Client
+	handover *handover
+	// On a connection whose session is being taken over: the takeover
+	// (see hook.OnQosComplete).
+	handedTo atomic.Pointer[handover]
 }
 
 var errAuthFailed = errors.New("authentication failed")
