@@ -16,10 +16,12 @@ import (
 // it is rejected; every AIO SDK uses the same minute.
 const MaxDrift = 60 * time.Second
 
-// maxCounter keeps counters within what the .NET client parses (an int32).
-// When a counter would pass it, the clock moves its wall part one millisecond
+// MaxCounter keeps counters within what the .NET client parses (an int32),
+// one below its maximum: a client's clock adds one to the counter of a
+// version it merges, and .NET's refuses to pass int32's maximum. When a
+// counter would pass it, the clock moves its wall part one millisecond
 // forward instead, which keeps timestamps strictly increasing.
-const maxCounter = 1<<31 - 1
+const MaxCounter = 1<<31 - 2
 
 var (
 	// ErrMalformed is returned for a string that is not a timestamp.
@@ -212,7 +214,7 @@ func (c *Clock) tick(remote Timestamp) Timestamp {
 }
 
 func (c *Clock) bump() {
-	if c.last.Counter >= maxCounter {
+	if c.last.Counter >= MaxCounter {
 		c.last.Wall++
 		c.last.Counter = 0
 		return

@@ -133,9 +133,15 @@ func TestClockCounterOverflowMovesWall(t *testing.T) {
 	w := &fakeWall{}
 	w.set(10)
 	c, _ := New("srv", w.now)
-	got := c.Update(Timestamp{Wall: 10, Counter: maxCounter, Node: "c"})
+	got := c.Update(Timestamp{Wall: 10, Counter: MaxCounter, Node: "c"})
 	if want := (Timestamp{11, 0, "srv"}); got != want {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+	// The highest counter issued leaves a client room to add one and stay
+	// within int32, which .NET's clock parses and refuses to pass.
+	got = c.Update(Timestamp{Wall: 11, Counter: MaxCounter - 1, Node: "c"})
+	if want := (Timestamp{11, MaxCounter, "srv"}); got != want || got.Counter+1 > 1<<31-1 {
+		t.Fatalf("got %v, want %v, below int32's maximum", got, want)
 	}
 }
 
