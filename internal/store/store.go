@@ -373,6 +373,13 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	res := Result{Outcome: Applied, Version: c.Version}
 	if cur != nil {
 		res.Previous, res.HadPrevious = cur.Value, true
+	} else if stored != nil {
+		// The write replaces a value that expired before its Expire was
+		// applied. The proposer adds that Expire ahead of a write when it
+		// sees the expired key, but not when the value was set by an
+		// entry not yet applied, or earlier in the same one. Observers
+		// get its DELETE all the same (spec section 5.1), here.
+		events = append(events, Event{Kind: EventDelete, Key: stored.Key, Version: expiredAt(stored.Version, c.Version)})
 	}
 	// One allocation holds the key and value, copied out of the command so
 	// the store never aliases a log buffer.
@@ -403,6 +410,25 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		s.replace(stored, e)
 	}
 	return res, append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
+}
+
+// expiredAt is the version of the DELETE of a value of version old that a
+// write of version v replaces after it expired: just before v, so that it
+// is ordered between the two, as an Expire proposed before the write
+// would be. If nothing lies between them (the clock ran ahead of the wall
+// time, and v followed old directly), v itself.
+func expiredAt(old, v hlc.Timestamp) hlc.Timestamp {
+	prev := v
+	if prev.Counter > 0 {
+		prev.Counter--
+	} else {
+		prev.Wall--
+		prev.Counter = hlc.MaxCounter
+	}
+	if prev.Compare(old) <= 0 {
+		return v
+	}
+	return prev
 }
 
 // checkFence applies the fencing rule of the spec (section 4.4) to a write

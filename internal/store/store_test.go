@@ -251,6 +251,44 @@ func TestExpiredKeyIsAbsentToWrites(t *testing.T) {
 	}
 }
 
+// TestWriteOverAnExpiredValueReportsItsDelete: a write that replaces a
+// value past its deadline, before the value's Expire is applied (the
+// proposer adds one only for values already applied when it proposes),
+// reports the expiry's DELETE first, at a version between the two
+// values', so observers see every expiry (spec section 5.1). A failed
+// write reports nothing; the Expire still comes.
+func TestWriteOverAnExpiredValueReportsItsDelete(t *testing.T) {
+	h := newHarness(t)
+	first, _ := h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("a"), TTL: 1})
+	h.now++
+	if r, evs := h.apply(Command{Op: OpSet, Cond: IfVersion, Expected: first.Version, Key: []byte("k"), Value: []byte("x")}); r.Outcome != NotApplied || len(evs) != 0 {
+		t.Fatalf("a refused write over the expired value: %v, events %+v", r.Outcome, evs)
+	}
+	r, evs := h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("b")})
+	if r.Outcome != Applied || r.HadPrevious {
+		t.Fatalf("write over the expired value: %+v", r)
+	}
+	if len(evs) != 2 || evs[0].Kind != EventDelete || string(evs[0].Key) != "k" || evs[1].Kind != EventSet || string(evs[1].Value) != "b" {
+		t.Fatalf("events %+v, want the DELETE of a, then the SET of b", evs)
+	}
+	if d := evs[0].Version; d.Compare(first.Version) <= 0 || d.Compare(r.Version) >= 0 {
+		t.Fatalf("DELETE at %v, want between %v and %v", d, first.Version, r.Version)
+	}
+	if r, _ := h.apply(Command{Op: OpExpire, Key: []byte("k"), Expected: first.Version}); r.Outcome != Missing {
+		t.Fatalf("the late Expire of a: %v", r.Outcome)
+	}
+
+	// With no version between the two (the clock ran ahead), the DELETE
+	// takes the write's.
+	old := hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}
+	if got := expiredAt(old, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}); got != (hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}) {
+		t.Fatalf("expiredAt right after: %v", got)
+	}
+	if got := expiredAt(old, hlc.Timestamp{Wall: 6, Node: "n1"}); got != (hlc.Timestamp{Wall: 5, Counter: hlc.MaxCounter, Node: "n1"}) {
+		t.Fatalf("expiredAt across a millisecond: %v", got)
+	}
+}
+
 // TestExpiredAwaitsItsExpire: Expired reports the version of an entry past
 // its deadline and not yet removed, and nothing for live entries, keys
 // without a deadline or absent keys.
