@@ -129,7 +129,7 @@ func (m *Metrics) bind(n *Node) {
 	counter("mqkv_mqtt_messages_direct_total", "Messages written to a subscriber by the publishing connection itself, not through the broker's per-client queue.", func() float64 {
 		return float64(n.Broker.Counters.DeliveredDirect.Load())
 	})
-	counter("mqkv_notifications_dropped_total", "Notifications a full client queue refused.", func() float64 {
+	counter("mqkv_notifications_dropped_total", "Notifications not sent: refused by a full client queue, or about a key too long for an MQTT topic.", func() float64 {
 		return float64(n.Broker.Counters.NotificationsDropped.Load())
 	})
 	gauge("mqkv_keynotify_registrations", "Active KEYNOTIFY registrations.", func() float64 {

@@ -434,6 +434,15 @@ func (b *Broker) Deliver(clientID string, connID uint64, topic string, payload [
 	if c := b.connOf(cl); c == nil || c.id != connID {
 		return false // that connection is gone; its registrations end with it
 	}
+	if len(topic) > statestore.MaxTopicLength {
+		// A key of more than about 32 KiB matched a pattern: mochi would
+		// write the topic's length in two bytes, truncated, and the
+		// client would read garbage and drop the connection (and, for a
+		// persistent session, again on every resend).
+		b.Counters.NotificationsDropped.Add(1)
+		b.log.Warn("notification dropped: the key is too long for an MQTT topic", "client", clientID, "topic_bytes", len(topic))
+		return false
+	}
 	if cl.State.Inflight.Len() >= int(b.srv.Options.Capabilities.MaximumInflight) {
 		// The client acknowledges nothing and its session is full: mochi
 		// would refuse the message too, but count it as a queue-full
@@ -464,6 +473,29 @@ func (b *Broker) ensureNotifySubscription(cl *mqtt.Client) {
 		b.routes.changed()
 	}
 	b.notifySubs[cl.ID] = cl
+}
+
+// notifyUnsubscribed notes that cl unsubscribed filters. The broker's
+// subscription to cl's notification topics has the filter a client may
+// subscribe to itself, and the topic index keeps one subscription per
+// client and filter: a client that subscribed to it and unsubscribed again
+// removed the broker's too. The next notification subscribes again.
+func (b *Broker) notifyUnsubscribed(cl *mqtt.Client, filters packets.Subscriptions) {
+	if cl == nil || len(filters) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.notifySubs[cl.ID] != cl {
+		return
+	}
+	own := notifyFilter(cl.ID)
+	for _, f := range filters {
+		if f.Filter == own {
+			delete(b.notifySubs, cl.ID)
+			return
+		}
+	}
 }
 
 // dropNotifySubscription removes the broker-side subscription of a

@@ -336,7 +336,10 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 // index changed (see routes).
 func (h *hook) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.b.routes.changed() }
 
-func (h *hook) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.b.routes.changed() }
+func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	h.b.routes.changed()
+	h.b.notifyUnsubscribed(cl, pk.Filters)
+}
 
 func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 	if strings.HasPrefix(pk.TopicName, statestore.NotifyPrefix) {

@@ -41,6 +41,17 @@ func NotifyTopic(clientID string, key []byte) string {
 	return NotifyClientPrefix(clientID) + hexUpper(key)
 }
 
+// MaxTopicLength is MQTT's limit on a topic name, whose length is sent in
+// two bytes: a notification about a key of more than about 32 KiB does not
+// fit (spec section 1.3).
+const MaxTopicLength = 65535
+
+// notifyTopicFits reports whether NotifyTopic(clientID, key) fits in an
+// MQTT topic, for a key of keyLen bytes.
+func notifyTopicFits(clientID string, keyLen int) bool {
+	return len(NotifyPrefix)+len("/")+2*len(clientID)+len("/command/notify/")+2*keyLen <= MaxTopicLength
+}
+
 // NotifyClientPrefix returns the notification topic of clientID up to (and
 // including) the '/' before the key level.
 func NotifyClientPrefix(clientID string) string {
@@ -647,6 +658,12 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		}
 	} else if _, e := s.checkKey(r, key, policy.Read); e != "" {
 		s.fail(r, e)
+		return
+	} else if !stop && !notifyTopicFits(r.ClientID, len(key)) {
+		// Its notifications could not be sent: refused now rather than
+		// dropped later. (A pattern's keys are only known as they change:
+		// the transport drops what does not fit.)
+		s.fail(r, resp.ErrQuotaExceeded)
 		return
 	}
 	if f, ok := s.router.(follower); ok && !stop {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -198,4 +199,59 @@ func TestRawExpiryNotificationIsPrompt(t *testing.T) {
 	if late := got.Sub(replied.Add(px)); late > bound {
 		t.Fatalf("DELETE arrived %v after the deadline", late)
 	}
+}
+
+// TestRawNotificationsFitInATopic: a notification's topic holds the key in
+// hex, and MQTT caps a topic at 65535 bytes, so a key of more than about
+// 32 KiB cannot be observed (spec section 1.3). KEYNOTIFY refuses it; a
+// pattern that matches it delivers nothing for it. Before, the PUBLISH
+// went out with its topic length truncated, and the observer's connection
+// died on it (and, in a persistent session, on every resend).
+func TestRawNotificationsFitInATopic(t *testing.T) {
+	s := startServer(t)
+	obs := dialRaw(t, s, "observer-long", rawOpts{cleanStart: true})
+	w := dialRaw(t, s, "writer-long", rawOpts{cleanStart: true})
+	long, fits := strings.Repeat("k", 40000), strings.Repeat("k", 30000)
+	expectPayload(t, obs.call("KEYNOTIFY", long), "-ERR the quota has been exceeded\r\n")
+	expectPayload(t, obs.call("KEYNOTIFY", fits), "+OK\r\n")
+	expectPayload(t, w.call("SET", fits, "v"), "+OK\r\n")
+	expectNotification(t, obs, fits, notifySet+"$1\r\nv\r\n")
+
+	expectPayload(t, obs.call("KEYNOTIFY", "k*", "PATTERN"), "+OK\r\n")
+	expectPayload(t, w.call("SET", long, "v"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "kk", "v"), "+OK\r\n")
+	// The next notification is kk's, on a connection that still works.
+	expectNotification(t, obs, "kk", notifySet+"$1\r\nv\r\n")
+	expectPayload(t, obs.call("GET", "kk"), "$1\r\nv\r\n")
+	if !clusterMode() {
+		if n := s.Broker().Counters.NotificationsDropped.Load(); n != 1 {
+			t.Fatalf("%d notifications counted as dropped, want the long key's", n)
+		}
+	}
+}
+
+// TestRawNotificationsSurviveUnsubscribingTheirFilter: the broker's own
+// subscription to a client's notification topics has the filter the
+// client may subscribe to itself, and the topic index holds one
+// subscription per client and filter. A client that subscribed to it and
+// unsubscribed again still gets its notifications (spec section 0, item
+// 10); before, it removed the broker's subscription with its own.
+func TestRawNotificationsSurviveUnsubscribingTheirFilter(t *testing.T) {
+	s := startServer(t)
+	obs := dialRaw(t, s, "observer-unsub", rawOpts{cleanStart: true})
+	w := dialRaw(t, s, "writer-unsub", rawOpts{cleanStart: true})
+	expectPayload(t, obs.call("KEYNOTIFY", "k"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "k", "a"), "+OK\r\n")
+	expectNotification(t, obs, "k", notifySet+"$1\r\na\r\n")
+	filter := statestore.NotifyClientPrefix(obs.id) + "#"
+	if code := obs.subscribe(filter, 1); code != 1 {
+		t.Fatalf("SUBACK %d", code)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := obs.c.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{filter}}); err != nil {
+		t.Fatal(err)
+	}
+	expectPayload(t, w.call("SET", "k", "b"), "+OK\r\n")
+	expectNotification(t, obs, "k", notifySet+"$1\r\nb\r\n")
 }
