@@ -253,7 +253,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			b.closeSessions()
 			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
 		}
-		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize, maxQueued: int(cfg.MaxOutbound)}
+		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, ended: b.connEnded, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize, maxQueued: int(cfg.MaxOutbound)}
 		b.listeners = append(b.listeners, l)
 		if err := srv.AddListener(l); err != nil {
 			b.closeListeners()

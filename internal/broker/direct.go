@@ -307,8 +307,10 @@ func (b *Broker) acked(cl *mqtt.Client, cc *clientConn, id uint16) {
 }
 
 // unhold writes the messages mochi held back for the client's Receive
-// Maximum (its records' Expiry -1), oldest first, with their expiry
-// restored as mochi set it when it routed them.
+// Maximum (its records' Expiry -1), oldest first, with an expiry from now:
+// mochi's own, set when it routed them, is lost, and Created is an order
+// number (see sequencer), not a time. They were held an instant (see
+// countWindow).
 func (b *Broker) unhold(cl *mqtt.Client) {
 	held := cl.State.Inflight.GetAll(true)
 	if len(held) == 0 || cl.Closed() {
@@ -318,7 +320,7 @@ func (b *Broker) unhold(cl *mqtt.Client) {
 	for _, m := range held {
 		m.Expiry = 0
 		if e := nonZeroMin(b.srv.Options.Capabilities.MaximumMessageExpiryInterval, int64(m.Properties.MessageExpiryInterval)); e > 0 {
-			m.Expiry = m.Created + e
+			m.Expiry = time.Now().Unix() + e
 		}
 		cl.State.Inflight.Set(m)
 		if err := cl.WritePacket(m); err != nil {

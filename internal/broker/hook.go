@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -64,6 +65,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	// definition while later ones that use it went ahead.
 	cl.Properties.Props.TopicAliasMaximum = 0
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
+		cc.client = cl
 		cc.onSlow(func() { h.b.slowConsumer(cl) })
 		h.b.countWindow(cl, cc)
 	}
@@ -87,6 +89,37 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 			}
 		}
 	}
+}
+
+// endHandover ends the takeover cl began, if any: once its session is
+// established, or when its connection ended before (see connEnded). What
+// mochi left on the old connection moves on.
+func (b *Broker) endHandover(cl *mqtt.Client, c *conn) {
+	if c.from == nil {
+		return
+	}
+	prev, ho := c.from, c.handover
+	c.from, c.handover = nil, nil
+	b.handovers.CompareAndDelete(prev, ho)
+	b.settle(ho)
+	if prev.IsTakenOver() {
+		b.takeLeftovers(cl, prev)
+	}
+}
+
+// connEnded runs on a connection's goroutine once mochi is done with it.
+// mochi (v2.7.9) reports neither OnSessionEstablished nor OnDisconnect
+// for a connection whose CONNACK or resend failed, after it took over a
+// session: its takeover is ended here (else the messages left on the old
+// connection were never sent, and both connections were kept for ever),
+// and the connection forgotten.
+func (b *Broker) connEnded(cl *mqtt.Client) {
+	c := b.connOf(cl)
+	if c == nil {
+		return // forgotten at OnDisconnect
+	}
+	b.endHandover(cl, c)
+	b.forget(cl, c)
 }
 
 // handover is one session takeover: next takes the session of the
@@ -125,14 +158,8 @@ func (b *Broker) settle(ho *handover) {
 // of the client and judges the subscriptions a resumed session brought
 // along against the client's current grant.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
-	if c := h.b.connOf(cl); c != nil && c.from != nil {
-		prev, ho := c.from, c.handover
-		c.from, c.handover = nil, nil
-		h.b.handovers.CompareAndDelete(prev, ho)
-		if prev.IsTakenOver() {
-			h.b.takeLeftovers(cl, prev)
-		}
-		h.b.settle(ho)
+	if c := h.b.connOf(cl); c != nil {
+		h.b.endHandover(cl, c)
 	}
 	h.b.routes.changed() // mochi re-adds a resumed session's subscriptions without a hook
 	h.b.cancelWill(cl.ID)
@@ -367,8 +394,13 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 // session that starts clean is cleared before the client is marked taken
 // over: its messages are dropped.
 func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
-	if !cl.IsTakenOver() {
+	if !cl.IsTakenOver() || pk.FixedHeader.Type == 0 {
+		// Type 0: mochi's expiry sweep reports each message it dropped
+		// twice, the second time by packet id alone.
 		return
+	}
+	if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
+		return // expired: dropped, not moved
 	}
 	v, ok := h.b.handovers.Load(cl)
 	if !ok {
@@ -459,12 +491,26 @@ func (b *Broker) forwardIfTakenOver(cl *mqtt.Client, pk packets.Packet) {
 	if !cl.IsTakenOver() {
 		return
 	}
-	if _, handing := b.handovers.Load(cl); handing {
-		return // OnQosDropped or takeLeftovers moves it
-	}
-	if next, ok := b.srv.Clients.Get(cl.ID); ok && next != cl {
+	if next := b.holder(cl); next != cl {
 		b.move(next, cl, pk)
 	}
+}
+
+// holder is the connection that holds cl's session now: cl, unless a
+// later connection took it over and mochi has handed it over (while it
+// hands it over, OnQosDropped or takeLeftovers moves what cl gets).
+func (b *Broker) holder(cl *mqtt.Client) *mqtt.Client {
+	for cl.IsTakenOver() {
+		if _, handing := b.handovers.Load(cl); handing {
+			return cl
+		}
+		cur, ok := b.srv.Clients.Get(cl.ID)
+		if !ok || cur == cl {
+			return cl
+		}
+		cl = cur
+	}
+	return cl
 }
 
 // takeLeftovers moves to next the messages mochi queued on prev, whose
@@ -477,34 +523,35 @@ func (b *Broker) takeLeftovers(next, prev *mqtt.Client) {
 	}
 }
 
-// move moves a message queued on prev to next, and sends it.
+// move moves a message queued on prev to next (or to the connection that
+// took next's session over since), and sends it.
 func (b *Broker) move(next, prev *mqtt.Client, pk packets.Packet) {
 	if !prev.State.Inflight.Delete(pk.PacketID) {
 		return
 	}
-	if _, taken := next.State.Inflight.Get(pk.PacketID); taken {
-		// Each connection numbers the messages routed to it from its
-		// own counter: next may use the id already.
-		id, err := next.NextPacketID()
-		if err != nil {
-			atomic.AddInt64(&b.srv.Info.Inflight, -1)
-			atomic.AddInt64(&b.srv.Info.InflightDropped, 1)
-			b.log.Warn("message dropped in a session takeover: packet ids exhausted", "client", next.ID)
-			return
-		}
-		old := pk.PacketID
-		pk.PacketID = uint16(id)
-		if b.sessions != nil {
-			b.sessions.OnQosPublish(next, pk, pk.Created, 0)
-			// The session's record under the old id is next's own
-			// message's again: the moved one, recorded there when it
-			// was routed to prev, may have replaced it, and a restart
-			// would then resend the moved message twice and next's
-			// never.
-			b.sessions.rerecord(next, old)
-		}
+	next = b.holder(next)
+	// Under an id from next's own counter: pk's came from prev's, and
+	// next may use it already, or give it out between a check and the
+	// Set. The order number, which orders resends, stays.
+	id, err := next.NextPacketID()
+	if err != nil {
+		atomic.AddInt64(&b.srv.Info.Inflight, -1)
+		atomic.AddInt64(&b.srv.Info.InflightDropped, 1)
+		b.log.Warn("message dropped in a session takeover: packet ids exhausted", "client", next.ID)
+		return
 	}
+	old := pk.PacketID
+	pk.PacketID = uint16(id)
 	next.State.Inflight.Set(pk) // still counted in flight
+	if b.sessions != nil {
+		b.sessions.OnQosPublish(next, pk, pk.Created, 0)
+		// The session's record under the old id is next's own
+		// message's, if it has one there, else none: the moved one,
+		// recorded there when it was routed to prev, may have replaced
+		// it, and a restart would then resend the moved message twice
+		// and next's never.
+		b.sessions.rerecord(next, old)
+	}
 	if err := next.WritePacket(pk); err != nil {
 		b.log.Debug("write failed", "client", next.ID, "error", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"io"
 	"log/slog"
 	"net"
@@ -16,7 +15,9 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // DefaultConnectTimeout is how long a new connection has to complete its
@@ -49,6 +50,9 @@ type listener struct {
 	connectTimeout time.Duration
 	maxPacketSize  uint32
 	maxQueued      int
+	// ended is called with a connection's client once mochi is done
+	// with it (see Broker.connEnded).
+	ended func(*mqtt.Client)
 	// closeClients disconnects the listener's clients. mochi's own closer
 	// (Clients.GetByListener) takes the clients lock twice for reading and
 	// deadlocks when a client's disconnect queues for the write lock in
@@ -114,6 +118,9 @@ func (l *listener) run(establish listeners.EstablishFn, conn net.Conn) {
 	c, err := newClientConn(conn, l.maxPacketSize, l.maxQueued)
 	if err == nil {
 		err = establish(l.id, c)
+		if c.client != nil && l.ended != nil {
+			l.ended(c.client)
+		}
 	}
 	if err != nil {
 		l.log.Debug("connection ended", "listener", l.id, "remote", conn.RemoteAddr().String(), "error", err)
@@ -164,6 +171,10 @@ type clientConn struct {
 	replyDue atomic.Int64
 
 	writeBy time.Time // the write deadline set on the connection (see sendLocked)
+
+	// The connection's client, once mochi made it (see hook.OnConnect);
+	// its goroutine's alone.
+	client *mqtt.Client
 
 	// The message the acknowledgement being read is for, and its
 	// packet id (0: none); the reader's alone (see hook.OnQosComplete).

@@ -346,8 +346,16 @@ func (s *sessions) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ i
 	if pk.FixedHeader.Type != packets.Publish || !persistent(cl) {
 		return
 	}
-	if held, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+	held, ok := cl.State.Inflight.Get(pk.PacketID)
+	switch {
+	case ok:
 		pk = held
+	case cl.IsTakenOver():
+		// Moved to the connection that took the session over, which
+		// recorded it under its own id (see Broker.move): recorded
+		// here, under this id, it could replace another message's
+		// record.
+		return
 	}
 	k := inflightID{cl.ID, pk.PacketID}
 	s.mu.Lock()
