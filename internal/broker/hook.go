@@ -128,8 +128,8 @@ type handover struct {
 	next *mqtt.Client
 
 	mu      sync.Mutex
-	settled bool             // next's message map is its own (see settle)
-	acked   []packets.Packet // messages acknowledged on the old connection before that
+	settled bool      // next's message map is its own (see settle)
+	acked   []message // messages acknowledged on the old connection before that
 }
 
 // settle says that mochi is done with next's message map: it copied the
@@ -227,12 +227,12 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 			h.b.acked(cl, cc, pk.PacketID)
 			// Kept for a takeover that may copy the message before mochi
 			// deletes it (see OnQosComplete).
-			cc.acking, _ = cl.State.Inflight.Get(pk.PacketID)
-			cc.ackingID = pk.PacketID
+			m, _ := cl.State.Inflight.Get(pk.PacketID)
+			cc.acking = messageOf(m)
 		}
 	case t == packets.Publish:
-		if cc, ok := cl.Net.Conn.(*clientConn); ok && cc.ackingID != 0 {
-			cc.ackingID = 0 // the completion of an inbound message is not an acknowledgement's
+		if cc, ok := cl.Net.Conn.(*clientConn); ok && cc.acking.id != 0 {
+			cc.acking = message{} // the completion of an inbound message is not an acknowledgement's
 		}
 	}
 	h.b.subLimits.read(cl, &pk)
@@ -435,12 +435,12 @@ func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 // CONNACK (see sequencer).
 func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	cc, ok := cl.Net.Conn.(*clientConn)
-	if !ok || cc.ackingID == 0 {
+	if !ok || cc.acking.id == 0 {
 		return
 	}
-	m, id := cc.acking, cc.ackingID
-	cc.acking, cc.ackingID = packets.Packet{}, 0
-	if !cl.IsTakenOver() || id != pk.PacketID || m.FixedHeader.Type == 0 {
+	m := cc.acking
+	cc.acking = message{}
+	if !cl.IsTakenOver() || m.id != pk.PacketID {
 		return
 	}
 	c := h.b.connOf(cl)
@@ -464,18 +464,35 @@ func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 // ackedBeforeHandover counts back m, acknowledged on the connection whose
 // session next took, if next holds a copy of it: the copy's own
 // acknowledgement lowers the count again.
-func (b *Broker) ackedBeforeHandover(next *mqtt.Client, m packets.Packet) {
-	if copied, ok := next.State.Inflight.Get(m.PacketID); ok && sameMessage(copied, m) {
+func (b *Broker) ackedBeforeHandover(next *mqtt.Client, m message) {
+	if copied, ok := next.State.Inflight.Get(m.id); ok && m.is(copied) {
 		atomic.AddInt64(&b.srv.Info.Inflight, 1)
 	}
+}
+
+// message is what tells a message in flight from another: its packet id
+// (0: none), and what sameMessage compares.
+type message struct {
+	id      uint16
+	created int64
+	topic   string
+	payload []byte
+}
+
+// messageOf is pk's; a message not found (the zero packet) has id 0.
+func messageOf(pk packets.Packet) message {
+	return message{pk.PacketID, pk.Created, pk.TopicName, pk.Payload}
+}
+
+// is reports whether pk is a copy of m (see sameMessage).
+func (m message) is(pk packets.Packet) bool {
+	return m.created == pk.Created && m.topic == pk.TopicName && bytes.Equal(m.payload, pk.Payload)
 }
 
 // sameMessage reports whether a and b are copies of one message: every
 // message published gets its own order number (see sequencer), which its
 // copies keep until a session resumes with them.
-func sameMessage(a, b packets.Packet) bool {
-	return a.Created == b.Created && a.TopicName == b.TopicName && bytes.Equal(a.Payload, b.Payload)
-}
+func sameMessage(a, b packets.Packet) bool { return messageOf(a).is(b) }
 
 // OnQosPublish catches a message mochi queued on a connection whose
 // session was taken over and handed over already: the publisher found

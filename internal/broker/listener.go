@@ -176,10 +176,9 @@ type clientConn struct {
 	// its goroutine's alone.
 	client *mqtt.Client
 
-	// The message the acknowledgement being read is for, and its
-	// packet id (0: none); the reader's alone (see hook.OnQosComplete).
-	acking   packets.Packet
-	ackingID uint16
+	// The message the acknowledgement being read is for; the reader's
+	// alone (see hook.OnQosComplete).
+	acking message
 
 	// The keep-alive read deadline, moved by mochi on every packet read,
 	// is set on the connection lazily (see SetDeadline); Unix nanoseconds,
