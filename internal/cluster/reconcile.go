@@ -167,7 +167,9 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 	}
 	// 3. A voter no longer placed here: remove it once the group has its
 	// placed replicas as voters (hand leadership over first if it is this
-	// node).
+	// node). Not before: while a newcomer catches up as a non-voter, the
+	// group keeps as many voters as its placement has, so that it keeps a
+	// quorum when one more node fails, or the newcomer never arrives.
 	voters := 0
 	for _, id := range want {
 		if suffrage[id] == raft.Voter {
@@ -176,7 +178,7 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 	}
 	for _, s := range cfg.Servers {
 		id := string(s.ID)
-		if slices.Contains(want, id) || voters < len(want) && len(cfg.Servers) <= len(want) {
+		if slices.Contains(want, id) || voters < len(want) {
 			continue
 		}
 		if id == n.cfg.NodeID {
