@@ -26,6 +26,7 @@ type harness struct {
 	links       []*peer.Link
 	dirs        []string
 	events      []chan []store.Event
+	gaps        []chan hlc.Timestamp // what each node's OnEventsGap heard
 	groups      int
 }
 
@@ -53,6 +54,7 @@ func (h *harness) start(i int) {
 		h.links = append(h.links, nil)
 		h.dirs = append(h.dirs, h.t.TempDir())
 		h.events = append(h.events, make(chan []store.Event, 10000))
+		h.gaps = append(h.gaps, make(chan hlc.Timestamp, 100))
 	}
 	id := fmt.Sprintf("n%d", i+1)
 	listen := "127.0.0.1:0"
@@ -70,9 +72,10 @@ func (h *harness) start(i int) {
 			join = []string{h.links[1].Addr()}
 		}
 	}
-	ev := h.events[i]
+	ev, gaps := h.events[i], h.gaps[i]
 	node, err := Start(Config{NodeID: id, Dir: h.dirs[i], Link: link, Join: join, Groups: h.groups, RF: 3, Logger: quiet(), DeadNodeTimeout: h.deadTimeout,
-		OnEvents: func(e []store.Event) { ev <- append([]store.Event(nil), e...) }})
+		OnEvents:    func(e []store.Event) { ev <- append([]store.Event(nil), e...) },
+		OnEventsGap: func(v hlc.Timestamp) { gaps <- v }})
 	if err != nil {
 		link.Close()
 		h.t.Fatalf("start %s: %v", id, err)

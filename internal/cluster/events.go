@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
@@ -88,12 +89,16 @@ func (r *ring) position() uint64 {
 
 // since returns the entries after index, the last index applied, and a
 // channel closed at the next change; ok is false if the ring no longer
-// (or not yet) holds everything after index.
+// (or not yet) holds everything after index. Then last is the earliest
+// position it can serve (0: none).
 func (r *ring) since(index uint64) (out []entryEvents, last uint64, wake <-chan struct{}, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.known || index < r.floor {
-		return nil, r.last, r.wake, false
+	if !r.known {
+		return nil, 0, r.wake, false
+	}
+	if index < r.floor {
+		return nil, r.floor, r.wake, false
 	}
 	for i := len(r.entries) - 1; i >= 0 && r.entries[i].Index > index; i-- {
 		out = r.entries[i:]
@@ -101,18 +106,23 @@ func (r *ring) since(index uint64) (out []entryEvents, last uint64, wake <-chan 
 	return append([]entryEvents(nil), out...), max(r.last, index), r.wake, true
 }
 
+// errEventsTruncated answers a follower whose position a ring no longer
+// holds: it fell further behind than a ring keeps.
+const errEventsTruncated = "events truncated"
+
 // follower delivers the node's change events to its OnEvents.
 type follower struct {
 	n         *Node
 	mu        sync.Mutex
 	rings     map[int]*ring
 	following map[int]chan struct{} // group → closed once it has a position
+	gapped    map[int]bool          // group → changes were lost; OnEventsGap awaits the next
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
 
 func newFollower(n *Node) *follower {
-	return &follower{n: n, rings: map[int]*ring{}, following: map[int]chan struct{}{}, stop: make(chan struct{})}
+	return &follower{n: n, rings: map[int]*ring{}, following: map[int]chan struct{}{}, gapped: map[int]bool{}, stop: make(chan struct{})}
 }
 
 // local returns the OnEvents of this node's replica of g.
@@ -229,7 +239,7 @@ func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) b
 			return served
 		}
 		served = true
-		f.deliver(entries)
+		f.deliver(g, entries)
 		mark(last)
 		select {
 		case <-wake:
@@ -260,25 +270,52 @@ func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64)) {
 			}
 		}
 	}
+	var resume uint64 // where a member that no longer holds the cursor can go on
 	for _, id := range candidates {
-		if f.stream(g, id, cursor, mark) {
+		got, from := f.stream(g, id, cursor, mark)
+		if got {
 			return
 		}
+		if resume == 0 {
+			resume = from
+		}
+	}
+	if resume > *cursor {
+		// No member holds the changes after the cursor any more: this
+		// node lost them. Go on from where one can serve, rather than
+		// asking for them for ever, and say so (see gap).
+		f.n.log.Warn("change events lost: this node fell behind the group's event rings; notifications between are not delivered here", "group", g, "from", *cursor, "to", resume)
+		f.gap(g)
+		mark(resume)
 	}
 }
 
-// stream follows g from member id; it reports whether it got anywhere.
-func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) bool {
+// gap notes that group g's changes after the cursor were lost to this
+// node. OnEventsGap hears of it now, and again with the version of the
+// first change delivered after it.
+func (f *follower) gap(g int) {
+	f.mu.Lock()
+	already := f.gapped[g]
+	f.gapped[g] = true
+	f.mu.Unlock()
+	if !already && f.n.cfg.OnEventsGap != nil {
+		f.n.cfg.OnEventsGap(hlc.Timestamp{})
+	}
+}
+
+// stream follows g from member id; it reports whether it got anywhere,
+// and if the member no longer holds the cursor, from where it could go on.
+func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) (got bool, resume uint64) {
 	n := f.n
 	addr := n.addrOf(id)
 	if addr == "" {
-		return false
+		return false, 0
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	s, err := n.link.Open(ctx, addr, peer.KindCall, nil)
 	cancel()
 	if err != nil {
-		return false
+		return false, 0
 	}
 	c := peer.NewConn(s)
 	defer c.Close()
@@ -296,39 +333,53 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) b
 	}()
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor}) != nil {
-		return false
+		return false, 0
 	}
-	got := false
 	switchAt := time.Now().Add(10 * time.Second)
 	for {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var resp callResp
-		if err := c.Receive(&resp); err != nil || resp.Kind != errNone {
-			return got
+		if err := c.Receive(&resp); err != nil {
+			return got, 0
+		}
+		if resp.Kind != errNone {
+			if resp.Kind == errOther && resp.Err == errEventsTruncated {
+				return got, resp.Last
+			}
+			return got, 0
 		}
 		select {
 		case <-f.stop:
-			return got
+			return got, 0
 		default:
 		}
 		got = true
-		f.deliver(resp.Events)
+		f.deliver(g, resp.Events)
 		mark(resp.Last)
 		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) {
 			if _, _, _, ok := r.since(*cursor); ok {
-				return true // this node's replica has caught up: use it
+				return true, 0 // this node's replica has caught up: use it
 			}
 			switchAt = time.Now().Add(10 * time.Second)
 		}
 	}
 }
 
-func (f *follower) deliver(entries []entryEvents) {
-	if f.n.cfg.OnEvents == nil {
-		return
-	}
+func (f *follower) deliver(g int, entries []entryEvents) {
 	for _, e := range entries {
-		if len(e.Events) > 0 {
+		if len(e.Events) == 0 {
+			continue
+		}
+		f.mu.Lock()
+		gapped := f.gapped[g]
+		delete(f.gapped, g)
+		f.mu.Unlock()
+		if gapped && f.n.cfg.OnEventsGap != nil {
+			// Every change lost has a lower version: versions grow
+			// along a group's log.
+			f.n.cfg.OnEventsGap(e.Events[0].Version)
+		}
+		if f.n.cfg.OnEvents != nil {
 			f.n.cfg.OnEvents(e.Events)
 		}
 	}
@@ -347,7 +398,7 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 	for {
 		entries, last, wake, ok := r.since(since)
 		if !ok {
-			c.Send(callResp{Kind: errOther, Err: "events truncated"})
+			c.Send(callResp{Kind: errOther, Err: errEventsTruncated, Last: last})
 			return
 		}
 		c.SetWriteDeadline(time.Now().Add(5 * time.Second))

@@ -81,6 +81,12 @@ type Config struct {
 	// DeadNodeTimeout, if set, removes a member that has not answered for
 	// that long (see deadWatch).
 	DeadNodeTimeout time.Duration
+	// OnEventsGap, if set, hears that this node lost some changes of a
+	// group it follows (it fell further behind than the members' event
+	// rings keep): first with the zero version, then, once the group's
+	// changes are delivered again, with the version of the first. Every
+	// change lost has a lower one.
+	OnEventsGap func(resume hlc.Timestamp)
 }
 
 // Node is a running node.

@@ -21,6 +21,7 @@ import (
 	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
 	"github.com/mqkv/mqkv/internal/peer"
@@ -238,6 +239,11 @@ func Start(cfg Config) (*Server, error) {
 			svc.Events(ev)
 		}
 	}
+	onEventsGap := func(resume hlc.Timestamp) {
+		if svc := service.Load(); svc != nil {
+			svc.EventsGap(resume)
+		}
+	}
 	var timings replica.Timings
 	var metrics *admin.Metrics
 	if cfg.AdminListen != "" {
@@ -272,6 +278,7 @@ func Start(cfg Config) (*Server, error) {
 		Logger:   cfg.Logger,
 		Disk:     s.disk,
 
+		OnEventsGap:     onEventsGap,
 		DeadNodeTimeout: cfg.Cluster.DeadNodeTimeout,
 	})
 	if err != nil {

@@ -82,6 +82,7 @@ type history struct {
 	bytes  int64
 	sweep  int           // next partition to check for old changes
 	latest hlc.Timestamp // the greatest version added (or start's)
+	gaps   int           // losses of changes not yet bounded (see gap)
 }
 
 func newHistory(limits HistoryLimits) *history {
@@ -100,6 +101,25 @@ func (h *history) begin(from hlc.Timestamp) {
 	}
 	for i := range h.parts {
 		h.parts[i].floor = from
+	}
+}
+
+// gap records that changes were lost to this node (in a cluster, a node
+// that fell too far behind a group it follows). With the zero version the
+// loss is not bounded yet: every SINCE is truncated. With resume, every
+// change lost is below it: a SINCE from below it stays truncated. The
+// loss is charged to every partition, as the history does not know which
+// partitions the group holds.
+func (h *history) gap(resume hlc.Timestamp) {
+	if resume.IsZero() {
+		h.gaps++
+		return
+	}
+	h.gaps = max(h.gaps-1, 0)
+	for i := range h.parts {
+		if resume.Compare(h.parts[i].floor) > 0 {
+			h.parts[i].floor = resume
+		}
 	}
 }
 
@@ -153,8 +173,8 @@ func (h *history) trim(p *partitionLog, now time.Time, written bool) {
 // no longer reaches back to v, is disabled, or holds more than maxReplay
 // such changes.
 func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change, bool) {
-	if h.limits.PerPartition <= 0 {
-		return nil, false // nothing is kept
+	if h.limits.PerPartition <= 0 || h.gaps > 0 {
+		return nil, false // nothing is kept, or changes were lost
 	}
 	var out []change
 	collect := func(p *partitionLog) bool {

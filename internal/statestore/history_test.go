@@ -122,3 +122,40 @@ func TestPartitionLogRing(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryGap: changes lost before they reached the history (a
+// cluster node that fell behind a group's event rings) make every SINCE
+// truncated until the loss is bounded, and a SINCE from below the first
+// version after it truncated for good; one from there on replays.
+func TestHistoryGap(t *testing.T) {
+	h := newHistory(HistoryLimits{PerPartition: 10, MaxBytes: 1 << 20})
+	h.begin(hlc.Timestamp{Wall: 1})
+	at := func(wall int64) hlc.Timestamp { return hlc.Timestamp{Wall: wall, Node: "n"} }
+	set := func(key string, wall int64) {
+		h.add([]store.Event{{Kind: store.EventSet, Key: []byte(key), Value: []byte("v"), Version: at(wall)}}, time.Now())
+	}
+	set("a", 2)
+	if _, ok := h.since([]byte("a"), nil, at(1)); !ok {
+		t.Fatal("no replay before any loss")
+	}
+	h.gap(hlc.Timestamp{}) // lost: changes of unknown versions
+	set("b", 3)
+	for _, k := range []string{"a", "b"} {
+		if _, ok := h.since([]byte(k), nil, at(3)); ok {
+			t.Fatalf("%s replayed while the loss is not bounded", k)
+		}
+	}
+	h.gap(at(5)) // every change lost is below 5, the next one delivered
+	set("c", 5)
+	if _, ok := h.since([]byte("a"), nil, at(4)); ok {
+		t.Fatal("a SINCE from below the first version after the loss replayed")
+	}
+	got, ok := h.since([]byte("c"), nil, at(5))
+	if !ok || len(got) != 0 {
+		t.Fatalf("SINCE the first version after the loss: %v %v", got, ok)
+	}
+	set("c", 6)
+	if got, ok := h.since([]byte("c"), nil, at(5)); !ok || len(got) != 1 || got[0].Version != at(6) {
+		t.Fatalf("SINCE 5 after a change at 6: %v %v", got, ok)
+	}
+}

@@ -814,6 +814,15 @@ func (s *Service) Events(events []store.Event) {
 	clear(s.observing[:cap(s.observing)]) // hold no observer past the batch
 }
 
+// EventsGap hears that changes were lost to this node before they reached
+// Events (see cluster.Config.OnEventsGap): KEYNOTIFY ... SINCE answers
+// "history truncated" where they could be missing.
+func (s *Service) EventsGap(resume hlc.Timestamp) {
+	s.dispatch.Lock()
+	defer s.dispatch.Unlock()
+	s.history.gap(resume)
+}
+
 func notifyPayload(kind store.EventKind, value []byte) []byte {
 	if kind == store.EventSet {
 		return resp.AppendNotifySet(nil, value)

@@ -1,0 +1,89 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// TestFollowerGoesOnAfterFallingBehindTheRings: a node that follows a
+// group from other members' event rings, and falls further behind than
+// they keep (cut off while 10 MiB of values are written, rings keep 8),
+// goes on delivering the group's changes once it is back, and reports
+// the loss (OnEventsGap: first the zero version, then that of the first
+// change delivered after it). Before, it asked for the lost position
+// for ever: the group's notifications stopped on that node until it
+// restarted.
+func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
+	h := newHarness(t, 4, 1)
+	f := -1
+	for i, n := range h.nodes {
+		if !slices.Contains(n.state.Load().Placement()[0], n.cfg.NodeID) {
+			f = i
+		}
+	}
+	if f < 0 {
+		t.Fatal("every node holds a replica of group 0")
+	}
+	via := h.nodes[(f+1)%4]
+	if err := h.nodes[f].Follow(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := set(t, via, "before", "v"); err != nil || res.Outcome != store.Applied {
+		t.Fatal(res, err)
+	}
+	awaitEvent(t, h.events[f], "before")
+	h.links[f].Isolate(true)
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	for i := 0; i < 10; i++ {
+		done := make(chan error, 1)
+		via.Submit(ctx(t), replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("big", i)), Value: big},
+			Done: func(_ store.Result, err error) { done <- err }})
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.links[f].Isolate(false)
+	if res, err := set(t, via, "after", "v"); err != nil || res.Outcome != store.Applied {
+		t.Fatal(res, err)
+	}
+	awaitEvent(t, h.events[f], "after")
+	for i, want := range []string{"the loss", "the first version after it"} {
+		select {
+		case v := <-h.gaps[f]:
+			if v.IsZero() != (i == 0) {
+				t.Fatalf("OnEventsGap heard %v for %s", v, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("OnEventsGap never heard of %s", want)
+		}
+	}
+	select {
+	case v := <-h.gaps[f]:
+		t.Fatalf("OnEventsGap heard %v more", v)
+	default:
+	}
+}
+
+// awaitEvent waits until an event about key arrives on ch.
+func awaitEvent(t *testing.T, ch chan []store.Event, key string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case evs := <-ch:
+			for _, e := range evs {
+				if string(e.Key) == key {
+					return
+				}
+			}
+		case <-deadline:
+			t.Fatalf("no event for %q within 20 s", key)
+		}
+	}
+}
