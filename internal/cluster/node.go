@@ -186,12 +186,14 @@ func (n *Node) startAlone() error {
 	return nil
 }
 
-// watchFailure stops the node when a group cannot go on.
+// watchFailure stops the node when a group cannot go on. It ends with
+// the group: a replica dropped from this node is not kept alive by it.
 func (n *Node) watchFailure(g *replica.Group) {
 	go func() {
 		select {
 		case <-g.Failed():
 			n.Fail(g.Err())
+		case <-g.Closing():
 		case <-n.stop:
 		}
 	}()

@@ -599,6 +599,9 @@ func (f *Fault) Err() error {
 // Clock returns the group's hybrid logical clock.
 func (g *Group) Clock() *hlc.Clock { return g.clock }
 
+// Closing is closed once Close is called.
+func (g *Group) Closing() <-chan struct{} { return g.closing }
+
 // Submit queues a write. It blocks only while the queue is full, which
 // slows the caller down when the log cannot keep up. A replica that does
 // not lead fails it at once with a *NotLeaderError.
