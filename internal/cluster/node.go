@@ -377,12 +377,18 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 	if err != nil {
 		return nil, fmt.Errorf("group %d: %w", g, err)
 	}
+	tr := n.transport(uint32(g))
 	r, err := replica.Open(replica.Config{
 		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Log: log, Limits: limits, Clock: n.clock,
-		Transport: n.transport(uint32(g)), Bootstrap: boot,
+		Transport: tr, Bootstrap: boot,
 		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log, Disk: n.cfg.Disk,
 	})
 	if err != nil {
+		// The reconciler tries again soon: each try would leave a
+		// transport and its goroutine behind.
+		if c, ok := tr.(raft.WithClose); ok {
+			c.Close()
+		}
 		return nil, fmt.Errorf("group %d: %w", g, err)
 	}
 	n.mu.Lock()
