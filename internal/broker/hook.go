@@ -78,8 +78,8 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 
 // OnSessionEstablish: cl is about to take over its client id's session
 // from the connection that holds it, if any (see OnQosDropped).
-func (h *hook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
-	if prev, ok := h.b.srv.Clients.Get(cl.ID); ok && prev != cl {
+func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
+	if prev, ok := h.b.srv.Clients.Get(cl.ID); ok && prev != cl && resumes(pk, prev) {
 		if c := h.b.connOf(cl); c != nil {
 			ho := &handover{next: cl}
 			h.b.handovers.Store(prev, ho)
@@ -120,6 +120,15 @@ func (b *Broker) connEnded(cl *mqtt.Client) {
 	}
 	b.endHandover(cl, c)
 	b.forget(cl, c)
+}
+
+// resumes reports whether a connection that sent pk takes prev's session
+// over, as mochi (v2.7.9, inheritClientSession) decides: not if it starts
+// clean, nor if prev's MQTT 3 session was clean. A session started clean
+// takes nothing along, not even what reaches the old connection late
+// (MQTT-3.1.2-4).
+func resumes(pk packets.Packet, prev *mqtt.Client) bool {
+	return !pk.Connect.Clean && !(prev.Properties.Clean && prev.Properties.ProtocolVersion < 5)
 }
 
 // handover is one session takeover: next takes the session of the
