@@ -219,8 +219,10 @@ func (n *Node) caughtUp(id string, g int, index uint64) bool {
 }
 
 // dropIfRemoved closes this node's replica of g once the group's leader no
-// longer counts it as a member. A removed replica is not told: it learns
-// by asking.
+// longer counts it as a member in a committed configuration: a removal
+// not committed yet can be undone by the next leader, and the replica
+// would then be a voter whose data is gone. A removed replica is not
+// told: it learns by asking.
 func (n *Node) dropIfRemoved(g int) {
 	leader := n.leaderOf(g)
 	if leader == "" || leader == n.cfg.NodeID {
@@ -229,7 +231,7 @@ func (n *Node) dropIfRemoved(g int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var resp callResp
-	if err := n.call(ctx, leader, callReq{Op: opConfig, Group: g}, &resp); err != nil || resp.Kind != errNone {
+	if err := n.call(ctx, leader, callReq{Op: opConfig, Group: g}, &resp); err != nil || resp.Kind != errNone || !resp.Committed {
 		return
 	}
 	for _, s := range resp.Servers {

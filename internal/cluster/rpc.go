@@ -68,6 +68,7 @@ type callResp struct {
 	Exhausted  bool
 	Applied    map[int]uint64
 	Servers    []server
+	Committed  bool // opConfig: Servers is the committed configuration
 	Status     *Status
 	Events     []entryEvents // opEvents frames
 	Last       uint64        // opEvents: the index the frame leaves its reader at
@@ -142,7 +143,9 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 			}
 			resp.Snapshot = buf.Bytes()
 		case opConfig:
-			resp.Servers = configOf(r)
+			f := r.Raft().GetConfiguration()
+			resp.Servers = serversOf(f.Configuration())
+			resp.Committed = f.Error() == nil && r.Raft().CommitIndex() >= f.Index()
 		}
 	case opMeta:
 		return n.metaHere(req.Meta)
@@ -313,8 +316,12 @@ func (n *Node) join() error {
 
 // configOf lists a group's servers as its replica knows them.
 func configOf(r *replica.Group) []server {
+	return serversOf(r.Raft().GetConfiguration().Configuration())
+}
+
+func serversOf(cfg raft.Configuration) []server {
 	var out []server
-	for _, s := range r.Raft().GetConfiguration().Configuration().Servers {
+	for _, s := range cfg.Servers {
 		out = append(out, server{ID: string(s.ID), Voter: s.Suffrage == raft.Voter})
 	}
 	return out
