@@ -3,7 +3,6 @@ package broker
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -18,12 +17,7 @@ import (
 // every such connection kept two clients alive for good.
 func TestAbortedTakeoverLeavesNoHandover(t *testing.T) {
 	b := startTestBroker(t, "")
-	expiry := uint32(300)
-	w := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: true,
-		Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
-	w.subscribe(1, "t/x")
-	w.conn.Close()
-	eventuallyR(t, "offline", func() bool { return b.ClientsConnected() == 0 })
+	props := offlineSession(t, b, nil)
 
 	pub := dialR(t, b.Addr(), packets.Connect{ClientID: "pub", CleanStart: true})
 	payload := bytes.Repeat([]byte("x"), 200)
@@ -38,17 +32,7 @@ func TestAbortedTakeoverLeavesNoHandover(t *testing.T) {
 	eventuallyR(t, "pub gone", func() bool { return b.ClientsConnected() == 0 })
 	const attempts = 10
 	for range attempts {
-		conn, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := packets.Connect{ClientID: "s", CleanStart: false, ProtocolName: "MQTT", ProtocolVersion: 5, KeepAlive: 30,
-			Properties: &packets.Properties{SessionExpiryInterval: &expiry}}
-		if _, err := c.WriteTo(conn); err != nil {
-			t.Fatal(err)
-		}
-		conn.(*net.TCPConn).SetLinger(0)
-		conn.Close() // RST
+		resumeAndReset(t, b, props)
 		for b.ClientsConnected() != 0 {
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -62,8 +46,8 @@ func TestAbortedTakeoverLeavesNoHandover(t *testing.T) {
 	}
 
 	// A good connection afterwards still gets the session's messages.
-	w = dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false,
-		Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
+	w := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false,
+		Properties: props})
 	w.send(&packets.Pingreq{})
 	for {
 		if _, ok := w.next().Content.(*packets.Pingresp); ok {

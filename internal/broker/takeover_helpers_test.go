@@ -97,6 +97,40 @@ func (w *rwire) subscribe(id uint16, filter string) {
 	}
 }
 
+// offlineSession leaves a persistent session "s" subscribed to t/x at QoS
+// 1, its client gone, and returns the Session Expiry Interval it has;
+// props, if set, are its CONNECT's (with that interval).
+func offlineSession(t *testing.T, b *Broker, props *packets.Properties) *packets.Properties {
+	t.Helper()
+	if props == nil {
+		props = &packets.Properties{}
+	}
+	expiry := uint32(300)
+	props.SessionExpiryInterval = &expiry
+	w := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: true, Properties: props})
+	w.subscribe(1, "t/x")
+	w.conn.Close()
+	eventuallyR(t, "offline", func() bool { return b.ClientsConnected() == 0 })
+	return props
+}
+
+// resumeAndReset sends a CONNECT that resumes session "s" and resets the
+// connection at once (RST): mochi's CONNACK or resend to it fails, after
+// it took the session over.
+func resumeAndReset(t *testing.T, b *Broker, props *packets.Properties) {
+	t.Helper()
+	conn, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := packets.Connect{ClientID: "s", ProtocolName: "MQTT", ProtocolVersion: 5, KeepAlive: 30, Properties: props}
+	if _, err := c.WriteTo(conn); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+}
+
 func eventuallyR(t *testing.T, what string, f func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); !f(); time.Sleep(5 * time.Millisecond) {

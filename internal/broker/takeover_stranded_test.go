@@ -3,7 +3,6 @@ package broker
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,12 +20,7 @@ import (
 // b.handovers), 7 to 200 of a burst.
 func TestAbortedTakeoverStrandsNoMessage(t *testing.T) {
 	b := startTestBroker(t, "")
-	expiry := uint32(300)
-	w := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: true,
-		Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
-	w.subscribe(1, "t/x")
-	w.conn.Close()
-	eventuallyR(t, "offline", func() bool { return b.ClientsConnected() == 0 })
+	props := offlineSession(t, b, nil)
 
 	pub := dialR(t, b.Addr(), packets.Connect{ClientID: "pub", CleanStart: true})
 	payload := bytes.Repeat([]byte("x"), 100)
@@ -64,17 +58,7 @@ func TestAbortedTakeoverStrandsNoMessage(t *testing.T) {
 		}(next)
 		next += 300
 		time.Sleep(500 * time.Microsecond)
-		conn, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := packets.Connect{ClientID: "s", CleanStart: false, ProtocolName: "MQTT", ProtocolVersion: 5, KeepAlive: 30,
-			Properties: &packets.Properties{SessionExpiryInterval: &expiry}}
-		if _, err := c.WriteTo(conn); err != nil {
-			t.Fatal(err)
-		}
-		conn.(*net.TCPConn).SetLinger(0)
-		conn.Close()
+		resumeAndReset(t, b, props)
 		eventuallyR(t, "the aborted connection handled", func() bool {
 			cur, _ := b.srv.Clients.Get("s")
 			return cur != before && cur.Closed() && b.ClientsConnected() <= 1
@@ -84,7 +68,7 @@ func TestAbortedTakeoverStrandsNoMessage(t *testing.T) {
 		// reaches --max-queued.
 		{
 			g := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false,
-				Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
+				Properties: props})
 			g.send(&packets.Pingreq{})
 			for pong := false; !pong; {
 				switch p := g.next().Content.(type) {
@@ -112,7 +96,7 @@ func TestAbortedTakeoverStrandsNoMessage(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	n := int(published.Load())
 	g := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false,
-		Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
+		Properties: props})
 	for {
 		g.conn.SetReadDeadline(time.Now().Add(time.Second))
 		cp, err := packets.ReadPacket(g.conn)

@@ -52,12 +52,7 @@ func (s *sweepDuringHandover) OnQosDropped(cl *mqtt.Client, _ mpackets.Packet) {
 // Now an empty packet is ignored.
 func TestExpirySweepDuringHandover(t *testing.T) {
 	b := startTestBroker(t, "")
-	expiry := uint32(300)
-	w := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: true,
-		Properties: &packets.Properties{SessionExpiryInterval: &expiry}})
-	w.subscribe(1, "t/x")
-	w.conn.Close()
-	eventuallyR(t, "offline", func() bool { return b.ClientsConnected() == 0 })
+	props := offlineSession(t, b, nil)
 
 	pub := dialR(t, b.Addr(), packets.Connect{ClientID: "pub", CleanStart: true})
 	life := uint32(30)
@@ -73,10 +68,9 @@ func TestExpirySweepDuringHandover(t *testing.T) {
 	if err := b.srv.AddHook(sw, nil); err != nil {
 		t.Fatal(err)
 	}
-	expiry2 := expiry
 	for attempt := range 3 {
 		c := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false,
-			Properties: &packets.Properties{SessionExpiryInterval: &expiry2}})
+			Properties: props})
 		var got []string
 		c.conn.SetReadDeadline(time.Now().Add(time.Second))
 		c.send(&packets.Pingreq{})

@@ -17,15 +17,8 @@ import (
 // billions of seconds, or was taken for expired.
 func TestHeldMessageKeepsItsExpiry(t *testing.T) {
 	b := startTestBroker(t, "")
-	expiry := uint32(300)
 	rm := uint16(2)
-	props := func() *packets.Properties {
-		return &packets.Properties{SessionExpiryInterval: &expiry, ReceiveMaximum: &rm}
-	}
-	w := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: true, Properties: props()})
-	w.subscribe(1, "t/x")
-	w.conn.Close()
-	eventuallyR(t, "offline", func() bool { return b.ClientsConnected() == 0 })
+	props := offlineSession(t, b, &packets.Properties{ReceiveMaximum: &rm})
 
 	pub := dialR(t, b.Addr(), packets.Connect{ClientID: "pub", CleanStart: true})
 	life := uint32(3600)
@@ -54,7 +47,7 @@ func TestHeldMessageKeepsItsExpiry(t *testing.T) {
 			}
 		}()
 		time.Sleep(time.Millisecond)
-		c := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false, Properties: props()})
+		c := dialR(t, b.Addr(), packets.Connect{ClientID: "s", CleanStart: false, Properties: props})
 		for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
 			c.conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 			cp, err := packets.ReadPacket(c.conn)
