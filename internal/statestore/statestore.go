@@ -550,6 +550,11 @@ func (s *Service) del(r *Request, args [][]byte, op store.Op) {
 // applied SET answers with the value it replaced (SET ... GET).
 func (s *Service) write(r *Request, cmd store.Command, get bool) {
 	ts, e := s.checkKey(r, cmd.Key, policy.Write)
+	if e == "" && get && !r.Grant.CanAccess(cmd.Key, policy.Read) {
+		// SET ... GET answers with the value it replaced: a read.
+		s.Counters.Denied.Add(1)
+		e = resp.ErrNotAuthorized
+	}
 	if e != "" {
 		s.fail(r, e)
 		return

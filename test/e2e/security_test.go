@@ -252,13 +252,20 @@ spec:
         stateStoreResources:
           - method: Read
             keys: ["config/*", "shared"]
+      - principals:
+          usernames: ["scribe"]
+        brokerResources:
+          - method: Connect
+        stateStoreResources:
+          - method: Write
+            keys: ["config/*"]
 `
 
 // policyServer starts a server with testPolicy and the users writer/w,
-// reader/r and nobody/n; connect returns the client (nil if refused) and
-// the CONNACK.
+// reader/r, scribe/s and nobody/n; connect returns the client (nil if
+// refused) and the CONNACK.
 func policyServer(t *testing.T) (s *testServer, connect func(id, user, pass string) (*rawClient, *paho.Connack)) {
-	pw := writePasswords(t, "writer", "w", "reader", "r", "nobody", "n")
+	pw := writePasswords(t, "writer", "w", "reader", "r", "scribe", "s", "nobody", "n")
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
 	os.WriteFile(pol, []byte(testPolicy), 0o600)
 	s = startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
@@ -296,8 +303,14 @@ func TestPolicy(t *testing.T) {
 	for _, args := range [][]string{{"SET", "config/site*", "x"}, {"DEL", "config/site*"}, {"VDEL", "config/site*", "v"}, {"SET", "shared", "x"}} {
 		expectPayload(t, r.call(args...), "-ERR not authorized\r\n")
 	}
+	// Write-only: SET yes, but not SET ... GET, which answers with the
+	// value it replaces (a read).
+	sc, _ := connect("scribe-1", "scribe", "s")
+	expectPayload(t, sc.call("SET", "config/scribe", "v"), "+OK\r\n")
+	expectPayload(t, sc.call("GET", "config/site*"), "-ERR not authorized\r\n")
+	expectPayload(t, sc.call("SET", "config/site*", "x", "GET"), "-ERR not authorized\r\n")
 	expectPayload(t, w.call("GET", "config/site*"), "$1\r\nv\r\n") // nothing changed
-	if s.Service().Counters.Denied.Load() < 7 {
+	if s.Service().Counters.Denied.Load() < 9 {
 		t.Fatalf("denied counter %d", s.Service().Counters.Denied.Load())
 	}
 
