@@ -21,6 +21,9 @@ import (
 type Security struct {
 	Passwords      *auth.Passwords      // nil: no password authentication
 	CertAttributes *auth.CertAttributes // attributes for certificate subjects
+	// Certificates says that clients may be verified by certificate (a
+	// client CA is configured).
+	Certificates bool
 	// AllowAnonymous admits clients that present neither a password nor a
 	// verified certificate.
 	AllowAnonymous bool
@@ -128,8 +131,11 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 }
 
 // authConfigured reports whether clients are told apart by credentials.
+// With certificates and anonymous clients both admitted, an anonymous
+// client is someone else than a certificate's subject, and may not take
+// over its session.
 func authConfigured(sec *Security) bool {
-	return sec.Passwords != nil || sec.CertAttributes != nil || !sec.AllowAnonymous
+	return sec.Passwords != nil || sec.CertAttributes != nil || sec.Certificates || !sec.AllowAnonymous
 }
 
 func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) {

@@ -81,6 +81,7 @@ func securityOf(cfg Config) (broker.Security, error) {
 	}
 	authConfigured := cfg.PasswordFile != "" || cfg.TLSClientCA != ""
 	sec.AllowAnonymous = cfg.AllowAnonymous || !authConfigured
+	sec.Certificates = cfg.TLSClientCA != ""
 	if !authConfigured {
 		cfg.Logger.Warn("authentication is off: no --password-file or --tls-client-ca, every client is admitted anonymously")
 	}

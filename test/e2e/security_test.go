@@ -175,6 +175,41 @@ func writePasswords(t *testing.T, users ...string) string {
 	return file
 }
 
+// TestCertificateSessionIsItsSubjects: with client certificates and
+// anonymous clients both admitted (--tls-client-ca, optional
+// certificates, --allow-anonymous, no password file), a session made by a
+// certificate's subject cannot be taken over by an anonymous client that
+// reuses its client id (it would get the messages queued there). Before,
+// only passwords and certificate attributes counted as authentication.
+func TestCertificateSessionIsItsSubjects(t *testing.T) {
+	p := newPKI(t)
+	s := startServer(t, inMemory(), withTLS(p, true), func(c *server.Config) {
+		c.TLSClientCertOptional, c.AllowAnonymous = true, true
+	})
+	conn, err := p.dialTLS(t, s.Addrs()["tls"], "sensor-17")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := dialRaw(t, s, "sensor-17", rawOpts{cleanStart: true, sessionExpiry: 300, noSubscribe: true, conn: conn})
+	if code := dev.subscribe("commands/sensor-17", 1); code != 1 {
+		t.Fatalf("SUBACK 0x%02x", code)
+	}
+	dev.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the device offline", func() bool { return s.Broker().ClientsConnected() == 0 })
+	thief, ack, _ := connectRaw(t, "sensor-17", rawOpts{sessionExpiry: 300, noSubscribe: true, conn: dialTCP(t, s.Addr())})
+	if thief != nil || ack == nil || ack.ReasonCode != 0x87 {
+		t.Fatalf("an anonymous client resuming a certificate subject's session: CONNACK %+v, want 0x87", ack)
+	}
+	// The subject itself resumes it.
+	conn, err = p.dialTLS(t, s.Addrs()["tls"], "sensor-17")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, ack, _ := connectRaw(t, "sensor-17", rawOpts{sessionExpiry: 300, noSubscribe: true, conn: conn}); back == nil || !ack.SessionPresent {
+		t.Fatalf("the subject resuming its session: CONNACK %+v", ack)
+	}
+}
+
 func TestPasswordAuthentication(t *testing.T) {
 	file := writePasswords(t, "alice", "wonderland")
 	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile = file })
