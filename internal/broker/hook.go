@@ -221,7 +221,8 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 }
 
 // OnPacketRead keeps the client's packet ids apart from the server's (see
-// idSpace) and bounds what a SUBSCRIBE may add (see subscriptionLimits).
+// idSpace), bounds what a SUBSCRIBE may add (see subscriptionLimits), and
+// resolves a PUBLISH's topic alias.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	h.b.ids.read(cl, &pk)
 	if code := h.b.protocolError(cl, &pk); code != packets.CodeSuccess {
@@ -229,6 +230,13 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 		// lost (see endConnection).
 		endConnection(cl, code)
 		return pk, code
+	}
+	if pk.FixedHeader.Type == packets.Publish && pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 {
+		// mochi (v2.7.9) checks a PUBLISH's authorization before it
+		// resolves its alias: an aliased PUBLISH (no topic name) was
+		// authorized for the empty topic. Resolved here, every check
+		// sees its topic; mochi's own resolution then finds it set.
+		pk.TopicName = cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, pk.TopicName)
 	}
 	switch t := pk.FixedHeader.Type; {
 	case t == packets.Puback, t == packets.Pubcomp, t == packets.Pubrec && pk.ReasonCode >= 0x80:

@@ -357,6 +357,20 @@ func TestPolicy(t *testing.T) {
 	if res, _ := w.c.Publish(ctx, &paho.Publish{Topic: "telemetry/device-2/temp", QoS: 1, Payload: []byte("1")}); res == nil || res.ReasonCode != 0x87 {
 		t.Fatalf("denied publish: PUBACK %+v, want 0x87", res)
 	}
+	// A PUBLISH by topic alias is authorized for the aliased topic
+	// (before, for the empty topic name: refused whatever the alias).
+	for _, tc := range []struct {
+		alias uint16
+		topic string
+		code  byte
+	}{{1, "telemetry/device-1/temp", 0}, {2, "telemetry/device-2/temp", 0x87}} {
+		for _, topic := range []string{tc.topic, ""} {
+			res, _ := w.c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: []byte("1"), Properties: &paho.PublishProperties{TopicAlias: &tc.alias}})
+			if res == nil || res.ReasonCode != tc.code {
+				t.Fatalf("publish to %q by alias %d (topic %q sent): PUBACK %+v, want 0x%02x", tc.topic, tc.alias, topic, res, tc.code)
+			}
+		}
+	}
 	if code := w.subscribe("commands/device-1", 1); code != 1 {
 		t.Fatalf("allowed subscribe: %d", code)
 	}
