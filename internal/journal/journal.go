@@ -880,9 +880,18 @@ type Log struct {
 }
 
 var (
-	_ raft.LogStore    = (*Log)(nil)
-	_ raft.StableStore = (*Log)(nil)
+	_ raft.LogStore          = (*Log)(nil)
+	_ raft.StableStore       = (*Log)(nil)
+	_ raft.MonotonicLogStore = (*Log)(nil)
 )
+
+// IsMonotonic implements raft.MonotonicLogStore: a group's entries follow
+// one another without gaps, so once a snapshot is installed raft must
+// remove all of the group's entries. Otherwise it keeps its trailing ones,
+// and the leader's next entry, right after the snapshot, cannot follow
+// them: the follower never takes an entry again, and the leader sends the
+// snapshot over and over.
+func (l *Log) IsMonotonic() bool { return true }
 
 // Group returns group id's view of the journal.
 func (j *Journal) Group(id uint32) *Log { return &Log{j: j, id: id} }

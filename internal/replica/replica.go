@@ -825,6 +825,13 @@ type timedLogs struct {
 
 func (t timedLogs) StoreLog(l *raft.Log) error { return t.StoreLogs([]*raft.Log{l}) }
 
+// IsMonotonic passes the log's on (see journal.Log.IsMonotonic): raft
+// looks for it on the store it is given.
+func (t timedLogs) IsMonotonic() bool {
+	m, ok := t.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 func (t timedLogs) StoreLogs(logs []*raft.Log) error {
 	start := time.Now()
 	err := t.LogStore.StoreLogs(logs)
