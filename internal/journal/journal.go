@@ -243,7 +243,10 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 	s := &segment{seq: seq, f: f, size: int64(len(data)), filled: int64(len(data))}
 	j.segs = append(j.segs, s)
 	if got, err := checkHeader(data); err != nil || got != seq {
-		if newest && (len(data) < headerSize || allZero(data[:headerSize])) && !laterBatch(data, 0, seq) {
+		// The header is written in one batch with the restatement of the
+		// stable values (see rotate): a commit after the header that ends
+		// that batch, not a later one, says nothing was written after it.
+		if newest && (len(data) < headerSize || allZero(data[:headerSize])) && !laterBatch(data, int64(headerSize), seq) {
 			// A crash while the next segment was begun: nothing in it was
 			// acknowledged.
 			return j.cut(s, 0)
@@ -280,11 +283,14 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 		}
 		if err != nil {
 			if off == committed && allZero(data[off:]) {
+				if newest && committed == int64(headerSize) {
+					return j.cut(s, 0) // begun, but its first batch is lost (see cutTail)
+				}
 				s.size = committed // the zeros written ahead of the records
 				return nil
 			}
 			if newest && !laterBatch(data, off, seq) {
-				return j.cut(s, committed)
+				return j.cutTail(s, committed)
 			}
 			return &DamagedError{Path: path, Off: off, Err: err}
 		}
@@ -299,9 +305,9 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 		}
 		off += n
 	}
-	if committed != int64(len(data)) {
+	if committed != int64(len(data)) || newest && committed == int64(headerSize) {
 		if newest {
-			return j.cut(s, committed)
+			return j.cutTail(s, committed)
 		}
 		return &DamagedError{Path: path, Off: committed, Err: errors.New("records after the last commit")}
 	}
@@ -337,6 +343,17 @@ func laterBatch(data []byte, off int64, seq uint64) bool {
 		}
 	}
 	return false
+}
+
+// cutTail cuts the newest segment's torn tail after committed. A segment
+// whose first batch is torn goes whole: that batch restates the stable
+// values (raft's term and vote) that older segments may then no longer
+// hold once they are collected, and nothing after it was acknowledged.
+func (j *Journal) cutTail(s *segment, committed int64) error {
+	if committed == int64(headerSize) {
+		committed = 0
+	}
+	return j.cut(s, committed)
 }
 
 // cut truncates the newest segment to size: a header-less one goes.

@@ -416,3 +416,78 @@ func TestProbeSync(t *testing.T) {
 		t.Fatal("probing a missing directory succeeded")
 	}
 }
+
+// TestTornRotationKeepsStableValues: a crash while a segment is begun can
+// leave it with its header and without the stable values restated after
+// it (one write, not yet synced). The torn segment goes whole at open.
+// Before, it was cut to its header and kept; an older segment without
+// live entries was then removed, and with it the only copy on disk of
+// raft's term and vote, lost at the next crash.
+func TestTornRotationKeepsStableValues(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, smallSegments)
+	l := j.Group(1)
+	if err := l.SetUint64([]byte("CurrentTerm"), 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Set([]byte("LastVoteCand"), []byte("n2")); err != nil {
+		t.Fatal(err)
+	}
+	store(t, l, 1, 3)
+	if err := l.DeleteRange(1, 3); err != nil { // compacted behind a snapshot
+		t.Fatal(err)
+	}
+	j.Close()
+	segs := segments(t, dir)
+	// The crash: the next segment was being begun; only its header sector
+	// reached the disk.
+	next := filepath.Join(dir, segName(uint64(len(segs))+1))
+	if err := os.WriteFile(next, appendHeader(nil, uint64(len(segs))+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j = open(t, dir, smallSegments) // the restart
+	j.Close()
+	j = open(t, dir, smallSegments) // a second crash, before the next rotation
+	term, _ := j.Group(1).GetUint64([]byte("CurrentTerm"))
+	vote, _ := j.Group(1).Get([]byte("LastVoteCand"))
+	if term != 7 || string(vote) != "n2" {
+		t.Fatalf("raft's stable values lost: CurrentTerm %d, LastVoteCand %q (want 7, n2); segments %v", term, vote, segments(t, dir))
+	}
+}
+
+// TestTornSegmentHeaderOpens: a power loss while a segment is begun (one
+// write of header, restated stable values and commit record; no fsync
+// returned) can keep a later sector of that write and lose the first: the
+// header reads as zeros while the restatement batch's commit survives.
+// Nothing in that segment was acknowledged: the journal opens without it.
+// Before, it refused to open (the commit was taken for a later batch's).
+func TestTornSegmentHeaderOpens(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, smallSegments)
+	for g := uint32(1); g <= 40; g++ { // enough groups that the restatement spans sectors
+		if err := j.Group(g).SetUint64([]byte("CurrentTerm"), uint64(g)); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Group(g).Set([]byte("LastVoteCand"), []byte("node-with-a-longish-id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n uint64
+	for len(segments(t, dir)) < 2 {
+		n++
+		store(t, j.Group(1), n, n)
+	}
+	j.Close()
+	last := lastSegment(t, dir)
+	data, _ := os.ReadFile(last)
+	end := dataEnd(data)                                // header + restatement batch (the rotation's one write)
+	torn := append(make([]byte, 512), data[512:end]...) // first sector lost
+	if err := os.WriteFile(last, torn, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := Open(dir, smallSegments)
+	if err != nil {
+		t.Fatalf("a torn, never acknowledged segment start refuses the open: %v", err)
+	}
+	j2.Close()
+}
