@@ -122,7 +122,7 @@ func TestExpiryProducesDeleteEvent(t *testing.T) {
 		}
 	})
 	defer g.Close()
-	start := time.Now()
+	start := time.UnixMilli(time.Now().UnixMilli()) // deadlines are in whole milliseconds
 	write(t, g, store.Command{Op: store.OpSet, Key: []byte("ttl"), Value: []byte("v"), TTL: 200}, hlc.Timestamp{})
 	e, _ := g.Get([]byte("ttl"))
 	select {

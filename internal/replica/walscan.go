@@ -44,7 +44,7 @@ func checkTail(walDir string) error {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: err}
 	}
 	end, lastCommit := walkFrames(data)
-	if n := completeBatchesAfter(data, end, lastCommit); n > 0 {
+	if n := completeBatchesAfter(data, lastCommit); n > 0 {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
 			"the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)}
 	}
@@ -79,19 +79,19 @@ func walkFrames(data []byte) (stop, lastCommit int) {
 // frames must not hide the batch between them.
 const pairWindow = 16
 
-// completeBatchesAfter counts the complete batches after the reading
-// stopped at from: commit frames (after the last commit the reading
-// passed, lastCommit) whose checksum matches the bytes since an earlier
-// commit frame. A damaged length can make the reading jump past real
-// commit frames, so candidates are searched from lastCommit on.
-func completeBatchesAfter(data []byte, from, lastCommit int) int {
-	from += (walFrameHeader - from%walFrameHeader) % walFrameHeader // the next aligned frame
-	if !slices.ContainsFunc(data[min(from, len(data)):], func(b byte) bool { return b != 0 }) {
-		return 0 // zeros to the end: the usual case
-	}
-	start := walFileHeader
+// completeBatchesAfter counts the complete batches after the last commit
+// frame the reading passed (lastCommit, -1 if none): commit frames whose
+// checksum matches the bytes since an earlier commit frame. A damaged
+// length can make the reading jump past real commit frames, into the
+// zeros written ahead: so all that follows lastCommit is searched, not
+// only what follows the point where the reading stopped.
+func completeBatchesAfter(data []byte, lastCommit int) int {
+	start, tail := walFileHeader, walFileHeader
 	if lastCommit >= 0 {
-		start = lastCommit
+		start, tail = lastCommit, lastCommit+walFrameHeader
+	}
+	if !slices.ContainsFunc(data[min(tail, len(data)):], func(b byte) bool { return b != 0 }) {
+		return 0 // zeros to the end: the usual case
 	}
 	var cands []int // commit-frame candidates, from start on
 	n := 0
@@ -99,7 +99,7 @@ func completeBatchesAfter(data []byte, from, lastCommit int) int {
 		if data[c] != walFrameCommit || data[c+1]|data[c+2]|data[c+3] != 0 {
 			continue
 		}
-		if c >= from {
+		if c > lastCommit {
 			sum := binary.LittleEndian.Uint32(data[c+4:])
 			for _, p := range cands[max(0, len(cands)-pairWindow):] {
 				if crc32.Checksum(data[p+walFrameHeader:c], castagnoli) == sum {
