@@ -127,6 +127,23 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 		return errAuthFailed
 	}
 	b.conns.Store(cl, c)
+	if now := b.security.Load(); now.Policy != sec.Policy {
+		// The policy was reloaded while this client was being admitted
+		// (a password check takes tens of milliseconds): SetPolicy may
+		// have judged the connections before this one was among them.
+		// Stored first and checked after, it is judged by one or the
+		// other.
+		var g *policy.Grant // none without a policy
+		if now.Policy != nil {
+			g = now.Policy.Grant(p)
+		}
+		c.grant.Store(g)
+		if g != nil && !g.CanConnect() {
+			b.conns.Delete(cl)
+			b.refuse(cl, packets.ErrNotAuthorized)
+			return errAuthFailed
+		}
+	}
 	return nil
 }
 

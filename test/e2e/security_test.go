@@ -462,6 +462,43 @@ func TestPolicyAllowsTheSDKs(t *testing.T) {
 	}
 }
 
+// TestPolicyReloadDuringConnect: a policy reload while a client is being
+// admitted (its password check takes tens of milliseconds) applies to it.
+// Before, its grant came from the policy it started with, and the reload
+// judged the connections before it was among them: it kept the old grant
+// for its whole connection.
+func TestPolicyReloadDuringConnect(t *testing.T) {
+	pw := writePasswords(t, "bob", "b")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	write := func(keys string) {
+		if err := os.WriteFile(pol, []byte(`rules:
+  - principals: {usernames: ["bob"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources: [{method: ReadWrite, keys: [`+keys+`]}]
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`"*"`)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
+	connected := make(chan *rawClient, 1)
+	go func() {
+		c, _, _ := connectRaw(t, "bob-1", rawOpts{cleanStart: true, conn: dialTCP(t, s.Addr()), username: "bob", password: "b"})
+		connected <- c
+	}()
+	time.Sleep(15 * time.Millisecond) // into the password check
+	write(`"bob/*"`)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	c := <-connected
+	if c == nil {
+		t.Fatal("bob refused")
+	}
+	expectPayload(t, c.call("SET", "admin/config", "x"), "-ERR not authorized\r\n")
+	expectPayload(t, c.call("SET", "bob/k", "x"), "+OK\r\n")
+}
+
 func TestPolicyReload(t *testing.T) {
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
 	write := func(doc string) {
