@@ -1,6 +1,9 @@
 package glob
 
-import "errors"
+import (
+	"bytes"
+	"errors"
+)
 
 // MaxElements is how many pattern elements (bytes, '?', classes, '*' runs)
 // may follow a compiled pattern's literal prefix.
@@ -23,7 +26,9 @@ type Matcher struct {
 
 // Compile compiles pattern.
 func Compile(pattern []byte) (*Matcher, error) {
-	m := &Matcher{prefix: Literal(pattern)}
+	// The prefix is copied: pattern is often a slice of a request, which
+	// a registration would otherwise keep whole.
+	m := &Matcher{prefix: bytes.Clone(Literal(pattern))}
 	n := 0 // elements so far
 	add := func() (uint64, error) {
 		if n == MaxElements {

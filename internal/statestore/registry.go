@@ -24,7 +24,13 @@ type observer struct {
 	// its SINCE): a later SINCE replay skips what they delivered.
 	keys     map[string]hlc.Timestamp
 	patterns map[string]patternFrom
+	bytes    int // of the keys and patterns registered (see maxRegistrationBytes)
 }
+
+// maxRegistrationBytes bounds the bytes of keys and patterns one
+// connection registers: with --max-keynotify registrations of up to
+// --max-key-length bytes each, one connection could hold gigabytes.
+const maxRegistrationBytes = 4 << 20
 
 type patternFrom struct {
 	m    *glob.Matcher
@@ -103,9 +109,10 @@ func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []
 	if !pattern && haveKey || pattern && havePattern {
 		return true
 	}
-	if max > 0 && o.count() >= max {
+	if max > 0 && o.count() >= max || o.bytes+len(k) > maxRegistrationBytes {
 		return false
 	}
+	o.bytes += len(k)
 	if pattern {
 		o.patterns[k] = patternFrom{m, from}
 		r.linkPattern(o, k, m)
@@ -139,6 +146,7 @@ func (r *registry) remove(clientID string, conn uint64, key []byte, pattern bool
 		delete(o.keys, k)
 		r.unlinkKey(k, o)
 	}
+	o.bytes -= len(k)
 	r.active.Add(-1)
 	if o.count() == 0 {
 		delete(r.byClient, clientID)
@@ -190,6 +198,7 @@ func (r *registry) revoke(clientID string, conn uint64, grant *policy.Grant) {
 		if !grant.CanAccess([]byte(k), policy.Read) {
 			delete(o.keys, k)
 			r.unlinkKey(k, o)
+			o.bytes -= len(k)
 			r.active.Add(-1)
 		}
 	}

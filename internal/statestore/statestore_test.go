@@ -3,6 +3,7 @@ package statestore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,6 +117,16 @@ func TestRegistry(t *testing.T) {
 	if !add("a", 2, "k4", 2) || add("a", 2, "k5", 2) || !add("a", 2, "k4", 2) {
 		t.Fatal("registration limit")
 	}
+	// And bytes: a connection registers at most maxRegistrationBytes of
+	// keys and patterns; what it removes makes room again.
+	big := strings.Repeat("x", maxRegistrationBytes/2)
+	if !add("c", 3, "1"+big, 0) || add("c", 3, "22"+big, 0) {
+		t.Fatal("registration byte budget")
+	}
+	if !r.remove("c", 3, []byte("1"+big), false) || !add("c", 3, "22"+big, 0) {
+		t.Fatal("a removed registration's bytes are not freed")
+	}
+	r.dropConn("c", 3)
 	r.dropConn("a", 2)
 	r.dropConn("b", 7)
 	if active.Load() != 0 || len(r.byKey) != 0 || len(r.byClient) != 0 {
