@@ -56,6 +56,7 @@ func adminGet(ctx context.Context, base, path string) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.Header.Set(admin.RequestHeader, "1") // a backup needs it (see admin's guard)
 	resp, err := adminHTTP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

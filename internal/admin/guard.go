@@ -20,7 +20,10 @@ const RequestHeader = "X-Mqkv-Request"
 //     (DNS rebinding). Health checks and metrics, which hold no keys or
 //     values, answer under any name, so that probes and scrapers can use
 //     the host's DNS name without configuration;
-//   - a POST must carry RequestHeader (cross-site request forgery).
+//   - a POST must carry RequestHeader (cross-site request forgery), and
+//     so must a backup: a GET, but one that copies the whole store, which
+//     a cross-site page could have a visitor's browser repeat (an image
+//     source) until the server runs out of memory.
 type guard struct {
 	next  http.Handler
 	hosts map[string]bool // lower-case names allowed besides IPs and localhost
@@ -34,6 +37,9 @@ func newGuard(next http.Handler, allowedHosts []string) *guard {
 	return g
 }
 
+// heavy are the GET paths that need RequestHeader too.
+var heavy = map[string]bool{"/v1/backup": true}
+
 // anyHost are the read-only paths served whatever the Host.
 var anyHost = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
 
@@ -42,7 +48,7 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusMisdirectedRequest, "host %q is not allowed: use an IP address or localhost, or add the name with --admin-allowed-hosts", r.Host)
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Header.Get(RequestHeader) == "" {
+	if (r.Method != http.MethodGet && r.Method != http.MethodHead || heavy[r.URL.Path]) && r.Header.Get(RequestHeader) == "" {
 		httpError(w, http.StatusForbidden, "%s requests must carry the %s header", r.Method, RequestHeader)
 		return
 	}

@@ -171,6 +171,11 @@ func TestAdminEndpoint(t *testing.T) {
 		t.Fatalf("delete: %v %v", resp, err)
 	}
 	expectPayload(t, c.call("GET", "m/0"), "$-1\r\n")
+	// A backup copies the whole store: a plain GET, as a cross-site image
+	// would send it, is refused too.
+	if resp, err := http.Get(base + "/v1/backup"); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("backup without %s: %v %v", admin.RequestHeader, resp, err)
+	}
 }
 
 // TestAdminRefusesForeignHosts: a browser led to the endpoint under a name
