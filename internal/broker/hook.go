@@ -209,8 +209,11 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 		// Nor the topic aliases it takes (absent means none, MQTT-3.2.2-17).
 		pk.Properties.TopicAliasMaximum = TopicAliasMaximum
 		if pk.SessionPresent {
-			if c := h.b.connOf(cl); c != nil && c.handover != nil {
-				h.b.settle(c.handover)
+			if c := h.b.connOf(cl); c != nil {
+				if c.handover != nil {
+					h.b.settle(c.handover)
+				}
+				h.b.judgeResumed(cl, c)
 			}
 			h.b.seq.renumber(cl)
 		}

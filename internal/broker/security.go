@@ -270,6 +270,33 @@ func (b *Broker) SetPolicy(p *policy.Policy) {
 	})
 }
 
+// judgeResumed judges what a resumed session brought along against the
+// client's grant, before mochi resends its messages (at its CONNACK): the
+// policy may have changed while the client was away (a reload, or a
+// restart with another file), and meanwhile its session took every
+// message its old subscriptions matched. Subscriptions the grant no longer
+// covers go, and so do messages it may no longer receive.
+func (b *Broker) judgeResumed(cl *mqtt.Client, c *conn) {
+	g := c.grant.Load()
+	if g == nil {
+		return
+	}
+	b.pruneSubscriptions(cl, c)
+	for _, m := range cl.State.Inflight.GetAll(false) {
+		if m.FixedHeader.Type != packets.Publish || c.ownTopic(m.TopicName) || g.CanSubscribe(m.TopicName) {
+			continue
+		}
+		if cl.State.Inflight.Delete(m.PacketID) {
+			atomic.AddInt64(&b.srv.Info.Inflight, -1)
+			atomic.AddInt64(&b.srv.Info.MessagesDropped, 1)
+			if b.sessions != nil {
+				b.sessions.OnQosComplete(cl, m)
+			}
+			b.log.Info("queued message dropped: the client may no longer receive it", "client", cl.ID, "topic", m.TopicName)
+		}
+	}
+}
+
 // pruneSubscriptions removes the client's subscriptions its grant no longer
 // covers.
 func (b *Broker) pruneSubscriptions(cl *mqtt.Client, c *conn) {

@@ -499,6 +499,61 @@ func TestPolicyReloadDuringConnect(t *testing.T) {
 	expectPayload(t, c.call("SET", "bob/k", "x"), "+OK\r\n")
 }
 
+// TestPolicyReloadJudgesOfflineSessions: a session whose client is away
+// keeps taking the messages its subscriptions match. When the client
+// resumes, what the policy no longer allows it (changed by a reload while
+// it was away) is neither resent nor kept. Before, mochi resent the queued
+// messages before the subscriptions were judged, and nothing judged the
+// messages.
+func TestPolicyReloadJudgesOfflineSessions(t *testing.T) {
+	pw := writePasswords(t, "bob", "b", "pub", "p")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	write := func(bobTopics string) {
+		if err := os.WriteFile(pol, []byte(`rules:
+  - principals: {usernames: ["bob"]}
+    brokerResources: [{method: Connect}, {method: Subscribe, topics: [`+bobTopics+`]}]
+  - principals: {usernames: ["pub"]}
+    brokerResources: [{method: Connect}, {method: Publish, topics: ["#"]}]
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`"secret/#", "public/#"`)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
+	dial := func(id, user, pass string, clean bool) *rawClient {
+		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: clean, sessionExpiry: 300, noSubscribe: true, conn: dialTCP(t, s.Addr()), username: user, password: pass})
+		if c == nil {
+			t.Fatalf("%s refused: %+v", user, ack)
+		}
+		return c
+	}
+	bob := dial("bob-1", "bob", "b", true)
+	for _, f := range []string{"secret/#", "public/#"} {
+		if code := bob.subscribe(f, 1); code != 1 {
+			t.Fatalf("SUBACK for %s: 0x%02x", f, code)
+		}
+	}
+	bob.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "bob offline", func() bool { return s.Broker().ClientsConnected() == 0 })
+	write(`"public/#"`)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	pub := dial("pub-1", "pub", "p", true)
+	ctx := ctxFor(t, 5*time.Second)
+	for _, topic := range []string{"secret/plans", "public/news"} {
+		if _, err := pub.c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: []byte(topic)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "both queued", func() bool { return s.Broker().Traffic().Inflight == 2 })
+	bob = dial("bob-1", "bob", "b", false)
+	if p, ok := bob.nextPublish(5 * time.Second); !ok || p.Topic != "public/news" {
+		t.Fatalf("after resuming: %v %v, want public/news", p, ok)
+	}
+	expectNoPublish(t, bob, 300*time.Millisecond)
+}
+
 func TestPolicyReload(t *testing.T) {
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
 	write := func(doc string) {
