@@ -36,10 +36,11 @@ import (
 // written to directly. Any change to the topic index bumps the
 // generation and forgets everything.
 type routes struct {
-	gen atomic.Uint64
-	mu  sync.Mutex
-	at  uint64            // the generation m was filled at
-	m   map[string]fanout // topic → its subscribers
+	gen   atomic.Uint64
+	mu    sync.Mutex
+	at    uint64            // the generation m was filled at
+	m     map[string]fanout // topic → its subscribers
+	bytes int               // of the topics in m
 }
 
 // fanout is a topic's subscribers. direct is false when some are shared
@@ -72,8 +73,13 @@ func newTarget(client string, sub packets.Subscription) target {
 	return t
 }
 
-// maxRoutes bounds the memory of routes: past it, it starts over.
-const maxRoutes = 1 << 16
+// maxRoutes and maxRouteBytes bound the memory of routes: past either, it
+// starts over. Bytes too: topics may be 64 KiB long, and a client
+// publishing to endless long ones would otherwise pin gigabytes.
+const (
+	maxRoutes     = 1 << 16
+	maxRouteBytes = 16 << 20
+)
 
 // changed records a change to the topic index (a subscription added or
 // removed anywhere).
@@ -84,8 +90,8 @@ func (rr *routes) changed() { rr.gen.Add(1) }
 func (rr *routes) lookup(topic string, find func() fanout) fanout {
 	gen := rr.gen.Load()
 	rr.mu.Lock()
-	if rr.m == nil || rr.at != gen || len(rr.m) >= maxRoutes {
-		rr.m, rr.at = map[string]fanout{}, gen
+	if rr.m == nil || rr.at != gen || len(rr.m) >= maxRoutes || rr.bytes >= maxRouteBytes {
+		rr.m, rr.at, rr.bytes = map[string]fanout{}, gen, 0
 	}
 	f, ok := rr.m[topic]
 	rr.mu.Unlock()
@@ -96,6 +102,7 @@ func (rr *routes) lookup(topic string, find func() fanout) fanout {
 	rr.mu.Lock()
 	if rr.at == gen {
 		rr.m[topic] = f
+		rr.bytes += len(topic)
 	}
 	rr.mu.Unlock()
 	return f

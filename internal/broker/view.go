@@ -64,15 +64,19 @@ func (b *Broker) Retained() []RetainedInfo {
 
 // topicCounts counts the messages published per topic, for the console's
 // rates. Counting costs a map read and an atomic add per message; past
-// maxTopicsCounted distinct topics the rest count under "(other topics)",
-// so a client publishing to endless topics cannot grow it.
+// maxTopicsCounted distinct topics, and for topics longer than
+// maxTopicCounted bytes, messages count under "(other topics)", so a
+// client publishing to endless (long) topics cannot grow it.
 type topicCounts struct {
 	m     sync.Map // topic → *atomic.Int64
 	n     atomic.Int64
 	other atomic.Int64
 }
 
-const maxTopicsCounted = 10_000
+const (
+	maxTopicsCounted = 10_000
+	maxTopicCounted  = 256
+)
 
 // OtherTopics names the count of messages to topics beyond the bound.
 const OtherTopics = "(other topics)"
@@ -108,7 +112,7 @@ func (t *topicCounts) counter(topic string) *atomic.Int64 {
 	if c, ok := t.m.Load(topic); ok {
 		return c.(*atomic.Int64)
 	}
-	if t.n.Load() >= maxTopicsCounted {
+	if t.n.Load() >= maxTopicsCounted || len(topic) > maxTopicCounted {
 		return nil
 	}
 	c, loaded := t.m.LoadOrStore(topic, new(atomic.Int64))

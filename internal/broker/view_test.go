@@ -2,6 +2,8 @@ package broker
 
 import (
 	"maps"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -30,5 +32,26 @@ func TestTopicCountsFollowThePublisher(t *testing.T) {
 	want = map[string]int64{"a": 6, "b": 2, OtherTopics: 2}
 	if got := b.TopicMessages(); !maps.Equal(got, want) {
 		t.Fatalf("counts past the bound %v, want %v", got, want)
+	}
+}
+
+// TestLongTopicsAreNotKept: a client publishing to endless long topics
+// cannot make the console's counts or the route cache hold them: a topic
+// past maxTopicCounted bytes counts under OtherTopics, and the route cache
+// starts over past maxRouteBytes of topics.
+func TestLongTopicsAreNotKept(t *testing.T) {
+	var counts topicCounts
+	long := strings.Repeat("t", maxTopicCounted+1)
+	counts.addFrom(long, nil)
+	if _, kept := counts.m.Load(long); kept || counts.other.Load() != 1 {
+		t.Fatalf("a %d-byte topic kept in the counts", len(long))
+	}
+	var rr routes
+	topic := strings.Repeat("r", 64<<10)
+	for i := 0; i < 2*maxRouteBytes/len(topic); i++ {
+		rr.lookup(topic+strconv.Itoa(i), func() fanout { return fanout{} })
+	}
+	if rr.bytes > maxRouteBytes+len(topic)+8 {
+		t.Fatalf("the route cache holds %d bytes of topics", rr.bytes)
 	}
 }
