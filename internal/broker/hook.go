@@ -84,7 +84,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 			ho := &handover{next: cl}
 			h.b.handovers.Store(prev, ho)
 			c.from, c.handover = prev, ho
-			if pc := h.b.connOf(prev); pc != nil {
+			if pc, ok := prev.Net.Conn.(*clientConn); ok {
 				pc.handedTo.Store(ho)
 			}
 		}
@@ -139,6 +139,10 @@ type handover struct {
 	mu      sync.Mutex
 	settled bool      // next's message map is its own (see settle)
 	acked   []message // messages acknowledged on the old connection before that
+	// The copies' order numbers when settled: the CONNACK renumbers them
+	// right after (see sequencer), and an acknowledgement on the old
+	// connection can still be reported later.
+	created map[uint16]int64
 }
 
 // settle says that mochi is done with next's message map: it copied the
@@ -156,9 +160,13 @@ func (b *Broker) settle(ho *handover) {
 	ho.settled = true
 	acked := ho.acked
 	ho.acked = nil
+	ho.created = map[uint16]int64{}
+	for _, m := range ho.next.State.Inflight.GetAll(false) {
+		ho.created[m.PacketID] = m.Created
+	}
 	ho.mu.Unlock()
 	for _, m := range acked {
-		b.ackedBeforeHandover(ho.next, m)
+		b.ackedBeforeHandover(ho, m)
 	}
 }
 
@@ -419,9 +427,6 @@ func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 		// twice, the second time by packet id alone.
 		return
 	}
-	if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
-		return // expired: dropped, not moved
-	}
 	v, ok := h.b.handovers.Load(cl)
 	if !ok {
 		// Not while mochi hands the session over (a refusal read late
@@ -430,6 +435,9 @@ func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 	}
 	next := v.(*handover).next
 	if copied, ok := next.State.Inflight.Get(pk.PacketID); !ok || !sameMessage(copied, pk) {
+		if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
+			return // expired and not copied: dropped, not moved
+		}
 		// Not copied: it came after the copy. Or its id was used again
 		// for it once the client acknowledged the copied message on the
 		// old connection: that copy is done with.
@@ -463,11 +471,7 @@ func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	if !cl.IsTakenOver() || m.id != pk.PacketID {
 		return
 	}
-	c := h.b.connOf(cl)
-	if c == nil {
-		return
-	}
-	ho := c.handedTo.Load()
+	ho := cc.handedTo.Load()
 	if ho == nil {
 		return
 	}
@@ -478,14 +482,23 @@ func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 		return
 	}
 	ho.mu.Unlock()
-	h.b.ackedBeforeHandover(ho.next, m)
+	h.b.ackedBeforeHandover(ho, m)
 }
 
 // ackedBeforeHandover counts back m, acknowledged on the connection whose
-// session next took, if next holds a copy of it: the copy's own
+// session ho.next took, if ho.next holds a copy of it: the copy's own
 // acknowledgement lowers the count again.
-func (b *Broker) ackedBeforeHandover(next *mqtt.Client, m message) {
-	if copied, ok := next.State.Inflight.Get(m.id); ok && m.is(copied) {
+func (b *Broker) ackedBeforeHandover(ho *handover, m message) {
+	copied, ok := ho.next.State.Inflight.Get(m.id)
+	if !ok {
+		return
+	}
+	ho.mu.Lock()
+	if created, known := ho.created[m.id]; known {
+		copied.Created = created // as it was before the CONNACK renumbered it
+	}
+	ho.mu.Unlock()
+	if m.is(copied) {
 		atomic.AddInt64(&b.srv.Info.Inflight, 1)
 	}
 }
@@ -588,6 +601,11 @@ func (b *Broker) move(next, prev *mqtt.Client, pk packets.Packet) {
 		// it, and a restart would then resend the moved message twice
 		// and next's never.
 		b.sessions.rerecord(next, old)
+	}
+	if next.IsTakenOver() {
+		// Taken over since holder looked: set, then check, as publishers do.
+		b.forwardIfTakenOver(next, pk)
+		return
 	}
 	if err := next.WritePacket(pk); err != nil {
 		b.log.Debug("write failed", "client", next.ID, "error", err)

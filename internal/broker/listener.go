@@ -177,8 +177,10 @@ type clientConn struct {
 	client *mqtt.Client
 
 	// The message the acknowledgement being read is for; the reader's
-	// alone (see hook.OnQosComplete).
-	acking message
+	// alone. And, once its session is being taken over, the takeover
+	// (see hook.OnQosComplete).
+	acking   message
+	handedTo atomic.Pointer[handover]
 
 	// The keep-alive read deadline, moved by mochi on every packet read,
 	// is set on the connection lazily (see SetDeadline); Unix nanoseconds,

@@ -52,9 +52,6 @@ type conn struct {
 	// establishes it, uses them.
 	from     *mqtt.Client
 	handover *handover
-	// On a connection whose session is being taken over: the takeover
-	// (see hook.OnQosComplete).
-	handedTo atomic.Pointer[handover]
 }
 
 var errAuthFailed = errors.New("authentication failed")
