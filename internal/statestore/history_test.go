@@ -159,3 +159,47 @@ func TestHistoryGap(t *testing.T) {
 		t.Fatalf("SINCE 5 after a change at 6: %v %v", got, ok)
 	}
 }
+
+// TestExpiryInsideAWriteIsReplayed: a write over a value that expired
+// inside the log reports the expiry's DELETE (store's expiredAt) at a
+// version no other change has. A PATTERN watcher that saw the write just
+// before it (the clock's previous version) and resumes with SINCE that
+// version gets the DELETE. Before, the DELETE had that very version, and
+// the replay, of versions after it, skipped it.
+func TestExpiryInsideAWriteIsReplayed(t *testing.T) {
+	s := store.New(store.Limits{})
+	h := newHistory(HistoryLimits{PerPartition: 64, MaxBytes: 1 << 20})
+	h.begin(hlc.Timestamp{Wall: 1})
+	v := func(c uint64) hlc.Timestamp { return hlc.Timestamp{Wall: 1000, Counter: c, Node: "n1"} }
+	apply := func(c store.Command) []store.Event {
+		_, evs := s.Apply(&c, nil)
+		h.add(evs, time.Now())
+		return evs
+	}
+	// SET k PX 1 and, pipelined, SET j and SET k: the second SET k is
+	// proposed (Now) after k's deadline, before k's Expire.
+	apply(store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("a"), TTL: 1, Version: v(0), Now: 500})
+	sj := apply(store.Command{Op: store.OpSet, Key: []byte("j"), Value: []byte("x"), Version: v(1), Now: 500})
+	evs := apply(store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("b"), Version: v(2), Now: 502})
+	if len(evs) != 2 || evs[0].Kind != store.EventDelete {
+		t.Fatalf("events %+v", evs)
+	}
+	if evs[0].Version == sj[0].Version {
+		t.Errorf("DELETE of k has the version of the SET of j: %v (versions not unique)", evs[0].Version)
+	}
+	// The watcher of pattern * saw SET j (its last notification) and resumes.
+	m, _ := glob.Compile([]byte("*"))
+	got, ok := h.since(nil, m, sj[0].Version)
+	if !ok {
+		t.Fatal("truncated")
+	}
+	sawDelete := false
+	for _, c := range got {
+		if c.Kind == store.EventDelete && string(c.Key) == "k" {
+			sawDelete = true
+		}
+	}
+	if !sawDelete {
+		t.Errorf("SINCE %v replays %d changes, without the DELETE of k", sj[0].Version, len(got))
+	}
+}

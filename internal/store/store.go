@@ -413,22 +413,27 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 }
 
 // expiredAt is the version of the DELETE of a value of version old that a
-// write of version v replaces after it expired: just before v, so that it
-// is ordered between the two, as an Expire proposed before the write
-// would be. If nothing lies between them (the clock ran ahead of the wall
-// time, and v followed old directly), v itself.
+// write of version v replaces after it expired: ordered after old and
+// before v, as an Expire proposed before the write would be, and unique.
+// It is the version just before v with the issuing node's id extended by
+// '~': no node id has one (they are letters, digits, '-' and '_'), so no
+// other change has this version, not the write proposed just before v
+// (which a SINCE from it would then skip). If old sorts after that (a
+// version of another node, in the same counter), old extended the same
+// way.
 func expiredAt(old, v hlc.Timestamp) hlc.Timestamp {
-	prev := v
-	if prev.Counter > 0 {
-		prev.Counter--
+	at := v
+	if at.Counter > 0 {
+		at.Counter--
 	} else {
-		prev.Wall--
-		prev.Counter = hlc.MaxCounter
+		at.Wall--
+		at.Counter = hlc.MaxCounter
 	}
-	if prev.Compare(old) <= 0 {
-		return v
+	if at.Compare(old) <= 0 {
+		at = old
 	}
-	return prev
+	at.Node += "~"
+	return at
 }
 
 // checkFence applies the fencing rule of the spec (section 4.4) to a write

@@ -278,14 +278,18 @@ func TestWriteOverAnExpiredValueReportsItsDelete(t *testing.T) {
 		t.Fatalf("the late Expire of a: %v", r.Outcome)
 	}
 
-	// With no version between the two (the clock ran ahead), the DELETE
-	// takes the write's.
-	old := hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}
-	if got := expiredAt(old, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}); got != (hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}) {
-		t.Fatalf("expiredAt right after: %v", got)
-	}
-	if got := expiredAt(old, hlc.Timestamp{Wall: 6, Node: "n1"}); got != (hlc.Timestamp{Wall: 5, Counter: hlc.MaxCounter, Node: "n1"}) {
-		t.Fatalf("expiredAt across a millisecond: %v", got)
+	// The DELETE's version is unique: not the version the clock issued
+	// just before the write (often another change's), yet between the
+	// two values'.
+	for _, tc := range []struct{ old, v, want hlc.Timestamp }{
+		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1~"}},
+		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}, hlc.Timestamp{Wall: 6, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: hlc.MaxCounter, Node: "n1~"}},
+		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n2"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 7, Node: "n2~"}},
+	} {
+		got := expiredAt(tc.old, tc.v)
+		if got != tc.want || got.Compare(tc.old) <= 0 || got.Compare(tc.v) >= 0 {
+			t.Fatalf("expiredAt(%v, %v) = %v, want %v, between them", tc.old, tc.v, got, tc.want)
+		}
 	}
 }
 
