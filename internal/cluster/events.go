@@ -201,6 +201,7 @@ func (n *Node) Follow(ctx context.Context) error {
 func (f *follower) follow(g int, positioned chan struct{}) {
 	defer f.wg.Done()
 	var cursor uint64 // the last index delivered; 0: start from now
+	var behind int    // rounds in which members answered only that they no longer hold it
 	once := sync.Once{}
 	mark := func(c uint64) {
 		cursor = c
@@ -215,7 +216,7 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 		if r := f.ringOf(g); r != nil && f.fromRing(r, g, &cursor, mark) {
 			continue
 		}
-		f.fromPeers(g, &cursor, mark)
+		f.fromPeers(g, &cursor, mark, &behind)
 		select {
 		case <-f.stop:
 			return
@@ -254,8 +255,9 @@ func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) b
 }
 
 // fromPeers follows g from another replica's ring over the link, until the
-// stream breaks or this node's own replica can take over.
-func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64)) {
+// stream breaks or this node's own replica can take over. behind counts
+// the rounds in a row in which no member could serve the cursor.
+func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64), behind *int) {
 	n := f.n
 	var candidates []string
 	if l := n.leaderOf(g); l != "" && l != n.cfg.NodeID {
@@ -270,25 +272,42 @@ func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64)) {
 			}
 		}
 	}
-	var resume uint64 // where a member that no longer holds the cursor can go on
+	var resume uint64 // the earliest position a member that no longer holds the cursor can serve
+	truncated := 0
 	for _, id := range candidates {
 		got, from := f.stream(g, id, cursor, mark)
 		if got {
+			*behind = 0
 			return
 		}
-		if resume == 0 {
-			resume = from
+		if from > 0 {
+			truncated++
+			if resume == 0 || from < resume {
+				resume = from
+			}
 		}
 	}
-	if resume > *cursor {
-		// No member holds the changes after the cursor any more: this
-		// node lost them. Go on from where one can serve, rather than
-		// asking for them for ever, and say so (see gap).
-		f.n.log.Warn("change events lost: this node fell behind the group's event rings; notifications between are not delivered here", "group", g, "from", *cursor, "to", resume)
-		f.gap(g)
-		mark(resume)
+	if resume <= *cursor {
+		*behind = 0
+		return
 	}
+	// No member that answered holds the changes after the cursor any
+	// more. Once every member said so (or, if some do not answer, after a
+	// few rounds), this node lost them: it goes on from the earliest
+	// position one can serve, rather than asking for them for ever, and
+	// says so (see gap).
+	if *behind++; truncated < len(candidates) && *behind < behindRounds {
+		return
+	}
+	*behind = 0
+	f.n.log.Warn("change events lost: this node fell behind the group's event rings; notifications between are not delivered here", "group", g, "from", *cursor, "to", resume)
+	f.gap(g)
+	mark(resume)
 }
+
+// behindRounds is how many rounds a follower that some members do not
+// answer waits for them before it takes its changes for lost.
+const behindRounds = 5
 
 // gap notes that group g's changes after the cursor were lost to this
 // node. OnEventsGap hears of it now, and again with the version of the
