@@ -199,10 +199,7 @@ func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn fu
 			defer func() { done <- struct{}{} }()
 			var resp callResp
 			err := n.onLeader(ctx, g, callReq{Op: opAscend, Group: g, From: from, Prefix: prefix, Limit: limit}, &resp, func(r *replica.Group) {
-				resp.Exhausted = r.Ascend(from, prefix, limit, func(e *store.Entry) bool {
-					resp.Entries = append(resp.Entries, *e)
-					return true
-				})
+				resp.Entries, resp.Exhausted = pageOf(r, from, prefix, limit)
 			})
 			pages[g] = page{resp.Entries, resp.Exhausted, err}
 		}()

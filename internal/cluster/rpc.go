@@ -132,10 +132,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		case opGet:
 			resp.Entry, resp.Found = r.Get(req.Key)
 		case opAscend:
-			resp.Exhausted = r.Ascend(req.From, req.Prefix, req.Limit, func(e *store.Entry) bool {
-				resp.Entries = append(resp.Entries, *e)
-				return true
-			})
+			resp.Entries, resp.Exhausted = pageOf(r, req.From, req.Prefix, req.Limit)
 		case opCopy:
 			var buf bytes.Buffer
 			if err := r.Copy().WriteSnapshot(&buf); err != nil {
@@ -315,6 +312,26 @@ func (n *Node) join() error {
 }
 
 // configOf lists a group's servers as its replica knows them.
+// pageOf returns up to limit entries of r from from under prefix, and
+// whether that was all. A page holds at most maxPageBytes of keys and
+// values (one entry at least): its entries are copied, and sent over the
+// node link, and a SCAN that matches nothing would otherwise copy up to
+// limit values per group. The router goes on after a short page.
+func pageOf(r *replica.Group, from, prefix []byte, limit int) (entries []store.Entry, exhausted bool) {
+	size := 0
+	exhausted = r.Ascend(from, prefix, limit, func(e *store.Entry) bool {
+		if size >= maxPageBytes {
+			return false
+		}
+		entries = append(entries, *e)
+		size += len(e.Key) + len(e.Value)
+		return true
+	})
+	return entries, exhausted
+}
+
+const maxPageBytes = 4 << 20
+
 func configOf(r *replica.Group) []server {
 	return serversOf(r.Raft().GetConfiguration().Configuration())
 }
