@@ -238,6 +238,12 @@ func (b *Broker) allowed(cl *mqtt.Client, topic string, write bool) bool {
 	if write {
 		return g.CanPublish(topic)
 	}
+	if strings.HasPrefix(topic, statestore.NotifyPrefix) {
+		// Another client's notifications carry the values of the keys it
+		// observes, which this one may not be allowed to read: under a
+		// policy no subscription grant (a dashboard's "#") gives them.
+		return c.ownTopic(topic)
+	}
 	return c.ownTopic(topic) || g.CanSubscribe(topic)
 }
 

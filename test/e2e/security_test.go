@@ -291,6 +291,8 @@ spec:
           usernames: ["scribe"]
         brokerResources:
           - method: Connect
+          - method: Subscribe
+            topics: ["#"]
         stateStoreResources:
           - method: Write
             keys: ["config/*"]
@@ -345,6 +347,23 @@ func TestPolicy(t *testing.T) {
 	expectPayload(t, sc.call("GET", "config/site*"), "-ERR not authorized\r\n")
 	expectPayload(t, sc.call("SET", "config/site*", "x", "GET"), "-ERR not authorized\r\n")
 	expectPayload(t, w.call("GET", "config/site*"), "$1\r\nv\r\n") // nothing changed
+	// Granted "#", the scribe still gets no other client's notifications:
+	// they carry values of keys it may not read.
+	if code := sc.subscribe("#", 1); code != 1 {
+		t.Fatalf("SUBACK for # 0x%02x", code)
+	}
+	expectPayload(t, r.call("KEYNOTIFY", "config/site*"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "config/site*", "w"), "+OK\r\n")
+	expectNotification(t, r, "config/site*", notifySet+"$1\r\nw\r\n")
+	for {
+		p, ok := sc.nextPublish(300 * time.Millisecond)
+		if !ok {
+			break
+		}
+		if strings.HasPrefix(p.Topic, statestore.NotifyPrefix) {
+			t.Fatalf("the scribe got another client's notification on %s", p.Topic)
+		}
+	}
 	if s.Service().Counters.Denied.Load() < 9 {
 		t.Fatalf("denied counter %d", s.Service().Counters.Denied.Load())
 	}
