@@ -21,58 +21,16 @@ import (
 // checksum covers only the entry's data, and verifyLog skipped entries
 // that are not commands): the acknowledged write vanished without a word.
 func TestFlippedEntryTypeIsDamage(t *testing.T) {
-	dir := t.TempDir()
-	g := open(t, dir, nil)
-	for i := 0; i < 5; i++ {
-		write(t, g, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprintf("key-%d", i)), Value: []byte("value")}, hlc.Timestamp{})
-	}
-	g.Close()
-	segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
-	path := segs[len(segs)-1]
-	data, _ := os.ReadFile(path)
-	// Walk the frames to the entry frame holding key-1.
-	off := walFileHeader
-	flipped := false
-	for off+walFrameHeader <= len(data) && data[off] != 0 {
-		n := 0
-		if data[off] != walFrameCommit {
-			n = int(binary.LittleEndian.Uint32(data[off+4:]))
-			payload := data[off+walFrameHeader : off+walFrameHeader+n]
-			if bytes.Contains(payload, []byte("key-1")) {
-				// payload: uvarint index | uvarint term | uvarint type | ...
-				_, a := binary.Uvarint(payload)
-				_, b := binary.Uvarint(payload[a:])
-				if payload[a+b] != 0 {
-					t.Fatalf("type byte %d", payload[a+b])
-				}
-				payload[a+b] = 1 // LogNoop
-				flipped = true
-				break
-			}
-			n += (8 - n%8) % 8
+	damageAndReopen(t, func(frame []byte) {
+		payload := frame[walFrameHeader:]
+		// payload: uvarint index | uvarint term | uvarint type | ...
+		_, a := binary.Uvarint(payload)
+		_, b := binary.Uvarint(payload[a:])
+		if payload[a+b] != 0 {
+			t.Fatalf("type byte %d", payload[a+b])
 		}
-		off += walFrameHeader + n
-	}
-	if !flipped {
-		t.Fatal("entry not found")
-	}
-	os.WriteFile(path, data, 0o600)
-	g2, err := Open(Config{NodeID: "n1", Dir: dir})
-	if err == nil {
-		defer g2.Close()
-		err = g2.AwaitLeader(10 * time.Second)
-	}
-	if damaged := new(DamagedError); errors.As(err, &damaged) {
-		return // reported
-	}
-	if err != nil {
-		t.Fatalf("not reported as damage: %v", err)
-	}
-	for i := 0; i < 5; i++ {
-		if _, ok := g2.Get([]byte(fmt.Sprintf("key-%d", i))); !ok {
-			t.Errorf("acknowledged key-%d is gone after a one-bit flip, and the node started without a word", i)
-		}
-	}
+		payload[a+b] = 1 // LogNoop
+	})
 }
 
 // TestDamagedFrameLengthIsDamage: one bit flipped in the length of an
@@ -82,6 +40,16 @@ func TestFlippedEntryTypeIsDamage(t *testing.T) {
 // checkTail reports it. Before, it counted only the commit frames after
 // where the reading stopped, which was past all of them.
 func TestDamagedFrameLengthIsDamage(t *testing.T) {
+	damageAndReopen(t, func(frame []byte) {
+		frame[4+2] ^= 0x10 // length += 1 MiB: one bit
+	})
+}
+
+// damageAndReopen writes six keys through a single node's group, one
+// entry each, has damage change the raft-wal frame of key-1's entry, and
+// reopens the group: it must report a DamagedError, or else still hold
+// every key.
+func damageAndReopen(t *testing.T, damage func(frame []byte)) {
 	dir := t.TempDir()
 	g := open(t, dir, nil)
 	for i := 0; i < 6; i++ {
@@ -91,25 +59,26 @@ func TestDamagedFrameLengthIsDamage(t *testing.T) {
 	segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
 	path := segs[len(segs)-1]
 	data, _ := os.ReadFile(path)
-	off := walFileHeader
-	flipped := false
-	for off+walFrameHeader <= len(data) && data[off] != 0 {
+	found := false
+	for off := walFileHeader; off+walFrameHeader <= len(data) && data[off] != 0; {
 		n := 0
 		if data[off] != walFrameCommit {
 			n = int(binary.LittleEndian.Uint32(data[off+4:]))
 			if bytes.Contains(data[off+walFrameHeader:off+walFrameHeader+n], []byte("key-1")) {
-				data[off+4+2] ^= 0x10 // length += 1 MiB: one bit
-				flipped = true
+				damage(data[off : off+walFrameHeader+n])
+				found = true
 				break
 			}
-			n += (8 - n%8) % 8
+			n += (walFrameHeader - n%walFrameHeader) % walFrameHeader
 		}
 		off += walFrameHeader + n
 	}
-	if !flipped {
-		t.Fatal("entry not found")
+	if !found {
+		t.Fatal("key-1's entry not found")
 	}
-	os.WriteFile(path, data, 0o600)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	g2, err := Open(Config{NodeID: "n1", Dir: dir})
 	if err == nil {
 		defer g2.Close()
