@@ -286,7 +286,7 @@ func (b *Broker) judgeResumed(cl *mqtt.Client, c *conn) {
 	}
 	b.pruneSubscriptions(cl, c)
 	for _, m := range cl.State.Inflight.GetAll(false) {
-		if m.FixedHeader.Type != packets.Publish || c.ownTopic(m.TopicName) || g.CanSubscribe(m.TopicName) {
+		if m.FixedHeader.Type != packets.Publish || b.allowed(cl, m.TopicName, false) {
 			continue
 		}
 		if cl.State.Inflight.Delete(m.PacketID) {

@@ -825,3 +825,47 @@ func TestPasswdCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestOfflineSessionGetsNoOthersNotifications: an offline session
+// subscribed to "#" under a policy takes every message its subscription
+// matches, other clients' notifications included (judged when the client
+// returns). On resume they are dropped, as they would be refused online.
+func TestOfflineSessionGetsNoOthersNotifications(t *testing.T) {
+	pw := writePasswords(t, "dash", "d", "w", "w")
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(pol, []byte(`rules:
+  - principals: {usernames: ["dash"]}
+    brokerResources: [{method: Connect}, {method: Subscribe, topics: ["#"]}]
+  - principals: {usernames: ["w"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources: [{method: ReadWrite, keys: ["*"]}]
+`), 0o600)
+	s := startServer(t, inMemory(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
+	dial := func(id, user, pass string, clean bool, sub bool) *rawClient {
+		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: clean, sessionExpiry: 300, noSubscribe: !sub, conn: dialTCP(t, s.Addr()), username: user, password: pass})
+		if c == nil {
+			t.Fatalf("%s refused: %+v", user, ack)
+		}
+		return c
+	}
+	dash := dial("dash-1", "dash", "d", true, false)
+	if code := dash.subscribe("#", 1); code != 1 {
+		t.Fatalf("SUBACK 0x%02x", code)
+	}
+	dash.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "dash offline", func() bool { return s.Broker().ClientsConnected() == 0 })
+	w := dial("w-1", "w", "w", true, true)
+	expectPayload(t, w.call("KEYNOTIFY", "secret"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "secret", "s3cr3t"), "+OK\r\n")
+	eventually(t, "the notification queued", func() bool { return s.Broker().Traffic().Inflight >= 1 })
+	dash = dial("dash-1", "dash", "d", false, false)
+	for {
+		p, ok := dash.nextPublish(time.Second)
+		if !ok {
+			break
+		}
+		if strings.HasPrefix(p.Topic, statestore.NotifyPrefix) {
+			t.Fatalf("dash got another client's notification on resume: %s %q", p.Topic, p.Payload)
+		}
+	}
+}
