@@ -242,6 +242,12 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 	}
 	s := &segment{seq: seq, f: f, size: int64(len(data)), filled: int64(len(data))}
 	j.segs = append(j.segs, s)
+	// The newest segment's start can be torn only while the one before it
+	// is still there: older segments are collected only once its start
+	// (header and restated stable values) is synced. Without it, a start
+	// that does not read is damage, and the stable values it held (raft's
+	// term and vote) would be lost with it.
+	newest = newest && (seq == 1 || len(j.segs) >= 2 && j.segs[len(j.segs)-2].seq == seq-1)
 	if got, err := checkHeader(data); err != nil || got != seq {
 		// The header is written in one batch with the restatement of the
 		// stable values (see rotate): a commit after the header that ends

@@ -491,3 +491,45 @@ func TestTornSegmentHeaderOpens(t *testing.T) {
 	}
 	j2.Close()
 }
+
+// TestZeroHeaderAfterCollectionIsDamage: the newest segment's header
+// reads as zeros although its start was synced and the older segments
+// were collected after it: damage, not a torn start (which leaves the
+// segment before it). The open refuses; taken for a torn start, the
+// segment was deleted and raft's term and vote with it.
+func TestZeroHeaderAfterCollectionIsDamage(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, smallSegments)
+	l := j.Group(1)
+	l.SetUint64([]byte("CurrentTerm"), 7)
+	var n uint64
+	for len(segments(t, dir)) < 2 {
+		n++
+		store(t, l, n, n)
+	}
+	l.DeleteRange(1, n) // everything compacted
+	j.Close()
+	// Rotate on open until only the newest (restatement only) is left.
+	for i := 0; i < 3; i++ {
+		j = open(t, dir, smallSegments)
+		j.rotate()
+		j.Close()
+	}
+	last := lastSegment(t, dir)
+	data, _ := os.ReadFile(last)
+	copy(data[:headerSize], make([]byte, headerSize))
+	os.WriteFile(last, data, 0o600)
+	j2, err := Open(dir, smallSegments)
+	var damaged *DamagedError
+	if errors.As(err, &damaged) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j2.Close()
+	term, _ := j2.Group(1).GetUint64([]byte("CurrentTerm"))
+	if term != 7 {
+		t.Fatalf("opened without error, CurrentTerm %d (want 7); segments %v", term, segments(t, dir))
+	}
+}
