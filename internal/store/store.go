@@ -416,11 +416,12 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 // write of version v replaces after it expired: ordered after old and
 // before v, as an Expire proposed before the write would be, and unique.
 // It is the version just before v with the issuing node's id extended by
-// '~': no node id has one (they are letters, digits, '-' and '_'), so no
+// '!': no node id has one (they are letters, digits, '-' and '_'), so no
 // other change has this version, not the write proposed just before v
 // (which a SINCE from it would then skip). If old sorts after that (a
 // version of another node, in the same counter), old extended the same
-// way.
+// way; '!' sorts below every character of a node id, so that stays below
+// v even when v's node id begins with old's.
 func expiredAt(old, v hlc.Timestamp) hlc.Timestamp {
 	at := v
 	if at.Counter > 0 {
@@ -432,7 +433,7 @@ func expiredAt(old, v hlc.Timestamp) hlc.Timestamp {
 	if at.Compare(old) <= 0 {
 		at = old
 	}
-	at.Node += "~"
+	at.Node += "!"
 	return at
 }
 

@@ -282,9 +282,10 @@ func TestWriteOverAnExpiredValueReportsItsDelete(t *testing.T) {
 	// just before the write (often another change's), yet between the
 	// two values'.
 	for _, tc := range []struct{ old, v, want hlc.Timestamp }{
-		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1~"}},
-		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}, hlc.Timestamp{Wall: 6, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: hlc.MaxCounter, Node: "n1~"}},
-		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n2"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 7, Node: "n2~"}},
+		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1!"}},
+		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n1"}, hlc.Timestamp{Wall: 6, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: hlc.MaxCounter, Node: "n1!"}},
+		{hlc.Timestamp{Wall: 5, Counter: 7, Node: "n2"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "n1"}, hlc.Timestamp{Wall: 5, Counter: 7, Node: "n2!"}},
+		{hlc.Timestamp{Wall: 5, Counter: 8, Node: "mqkv-1"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "mqkv-10"}, hlc.Timestamp{Wall: 5, Counter: 8, Node: "mqkv-1!"}},
 	} {
 		got := expiredAt(tc.old, tc.v)
 		if got != tc.want || got.Compare(tc.old) <= 0 || got.Compare(tc.v) >= 0 {
