@@ -463,7 +463,10 @@ func TestTornRotationKeepsStableValues(t *testing.T) {
 // Before, it refused to open (the commit was taken for a later batch's).
 func TestTornSegmentHeaderOpens(t *testing.T) {
 	dir := t.TempDir()
-	j := open(t, dir, smallSegments)
+	// Segments large enough for the restatement and some entries: the
+	// first keeps live entries, and is there as it is at a real tear.
+	opts := Options{SegmentSize: 16 << 10}
+	j := open(t, dir, opts)
 	for g := uint32(1); g <= 40; g++ { // enough groups that the restatement spans sectors
 		if err := j.Group(g).SetUint64([]byte("CurrentTerm"), uint64(g)); err != nil {
 			t.Fatal(err)
@@ -472,10 +475,11 @@ func TestTornSegmentHeaderOpens(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var n uint64
-	for len(segments(t, dir)) < 2 {
-		n++
-		store(t, j.Group(1), n, n)
+	store(t, j.Group(1), 1, 5)
+	j.Close()
+	j = open(t, dir, opts)
+	if err := j.rotate(); err != nil { // a new segment: header and restatement, one write
+		t.Fatal(err)
 	}
 	j.Close()
 	last := lastSegment(t, dir)
@@ -485,11 +489,20 @@ func TestTornSegmentHeaderOpens(t *testing.T) {
 	if err := os.WriteFile(last, torn, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	j2, err := Open(dir, smallSegments)
+	if segs := segments(t, dir); len(segs) < 2 {
+		t.Fatalf("segments %v, want the torn one after another", segs)
+	}
+	j2, err := Open(dir, opts)
 	if err != nil {
 		t.Fatalf("a torn, never acknowledged segment start refuses the open: %v", err)
 	}
-	j2.Close()
+	defer j2.Close()
+	if term, _ := j2.Group(5).GetUint64([]byte("CurrentTerm")); term != 5 {
+		t.Fatalf("group 5's term %d after the open, want 5", term)
+	}
+	if last, _ := j2.Group(1).LastIndex(); last != 5 {
+		t.Fatalf("group 1's last entry %d, want 5", last)
+	}
 }
 
 // TestZeroHeaderAfterCollectionIsDamage: the newest segment's header
