@@ -43,34 +43,3 @@ func TestMovesKeepTheGroupsVoters(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-// TestGroupsTakeWritesWhileJoinersCatchUp: two nodes join a three-node
-// cluster and are then cut off from the network. All three original nodes
-// are up, so every group (each had those three as voters) still takes
-// writes. Before, the reconciler removed original voters while the new
-// replicas were still catching up, and a group could end up with voters
-// {n3, n4} (n4 unreachable): no leader, every write to its keys failed.
-func TestGroupsTakeWritesWhileJoinersCatchUp(t *testing.T) {
-	h := newHarness(t, 3, 2)
-	h.start(3)
-	h.start(4)
-	h.links[3].Isolate(true)
-	h.links[4].Isolate(true)
-	time.Sleep(5 * time.Second)
-	for g := 0; g < 2; g++ {
-		key := ""
-		for i := 0; key == ""; i++ {
-			if k := fmt.Sprint("k", i); h.nodes[0].groupOf([]byte(k)) == g {
-				key = k
-			}
-		}
-		if _, err := set(t, h.nodes[0], key, "v"); err != nil {
-			for i := 0; i < 3; i++ {
-				if r := h.nodes[i].local(g); r != nil {
-					t.Logf("n%d: %v %+v", i+1, r.Raft().State(), r.Raft().GetConfiguration().Configuration().Servers)
-				}
-			}
-			t.Fatalf("write to group %d with n1, n2, n3 up: %v", g, err)
-		}
-	}
-}
