@@ -137,6 +137,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.Int64Var(&cfg.Limits.MaxBytes, "max-bytes", d.MaxBytes, "most key and value `bytes` the store holds")
 	fs.IntVar(&cfg.Limits.MaxRegistrations, "max-keynotify", d.MaxRegistrations, "most KEYNOTIFY registrations per connection")
 	fs.Int64Var(&cfg.Limits.MaxConnections, "max-connections", d.MaxConnections, "most connected clients")
+	fs.IntVar(&cfg.Limits.MaxSessions, "max-sessions", d.MaxSessions, "most MQTT sessions held, connected or not (persistent ones outlive their connection); a new client id beyond it is refused (CONNACK 0x97)")
 	fs.Uint16Var(&cfg.Limits.MaxQueued, "max-queued", d.MaxQueued, "most unacknowledged QoS 1/2 messages one session holds (queued while its client is offline); more are dropped")
 	fs.Uint64Var(&cfg.Limits.DiskReserve, "disk-reserve", d.DiskReserve, "free `bytes` kept on the data volume: below it SETs are refused (reads and deletes go on) until space is freed")
 	fs.IntVar(&cfg.Limits.MaxSubscriptions, "max-subscriptions", d.MaxSubscriptions, "most topic filters one client holds; more get SUBACK 0x97 (quota exceeded)")

@@ -57,6 +57,9 @@ type Config struct {
 	MaxPacketSize uint32
 	// MaxConnections caps connected clients; zero means unlimited.
 	MaxConnections int64
+	// MaxSessions caps the sessions held, connected or not; a client id
+	// new beyond it is refused (0x97). Zero means unlimited.
+	MaxSessions int
 	// MaxOutbound is how many messages may wait to be written to one
 	// client; a client that lets it fill is disconnected. Zero means
 	// DefaultMaxOutbound.
@@ -143,6 +146,7 @@ type Broker struct {
 
 	maxPacketSize   uint32
 	serverKeepAlive uint16
+	maxSessions     int
 
 	conns sync.Map // *mqtt.Client → *conn
 	// handovers: a connection whose session another is taking over →
@@ -221,7 +225,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, seq: newSequencer(), stop: make(chan struct{})}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, maxSessions: cfg.MaxSessions, seq: newSequencer(), stop: make(chan struct{})}
 	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{},
 		allowed: func(cl *mqtt.Client, filter string) bool { return b.allowed(cl, filter, false) }}
 	sec := cfg.Security

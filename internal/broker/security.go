@@ -85,6 +85,14 @@ func (b *Broker) authenticate(cl *mqtt.Client, pk packets.Packet) error {
 		b.refuse(cl, packets.ErrNotAuthorized)
 		return errAuthFailed
 	}
+	if _, held := b.srv.Clients.Get(cl.ID); !held && b.maxSessions > 0 && b.srv.Clients.Len() >= b.maxSessions {
+		// Offline sessions are kept for up to --max-session-expiry each:
+		// without a bound, one client could make them under fresh ids
+		// until memory ran out. A client resuming its own is let in.
+		b.log.Warn("connection refused: --max-sessions sessions held", "client", cl.ID, "sessions", b.maxSessions)
+		b.refuse(cl, packets.ErrQuotaExceeded)
+		return errAuthFailed
+	}
 	hexID := strings.ToUpper(hex.EncodeToString([]byte(cl.ID)))
 	if authConfigured(sec) {
 		// A session belongs to who made it: another principal may not

@@ -91,6 +91,7 @@ type Limits struct {
 	MaxBytes         int64  // key and value bytes in the store
 	MaxRegistrations int    // KEYNOTIFY registrations per connection
 	MaxConnections   int64
+	MaxSessions      int           // sessions held, connected or not
 	MaxOutbound      int32         // messages waiting to be written to one client
 	MaxQueued        uint16        // unacknowledged QoS 1/2 messages one session holds
 	MaxSessionExpiry time.Duration // how long a disconnected persistent session is kept
@@ -109,6 +110,7 @@ var DefaultLimits = Limits{
 	MaxBytes:         1 << 30,
 	MaxRegistrations: 10_000,
 	MaxConnections:   10_000,
+	MaxSessions:      100_000,
 	MaxOutbound:      broker.DefaultMaxOutbound,
 	MaxQueued:        broker.DefaultMaxQueued,
 	MaxSessionExpiry: broker.DefaultMaxSessionExpiry,
@@ -124,6 +126,7 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxBytes, d.MaxBytes)
 	orDefault(&l.MaxRegistrations, d.MaxRegistrations)
 	orDefault(&l.MaxConnections, d.MaxConnections)
+	orDefault(&l.MaxSessions, d.MaxSessions)
 	orDefault(&l.MaxOutbound, d.MaxOutbound)
 	orDefault(&l.MaxQueued, d.MaxQueued)
 	orDefault(&l.MaxSessionExpiry, d.MaxSessionExpiry)
@@ -306,6 +309,7 @@ func Start(cfg Config) (*Server, error) {
 		DataDir:          mqttDir,
 		MaxPacketSize:    cfg.Limits.MaxPacketSize,
 		MaxConnections:   cfg.Limits.MaxConnections,
+		MaxSessions:      cfg.Limits.MaxSessions,
 		MaxOutbound:      cfg.Limits.MaxOutbound,
 		MaxQueued:        cfg.Limits.MaxQueued,
 		MaxSessionExpiry: cfg.Limits.MaxSessionExpiry,

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -59,6 +60,37 @@ func TestMaxConnections(t *testing.T) {
 	conn := dialTCP(t, s.Addr())
 	if _, ack, _ := connectRaw(t, "three", rawOpts{conn: conn}); ack == nil || ack.ReasonCode != 0x89 {
 		t.Fatalf("third connection: CONNACK %+v, want 0x89 (server busy)", ack)
+	}
+}
+
+// TestMaxSessions: sessions outlive their connections (for up to
+// --max-session-expiry), so their number is bounded apart from
+// connections: a client id new beyond --max-sessions is refused with
+// 0x97, while a client resuming its own session is let in.
+func TestMaxSessions(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxSessions: 4}))
+	var kept []string
+	for i := 0; ; i++ {
+		id := fmt.Sprint("session-", i)
+		c, ack, _ := connectRaw(t, id, rawOpts{cleanStart: true, sessionExpiry: 300, noSubscribe: true, conn: dialTCP(t, s.Addr())})
+		if c == nil {
+			if ack == nil || ack.ReasonCode != 0x97 {
+				t.Fatalf("session %d: CONNACK %+v, want 0x97 (quota exceeded)", i, ack)
+			}
+			break
+		}
+		if i == 4 {
+			t.Fatal("a fifth session admitted")
+		}
+		kept = append(kept, id)
+		c.c.Disconnect(&paho.Disconnect{})
+	}
+	if len(kept) != 4 {
+		t.Fatalf("%d sessions admitted, want 4", len(kept))
+	}
+	eventually(t, "all offline", func() bool { return s.Broker().ClientsConnected() == 0 })
+	if c, ack, _ := connectRaw(t, kept[0], rawOpts{sessionExpiry: 300, noSubscribe: true, conn: dialTCP(t, s.Addr())}); c == nil || !ack.SessionPresent {
+		t.Fatalf("resuming %s: CONNACK %+v", kept[0], ack)
 	}
 }
 
