@@ -187,6 +187,7 @@ type clientConn struct {
 	// 0 for none.
 	readWant  atomic.Int64 // the deadline mochi asked for last
 	readArmed atomic.Int64 // the one set on the connection
+	stalling  bool         // the deadline set is a stall's (see Read); the reader's
 
 	win window // the client's Receive Maximum; under wmu
 
@@ -277,8 +278,9 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		n = copy(p, c.head)
 		c.head = c.head[n:]
 	} else {
+		c.watchStall()
 		n, err = c.r.Read(p)
-		for n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.rearm() {
+		for n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.stalling && c.rearm() {
 			n, err = c.r.Read(p)
 		}
 	}
@@ -293,6 +295,43 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		c.tooLarge.Store(true)
 	}
 	return n, err
+}
+
+// A large packet in progress must make progress: mochi allocates a
+// packet's whole declared size before reading it, so a client that sends
+// the header of a maximum-size packet and stops holds that much memory for
+// as long as its connection lasts, for ever with keep-alive off.
+var (
+	stallSize = 64 << 10         // a packet with more than this still to come ...
+	stallTime = 30 * time.Second // ... ends the connection after this without a byte
+)
+
+// watchStall sets the read deadline of a large packet in progress (see
+// stallSize), unless mochi's keep-alive deadline comes first, and puts
+// mochi's back once the packet is read. The reader's alone.
+func (c *clientConn) watchStall() {
+	if _, ws := c.Conn.(*wsConn); ws {
+		return // a websocket connection cannot read on after a timeout
+	}
+	if c.frames.skip > stallSize {
+		at := time.Now().Add(stallTime).UnixNano()
+		if want := c.readWant.Load(); want == 0 || want > at {
+			c.stalling = true
+			c.readArmed.Store(at)
+			c.Conn.SetReadDeadline(time.Unix(0, at))
+		}
+		return
+	}
+	if c.stalling {
+		c.stalling = false
+		want := c.readWant.Load()
+		c.readArmed.Store(want)
+		var t time.Time
+		if want != 0 {
+			t = time.Unix(0, want)
+		}
+		c.Conn.SetReadDeadline(t)
+	}
 }
 
 // SetDeadline is mochi's keep-alive timer: it moves the deadline 1.5

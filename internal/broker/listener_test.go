@@ -2,7 +2,10 @@ package broker
 
 import (
 	"bytes"
+	"errors"
+	"os"
 	"testing"
+	"time"
 )
 
 func connectBytes(name string, version byte) []byte {
@@ -55,4 +58,58 @@ func FuzzFramer(f *testing.F) {
 			t.Fatalf("whole %+v (%v) vs parts %+v (%v)", whole, w, parts, p)
 		}
 	})
+}
+
+// TestStalledLargePacketEndsTheConnection: a client that sends the start
+// of a large packet and stops is cut off after stallTime without a byte,
+// keep-alive or not: mochi holds the packet's whole declared size for it.
+// A packet that keeps coming is not.
+func TestStalledLargePacketEndsTheConnection(t *testing.T) {
+	defer func(d time.Duration) { stallTime = d }(stallTime)
+	stallTime = time.Second
+	server, client := tcpPair(t)
+	c := &clientConn{Conn: server, r: server, max: 1 << 30}
+	// A PUBLISH of 1 MiB remaining length, its first 10 bytes sent.
+	head := append([]byte{0x30}, appendVarint(nil, 1<<20)...)
+	if _, err := client.Write(append(head, make([]byte, 10)...)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	got := 0
+	for got < len(head)+10 {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("reading what was sent: %v", err)
+		}
+		got += n
+	}
+	// More of it keeps coming, slower than stallTime in all but never
+	// stalling that long: the connection stays.
+	go func() {
+		for i := 0; i < 4; i++ {
+			time.Sleep(stallTime / 10)
+			client.Write(make([]byte, 1000))
+		}
+	}()
+	for got < len(head)+10+4000 {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("a packet still coming was cut off: %v", err)
+		}
+		got += n
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := c.Read(buf)
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a stalled packet: read %v, want the stall's deadline", err)
+		}
+	case <-time.After(10 * stallTime):
+		server.Close()
+		t.Fatal("a stalled packet holds its connection")
+	}
 }
