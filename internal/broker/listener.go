@@ -310,6 +310,9 @@ var (
 // stallSize), unless mochi's keep-alive deadline comes first, and puts
 // mochi's back once the packet is read. The reader's alone.
 func (c *clientConn) watchStall() {
+	if c.frames.skip <= stallSize && !c.stalling {
+		return // every read but a large packet's: first, at the least cost
+	}
 	if _, ws := c.Conn.(*wsConn); ws {
 		return // a websocket connection cannot read on after a timeout
 	}
@@ -322,16 +325,8 @@ func (c *clientConn) watchStall() {
 		}
 		return
 	}
-	if c.stalling {
-		c.stalling = false
-		want := c.readWant.Load()
-		c.readArmed.Store(want)
-		var t time.Time
-		if want != 0 {
-			t = time.Unix(0, want)
-		}
-		c.Conn.SetReadDeadline(t)
-	}
+	c.stalling = false
+	c.armWant()
 }
 
 // SetDeadline is mochi's keep-alive timer: it moves the deadline 1.5
@@ -361,10 +356,15 @@ func (c *clientConn) SetDeadline(t time.Time) error {
 // rearm sets the read deadline mochi asked for last, after the one set
 // expired, and reports whether that one is later, so the read goes on.
 func (c *clientConn) rearm() bool {
-	want := c.readWant.Load()
-	if want != 0 && want <= time.Now().UnixNano() {
+	if want := c.readWant.Load(); want != 0 && want <= time.Now().UnixNano() {
 		return false // the keep-alive really expired
 	}
+	return c.armWant()
+}
+
+// armWant sets on the connection the read deadline mochi asked for last.
+func (c *clientConn) armWant() bool {
+	want := c.readWant.Load()
 	c.readArmed.Store(want)
 	var t time.Time
 	if want != 0 {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/hlc"
@@ -117,6 +118,7 @@ type follower struct {
 	rings     map[int]*ring
 	following map[int]chan struct{} // group → closed once it has a position
 	gapped    map[int]bool          // group → changes were lost; OnEventsGap awaits the next
+	gaps      atomic.Int32          // len(gapped): deliver looks at gapped only if some
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
@@ -315,7 +317,10 @@ const behindRounds = 5
 func (f *follower) gap(g int) {
 	f.mu.Lock()
 	already := f.gapped[g]
-	f.gapped[g] = true
+	if !already {
+		f.gapped[g] = true
+		f.gaps.Add(1)
+	}
 	f.mu.Unlock()
 	if !already && f.n.cfg.OnEventsGap != nil {
 		f.n.cfg.OnEventsGap(hlc.Timestamp{})
@@ -389,11 +394,7 @@ func (f *follower) deliver(g int, entries []entryEvents) {
 		if len(e.Events) == 0 {
 			continue
 		}
-		f.mu.Lock()
-		gapped := f.gapped[g]
-		delete(f.gapped, g)
-		f.mu.Unlock()
-		if gapped && f.n.cfg.OnEventsGap != nil {
+		if f.gaps.Load() > 0 && f.endGap(g) && f.n.cfg.OnEventsGap != nil {
 			// Every change lost has a lower version: versions grow
 			// along a group's log.
 			f.n.cfg.OnEventsGap(e.Events[0].Version)
@@ -402,6 +403,18 @@ func (f *follower) deliver(g int, entries []entryEvents) {
 			f.n.cfg.OnEvents(e.Events)
 		}
 	}
+}
+
+// endGap reports whether g's changes were lost (see gap), and forgets it.
+func (f *follower) endGap(g int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.gapped[g] {
+		return false
+	}
+	delete(f.gapped, g)
+	f.gaps.Add(-1)
+	return true
 }
 
 // serve streams this node's ring of g to a follower on another node.
