@@ -171,9 +171,9 @@ func (b *Broker) settle(ho *handover) {
 }
 
 // OnSessionEstablished moves to cl what mochi left with the connection
-// whose session it took over (see takeLeftovers), cancels a delayed will
-// of the client and judges the subscriptions a resumed session brought
-// along against the client's current grant.
+// whose session it took over (see takeLeftovers) and cancels a delayed
+// will of the client. (What a resumed session brought along was judged
+// against the client's grant at its CONNACK: see judgeResumed.)
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	if c := h.b.connOf(cl); c != nil {
 		h.b.endHandover(cl, c)
@@ -182,9 +182,6 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	h.b.cancelWill(cl.ID)
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
 		h.b.countWindow(cl, cc) // again: mochi set its own count when it took the session over
-	}
-	if c := h.b.connOf(cl); c != nil {
-		h.b.pruneSubscriptions(cl, c)
 	}
 }
 
