@@ -49,7 +49,7 @@ const MaxTopicLength = 65535
 // notifyTopicFits reports whether NotifyTopic(clientID, key) fits in an
 // MQTT topic, for a key of keyLen bytes.
 func notifyTopicFits(clientID string, keyLen int) bool {
-	return len(NotifyPrefix)+len("/")+2*len(clientID)+len("/command/notify/")+2*keyLen <= MaxTopicLength
+	return len(NotifyClientPrefix(clientID))+2*keyLen <= MaxTopicLength // the key in hex
 }
 
 // NotifyClientPrefix returns the notification topic of clientID up to (and
