@@ -87,6 +87,12 @@ type Config struct {
 	// changes are delivered again, with the version of the first. Every
 	// change lost has a lower one.
 	OnEventsGap func(resume hlc.Timestamp)
+
+	// createHook, in tests, runs as a new cluster is made: with -1 once
+	// the metadata group leads, with g once group g is open, and with
+	// Groups once the metadata records the cluster. An error stops Start
+	// there, as a crash would.
+	createHook func(g int) error
 }
 
 // Node is a running node.
@@ -105,7 +111,11 @@ type Node struct {
 	metaFSM   *meta.FSM
 	metaTrans raft.WithClose
 	state     atomic.Pointer[meta.State]
-	changed   chan struct{} // the metadata changed: reconcile now
+	// creating is set while this node makes a new cluster: until the
+	// metadata says how many groups there are, and until the creation is
+	// durable, no other node may join (see create).
+	creating atomic.Bool
+	changed  chan struct{} // the metadata changed: reconcile now
 
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
@@ -146,6 +156,9 @@ func Start(cfg Config) (*Node, error) {
 		return n, n.startAlone()
 	}
 	if cfg.Dir != "" {
+		if err := redoCreation(cfg.Dir, n.log); err != nil {
+			return nil, err
+		}
 		j, err := journal.Open(filepath.Join(cfg.Dir, "journal"), journal.Options{OnFail: func(err error) {
 			n.Fail(fmt.Errorf("%w: the node stops; restart it to recover from its journal (nothing acknowledged is lost)", err))
 		}})
@@ -213,6 +226,9 @@ func (n *Node) groupCount() int {
 	}
 	if st := n.state.Load(); st != nil && st.Groups > 0 {
 		return st.Groups
+	}
+	if n.creating.Load() { // the metadata records the count last
+		return n.cfg.Groups
 	}
 	return 1
 }
@@ -475,6 +491,10 @@ func (n *Node) startMeta() error {
 	}
 	creating := !exists && len(n.cfg.Join) == 0
 	if creating {
+		n.creating.Store(true)
+		if err := n.markCreating(); err != nil {
+			return err
+		}
 		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: raft.ServerAddress(n.link.Addr())}}}
 		if err := raft.BootstrapCluster(rc, logs, stable, snaps, trans, boot); err != nil {
 			return err
@@ -504,6 +524,13 @@ func (n *Node) startMeta() error {
 
 // create makes this node the first member of a new cluster: it leads the
 // metadata group and every replica group, alone, until others join.
+//
+// A crash part way must not leave a cluster with groups that never elect
+// a leader. So every group is made before the metadata records the
+// cluster (OpInit), and the creation marker (see markCreating) goes only
+// after that: a restart that finds the marker starts again from nothing
+// (redoCreation). No other node joins meanwhile (metaHere), and no client
+// is served before Start returns, so nothing acknowledged is lost.
 func (n *Node) create() error {
 	deadline := time.Now().Add(30 * time.Second)
 	for n.meta.State() != raft.Leader {
@@ -512,8 +539,7 @@ func (n *Node) create() error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Node: meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}}
-	if err := n.applyMeta(op); err != nil {
+	if err := n.creationStep(-1); err != nil {
 		return err
 	}
 	boot := &raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(n.cfg.NodeID), Address: raft.ServerAddress(n.link.Addr())}}}
@@ -532,14 +558,86 @@ func (n *Node) create() error {
 		if _, err := n.openGroup(g, boot); err != nil {
 			return err
 		}
+		if err := n.creationStep(g); err != nil {
+			return err
+		}
 	}
 	for g := 0; g < n.cfg.Groups; g++ {
 		if err := n.local(g).AwaitLeader(30 * time.Second); err != nil {
 			return fmt.Errorf("group %d: %w", g, err)
 		}
 	}
+	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Node: meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}}
+	if err := n.applyMeta(op); err != nil {
+		return err
+	}
+	if err := n.creationStep(n.cfg.Groups); err != nil {
+		return err
+	}
+	if err := n.unmarkCreating(); err != nil {
+		return err
+	}
+	n.creating.Store(false)
 	n.log.Info("cluster created", "node", n.cfg.NodeID, "groups", n.cfg.Groups, "replicas", n.cfg.RF, "link", n.link.Addr())
 	return nil
+}
+
+// creationMarker, in a node's directory, says it is making a new cluster
+// that is not complete yet.
+const creationMarker = "creating"
+
+// markCreating records, durably, that a creation has begun: before the
+// metadata group is bootstrapped, so that no trace of it can outlive a
+// crash without the marker.
+func (n *Node) markCreating() error {
+	if n.cfg.Dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(n.cfg.Dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(n.cfg.Dir, creationMarker))
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return journal.SyncDir(n.cfg.Dir)
+}
+
+// unmarkCreating records, durably, that the cluster is complete.
+func (n *Node) unmarkCreating() error {
+	if n.cfg.Dir == "" {
+		return nil
+	}
+	if err := os.Remove(filepath.Join(n.cfg.Dir, creationMarker)); err != nil {
+		return err
+	}
+	return journal.SyncDir(n.cfg.Dir)
+}
+
+// redoCreation deletes what a creation that did not finish left in dir
+// (see create), so that it starts again from nothing.
+func redoCreation(dir string, log *slog.Logger) error {
+	if _, err := os.Stat(filepath.Join(dir, creationMarker)); err != nil {
+		return nil
+	}
+	log.Warn("this node was creating a new cluster when it stopped; it starts the creation again", "dir", dir)
+	for _, name := range []string{"journal", "meta", "groups"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return journal.SyncDir(dir)
+}
+
+// creationStep runs the test hook, if any, at a step of create.
+func (n *Node) creationStep(g int) error {
+	if n.cfg.createHook == nil {
+		return nil
+	}
+	return n.cfg.createHook(g)
 }
 
 // reopen restarts a member: its replicas are where it left them. If it was

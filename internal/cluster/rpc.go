@@ -192,6 +192,10 @@ func (n *Node) metaHere(op meta.Op) callResp {
 		addr, id := n.meta.LeaderWithID()
 		return callResp{Kind: errNotLeader, Leader: string(id), LeaderAddr: string(addr)}
 	}
+	if n.creating.Load() {
+		// Not a member to join yet (see create): the caller tries again.
+		return callResp{Kind: errNotLeader}
+	}
 	if err := n.applyMeta(op); err != nil {
 		return callResp{Kind: errOther, Err: err.Error()}
 	}
