@@ -481,7 +481,7 @@ func (n *Node) startMeta() error {
 		if err != nil {
 			return err
 		}
-		logs, stable, snaps = l, l, fss
+		logs, stable, snaps = l, l, replica.CheckedSnapshots(fss)
 	}
 	trans := n.transport(metaGroup)
 	n.metaTrans = trans.(raft.WithClose)
