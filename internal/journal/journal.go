@@ -295,7 +295,7 @@ func (j *Journal) scan(seq uint64, newest bool, idx map[uint32]map[uint64]loc) e
 				s.size = committed // the zeros written ahead of the records
 				return nil
 			}
-			if newest && !laterBatch(data, off, seq) {
+			if newest && !laterBatch(data, off, seq) && !batchWritten(data, committed, seq) {
 				return j.cutTail(s, committed)
 			}
 			return &DamagedError{Path: path, Off: off, Err: err}
@@ -336,6 +336,40 @@ func allZero(b []byte) bool {
 // its own commit record, if the disk kept a later sector and lost an
 // earlier one: that commit's batch begins at or before off.)
 func laterBatch(data []byte, off int64, seq uint64) bool {
+	return commitAfter(data, off, seq, func(batch int64) bool { return batch > off }) >= 0
+}
+
+// batchWritten reports whether the batch that begins at start in segment
+// seq reached the disk whole, so that a bad record in it is damage (a bit
+// flipped at rest), not a torn write: its own commit record is there, and
+// SectorsWritten says no sector of it was lost.
+func batchWritten(data []byte, start int64, seq uint64) bool {
+	end := commitAfter(data, start, seq, func(batch int64) bool { return batch == start })
+	return end >= 0 && SectorsWritten(data, start, end)
+}
+
+// SectorsWritten reports whether data[start:end], the last write to a file
+// at offset 0, written over zeros, reached the disk whole: no 512-byte
+// sector's share of it reads as zeros. A disk keeps or loses a sector
+// whole, so a write cut short by a crash shows a sector's share of zeros
+// (or a file that ends early); where none does, a bad checksum is damage
+// at rest, not a torn write. (A write holding a sector's worth of zeros
+// is taken as torn: the rule gives up certainty, never a torn write's cut.)
+func SectorsWritten(data []byte, start, end int64) bool {
+	const sector = 512
+	for p := start; p < end; {
+		q := min((p/sector+1)*sector, end)
+		if allZero(data[p:q]) {
+			return false
+		}
+		p = q
+	}
+	return true
+}
+
+// commitAfter returns the end of the first valid commit record of segment
+// seq after off whose batch start satisfies batch, or -1.
+func commitAfter(data []byte, off int64, seq uint64, batch func(int64) bool) int64 {
 	for p := off + 1; p+commitSize <= int64(len(data)); p++ {
 		if data[p+8] != kindCommit || recordLen(data[p:]) != commitSize {
 			continue
@@ -344,11 +378,11 @@ func laterBatch(data []byte, off int64, seq uint64) bool {
 		if err != nil {
 			continue
 		}
-		if r, err := decode(kind, body); err == nil && r.off == p && r.seg == seq && r.batch > off {
-			return true
+		if r, err := decode(kind, body); err == nil && r.off == p && r.seg == seq && batch(r.batch) {
+			return p + commitSize
 		}
 	}
-	return false
+	return -1
 }
 
 // cutTail cuts the newest segment's torn tail after committed. A segment

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -319,10 +320,34 @@ func TestDamageIsReported(t *testing.T) {
 }
 
 // A machine crash can keep a later sector of the last write and lose an
-// earlier one: the final batch's own commit record survives behind its
-// damaged first record. That batch was never acknowledged: it is cut, not
-// reported as damage.
+// earlier one (which then reads as the zeros written ahead): the final
+// batch's own commit record survives behind its damaged first record.
+// That batch was never acknowledged: it is cut, not reported as damage.
 func TestTornBatchWithItsOwnCommitIsCut(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, Options{})
+	l := j.Group(1)
+	store(t, l, 1, 5)
+	pad := strings.Repeat("x", 600) // the batch spans sectors
+	if err := l.StoreLogs([]*raft.Log{entry(6, "g1-6"+pad), entry(7, "g1-7"+pad), entry(8, "g1-8"+pad)}); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	path := lastSegment(t, dir)
+	data, _ := os.ReadFile(path)
+	start := lastBatch(data)
+	clear(data[start : (start/512+1)*512]) // its first sector never landed
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j = open(t, dir, Options{})
+	expect(t, j.Group(1), 1, 5)
+}
+
+// A bit flipped at rest in the newest batch, written whole, is damage, not
+// a torn write: that batch was acknowledged. Before, it was cut as torn
+// and the acknowledged entries were gone without a word.
+func TestBitFlipInTheLastBatchIsDamage(t *testing.T) {
 	dir := t.TempDir()
 	j := open(t, dir, Options{})
 	l := j.Group(1)
@@ -331,12 +356,30 @@ func TestTornBatchWithItsOwnCommitIsCut(t *testing.T) {
 	j.Close()
 	path := lastSegment(t, dir)
 	data, _ := os.ReadFile(path)
-	data[bytes.Index(data, []byte("g1-6"))] ^= 0x20
+	data[bytes.Index(data, []byte("g1-7"))] ^= 0x20
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	j = open(t, dir, Options{})
-	expect(t, j.Group(1), 1, 5)
+	_, err := Open(dir, Options{})
+	var d *DamagedError
+	if !errors.As(err, &d) {
+		t.Fatalf("open with a flipped bit in the last, acknowledged batch: %v", err)
+	}
+}
+
+// lastBatch returns where the newest batch of a segment's data begins:
+// after the last commit record but one.
+func lastBatch(data []byte) int64 {
+	var commits []int64
+	off := int64(headerSize)
+	for off+recHeader <= int64(len(data)) && data[off+8] != 0 {
+		kind := data[off+8]
+		off += recordLen(data[off:])
+		if kind == kindCommit {
+			commits = append(commits, off)
+		}
+	}
+	return commits[len(commits)-2]
 }
 
 // A journal cut off just after its first segment was created opens empty.

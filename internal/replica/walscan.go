@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/mqkv/mqkv/internal/journal"
 )
 
 // raft-wal's segment format, as far as checkTail needs it: a 32-byte file
@@ -43,34 +45,47 @@ func checkTail(walDir string) error {
 	if err != nil {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: err}
 	}
-	end, lastCommit := walkFrames(data)
+	end, lastCommit, prevCommit := walkFrames(data)
 	if n := completeBatchesAfter(data, lastCommit); n > 0 {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
 			"the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)}
+	}
+	// raft-wal drops a last batch that fails its checksum as a torn write.
+	// One that reached the disk whole was acknowledged: that is damage.
+	if lastCommit >= 0 && end == lastCommit+walFrameHeader {
+		start := 0 // the first batch's checksum covers the file header
+		if prevCommit >= 0 {
+			start = prevCommit + walFrameHeader
+		}
+		sum := binary.LittleEndian.Uint32(data[lastCommit+4:])
+		if crc32.Checksum(data[start:lastCommit], castagnoli) != sum && journal.SectorsWritten(data, int64(start), int64(end)) {
+			return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
+				"the last batch of entries (bytes %d to %d) fails its checksum, though all of it was written: it would be lost", start, end)}
+		}
 	}
 	return nil
 }
 
 // walkFrames returns where raft-wal's reading of a segment stops (the
-// first frame header that is zero or does not decode) and the offset of
-// the last commit frame before it (-1 if none).
-func walkFrames(data []byte) (stop, lastCommit int) {
-	off, lastCommit := walFileHeader, -1
+// first frame header that is zero or does not decode) and the offsets of
+// the last two commit frames before it (-1 if none).
+func walkFrames(data []byte) (stop, lastCommit, prevCommit int) {
+	off, lastCommit, prevCommit := walFileHeader, -1, -1
 	for off+walFrameHeader <= len(data) {
 		h := data[off : off+walFrameHeader]
 		if h[0] == 0 || h[0] > walFrameCommit || h[1]|h[2]|h[3] != 0 {
-			return off, lastCommit
+			return off, lastCommit, prevCommit
 		}
 		n := 0
 		if h[0] == walFrameCommit {
-			lastCommit = off
+			prevCommit, lastCommit = lastCommit, off
 		} else {
 			n = int(binary.LittleEndian.Uint32(h[4:]))
 			n += (walFrameHeader - n%walFrameHeader) % walFrameHeader
 		}
 		off += walFrameHeader + n
 	}
-	return min(off, len(data)), lastCommit
+	return min(off, len(data)), lastCommit, prevCommit
 }
 
 // pairWindow is how many earlier commit-frame candidates each candidate is
