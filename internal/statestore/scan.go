@@ -1,7 +1,11 @@
 package statestore
 
 import (
+	"bytes"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
@@ -51,7 +55,7 @@ func (s *Service) scan(r *Request, args [][]byte) {
 			count, haveCount = min(n, scanMaxCount), true
 			i++
 		case !haveToken:
-			k, ok := decodeToken(args[i])
+			k, ok := s.tokens.decode(args[i])
 			if !ok {
 				s.fail(r, ErrBadToken)
 				return
@@ -103,7 +107,7 @@ func (s *Service) scan(r *Request, args [][]byte) {
 	}
 	var token []byte
 	if more {
-		token = encodeToken(last)
+		token = s.tokens.encode(last, r.Grant.CanAccess(last, policy.Read))
 	}
 	s.reply(r, scanReply(keys, token), hlc.Timestamp{})
 }
@@ -125,10 +129,18 @@ func scanReply(keys [][]byte, token []byte) []byte {
 
 // Continuation tokens are the last key examined, with a format byte and a
 // CRC-32C so that a token mqkv did not issue (or one damaged on the way) is
-// refused instead of silently starting elsewhere. They carry nothing secret:
-// a client that forges one only chooses where its own scan resumes, and
-// every key is still checked against its grant.
-const tokenFormat = 1
+// refused instead of silently starting elsewhere. A client that forges one
+// only chooses where its own scan resumes, and every key is still checked
+// against its grant. But the last key examined may be one the client may
+// not read (a page ends after examining scanMaxExamined keys, or where a
+// cluster's group page ends): its name must not reach the client, so such
+// a token is sealed (AES-GCM) under a key this server process draws at
+// start. A sealed token is good only on the server that issued it, until
+// it restarts; elsewhere it is refused and the client starts over.
+const (
+	tokenPlain  = 1
+	tokenSealed = 2
+)
 
 var (
 	castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -136,26 +148,78 @@ var (
 	tokenEncoding = base64.RawURLEncoding.Strict()
 )
 
-func encodeToken(key []byte) []byte {
-	raw := make([]byte, 0, 1+len(key)+4)
-	raw = append(raw, tokenFormat)
-	raw = append(raw, key...)
-	raw = binary.BigEndian.AppendUint32(raw, crc32.Checksum(raw, castagnoli))
+// tokens issues and reads continuation tokens.
+type tokens struct{ aead cipher.AEAD }
+
+func newTokens() tokens {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		panic(err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return tokens{aead}
+}
+
+// encode returns the token for a scan that goes on after key; readable
+// says whether the client may read key (else its name is sealed).
+func (t tokens) encode(key []byte, readable bool) []byte {
+	var raw []byte
+	if readable {
+		raw = make([]byte, 0, 1+len(key)+4)
+		raw = append(raw, tokenPlain)
+		raw = append(raw, key...)
+		raw = binary.BigEndian.AppendUint32(raw, crc32.Checksum(raw, castagnoli))
+	} else {
+		n := t.aead.NonceSize()
+		raw = make([]byte, 1+n, 1+n+len(key)+t.aead.Overhead())
+		raw[0] = tokenSealed
+		if _, err := rand.Read(raw[1:]); err != nil {
+			panic(err)
+		}
+		raw = t.aead.Seal(raw, raw[1:], key, raw[:1])
+	}
 	out := make([]byte, tokenEncoding.EncodedLen(len(raw)))
 	tokenEncoding.Encode(out, raw)
 	return out
 }
 
-func decodeToken(tok []byte) ([]byte, bool) {
+func (t tokens) decode(tok []byte) ([]byte, bool) {
+	if bytes.ContainsAny(tok, "\r\n") { // which even a strict decoder skips
+		return nil, false
+	}
 	raw := make([]byte, base64.RawURLEncoding.DecodedLen(len(tok)))
 	n, err := tokenEncoding.Decode(raw, tok)
-	if err != nil || n < 5 || raw[0] != tokenFormat {
+	if err != nil || n < 5 {
 		return nil, false
 	}
 	raw = raw[:n]
-	body, sum := raw[:n-4], binary.BigEndian.Uint32(raw[n-4:])
-	if crc32.Checksum(body, castagnoli) != sum {
-		return nil, false
+	switch raw[0] {
+	case tokenPlain:
+		body, sum := raw[:n-4], binary.BigEndian.Uint32(raw[n-4:])
+		if crc32.Checksum(body, castagnoli) != sum {
+			return nil, false
+		}
+		return body[1:], true
+	case tokenSealed:
+		ns := t.aead.NonceSize()
+		if n < 1+ns+t.aead.Overhead() {
+			return nil, false
+		}
+		key, err := t.aead.Open(nil, raw[1:1+ns], raw[1+ns:], raw[:1])
+		if err != nil {
+			return nil, false
+		}
+		if key == nil {
+			key = []byte{}
+		}
+		return key, true
 	}
-	return body[1:], true
+	return nil, false
 }

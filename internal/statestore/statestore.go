@@ -181,6 +181,7 @@ type Service struct {
 	log       *slog.Logger
 	observers *registry
 	limits    Limits
+	tokens    tokens // SCAN's continuation tokens
 	history   *history
 	Counters  Counters
 
@@ -210,7 +211,7 @@ func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 	if limits.History == (HistoryLimits{}) {
 		limits.History = DefaultHistory
 	}
-	s := &Service{router: router, transport: t, log: log, limits: limits, history: newHistory(limits.History)}
+	s := &Service{router: router, transport: t, log: log, limits: limits, tokens: newTokens(), history: newHistory(limits.History)}
 	s.observers = newRegistry(&s.Counters.RegistrationsActive)
 	// Nothing before this moment is in the history. A cluster node sees
 	// changes only once it follows the groups (at the first KEYNOTIFY):

@@ -10,6 +10,10 @@ import (
 
 	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/store"
 )
 
 func TestParsePX(t *testing.T) {
@@ -178,32 +182,132 @@ func TestRegistryPatterns(t *testing.T) {
 }
 
 func TestScanTokens(t *testing.T) {
+	tk, other := newTokens(), newTokens() // another server, or a restart
 	for _, key := range []string{"", "a", "sensors/site-1/temp", "\x00\xff"} {
-		got, ok := decodeToken(encodeToken([]byte(key)))
-		if !ok || string(got) != key {
-			t.Fatalf("token round trip of %q: %q %v", key, got, ok)
+		for _, readable := range []bool{true, false} {
+			tok := tk.encode([]byte(key), readable)
+			got, ok := tk.decode(tok)
+			if !ok || string(got) != key {
+				t.Fatalf("token round trip of %q (readable %v): %q %v", key, readable, got, ok)
+			}
+			_, ok = other.decode(tok)
+			if ok != readable {
+				t.Errorf("another server accepts the token for %q (readable %v): %v", key, readable, ok)
+			}
 		}
 	}
-	for _, bad := range []string{"", "=", "AQ", "AQAAAAAA", "!!!!"} {
-		if _, ok := decodeToken([]byte(bad)); ok {
+	raw, _ := tokenEncoding.DecodeString(string(tk.encode([]byte("secret/device-7"), false)))
+	if strings.Contains(string(raw), "secret") || strings.Contains(string(raw), "device") {
+		t.Fatalf("a sealed token shows the key: %q", raw)
+	}
+	for _, bad := range []string{"", "=", "AQ", "AQAAAAAA", "!!!!", "AgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"} {
+		if _, ok := tk.decode([]byte(bad)); ok {
 			t.Errorf("accepted token %q", bad)
 		}
 	}
 }
 
+// A page that ends on a key the client may not read goes on from there,
+// but the token does not name it.
+func TestScanTokenHidesUnreadableKeys(t *testing.T) {
+	pol, err := policy.Parse([]byte(`rules:
+  - principals: {clientIds: ["reader"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources: [{method: Read, keys: ["public/*"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := pol.Grant(policy.Principal{ClientID: "reader"})
+	rt := &pagedRouter{keys: []string{"private/a", "private/b", "public/1", "secret/x", "secret/y"}, page: 2}
+	tr := &replies{}
+	s := New(rt, tr, Limits{}, nil)
+	var got []string
+	var token []byte
+	for i := 0; i < 10; i++ {
+		args := [][]byte{[]byte("SCAN"), []byte("*")}
+		if token != nil {
+			args = append(args, token)
+		}
+		s.Handle(&Request{ClientID: "reader", Grant: grant, ResponseTopic: "r", QoS: 1, Payload: resp.AppendBulks(nil, args...)})
+		v, err := resp.ParseReply(tr.last)
+		if err != nil || v.Kind != resp.Array || len(v.Elems) < 1 {
+			t.Fatalf("reply %q", tr.last)
+		}
+		for _, k := range v.Elems[0].Elems {
+			got = append(got, string(k.Str))
+		}
+		if len(v.Elems) == 1 {
+			break
+		}
+		token = v.Elems[1].Str
+		raw, _ := tokenEncoding.DecodeString(string(token))
+		if strings.Contains(string(raw), "private") || strings.Contains(string(raw), "secret") {
+			t.Fatalf("token %q names a key the client may not read: %q", token, raw)
+		}
+	}
+	if strings.Join(got, ",") != "public/1" {
+		t.Fatalf("scan: %q", got)
+	}
+}
+
+// pagedRouter serves Ascend from keys, page at a time, as a cluster's
+// router stops where a group's page ends.
+type pagedRouter struct {
+	keys []string
+	page int
+}
+
+func (r *pagedRouter) Submit(context.Context, replica.Proposal) {}
+func (r *pagedRouter) Get(context.Context, []byte) (store.Entry, bool, error) {
+	return store.Entry{}, false, nil
+}
+func (r *pagedRouter) Clock() *hlc.Clock { c, _ := hlc.New("n1", nil); return c }
+func (r *pagedRouter) Ascend(_ context.Context, from, prefix []byte, limit int, fn func(*store.Entry) bool) (bool, error) {
+	n := 0
+	for _, k := range r.keys {
+		if k < string(from) || !strings.HasPrefix(k, string(prefix)) {
+			continue
+		}
+		if n == r.page {
+			return false, nil
+		}
+		n++
+		if !fn(&store.Entry{Key: []byte(k)}) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// replies keeps the last reply.
+type replies struct{ last []byte }
+
+func (t *replies) Reply(_ *Request, payload []byte, _ hlc.Timestamp)          { t.last = payload }
+func (t *replies) Deliver(string, uint64, string, []byte, hlc.Timestamp) bool { return true }
+func (t *replies) Disconnect(string, uint64, byte)                            {}
+
 func FuzzDecodeToken(f *testing.F) {
-	f.Add(encodeToken([]byte("sensors/site-1/temp")))
+	tk := newTokens()
+	f.Add(tk.encode([]byte("sensors/site-1/temp"), true))
+	f.Add(tk.encode([]byte("sensors/site-1/temp"), false))
 	f.Add([]byte("garbage"))
 	f.Fuzz(func(t *testing.T, tok []byte) {
-		key, ok := decodeToken(tok)
+		key, ok := tk.decode(tok)
 		if !ok {
 			return
 		}
-		// A valid token is exactly the one mqkv issues for its key.
-		if string(encodeToken(key)) != string(tok) {
-			t.Fatalf("token %q accepted for %q but mqkv would write %q", tok, key, encodeToken(key))
+		// A valid plain token is exactly the one mqkv issues for its key;
+		// a sealed one only mqkv can make.
+		if plain := tk.encode(key, true); string(plain) != string(tok) && !isSealed(tok) {
+			t.Fatalf("token %q accepted for %q but mqkv would write %q", tok, key, plain)
 		}
 	})
+}
+
+func isSealed(tok []byte) bool {
+	raw, err := tokenEncoding.DecodeString(string(tok))
+	return err == nil && len(raw) > 0 && raw[0] == tokenSealed
 }
 
 // BenchmarkRequestDeadline: what a locally served request pays for its
