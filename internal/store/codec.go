@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 
 	"github.com/google/btree"
 
@@ -320,14 +321,21 @@ func (sr *snapReader) read(n int) []byte {
 	if sr.err != nil {
 		return nil
 	}
-	if cap(sr.buf) < n {
-		sr.buf = make([]byte, n)
+	b := sr.buf[:0]
+	for len(b) < n {
+		// The buffer grows with the bytes that arrive, at most doubling:
+		// a corrupt length must not allocate what the snapshot does not
+		// hold (up to maxField at once, before).
+		step := min(n-len(b), max(len(b), 1<<20))
+		b = slices.Grow(b, step)
+		m, err := io.ReadFull(sr.r, b[len(b):len(b)+step])
+		b = b[:len(b)+m]
+		if err != nil {
+			sr.buf, sr.err = b[:0], err
+			return nil
+		}
 	}
-	b := sr.buf[:n]
-	if _, err := io.ReadFull(sr.r, b); err != nil {
-		sr.err = err
-		return nil
-	}
+	sr.buf = b
 	sr.sum = crc32.Update(sr.sum, castagnoli, b)
 	return b
 }

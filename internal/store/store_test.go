@@ -2,9 +2,11 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand"
+	"runtime"
 	"testing"
 	"unsafe"
 
@@ -836,4 +838,24 @@ func TestIndexFollowsTheTree(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// A corrupt field length (up to maxField, 1 GiB) in a short snapshot
+// allocates about what the snapshot holds, not what the length claims.
+func TestSnapshotCorruptLengthAllocatesLittle(t *testing.T) {
+	data := append([]byte(snapshotMagic), snapshotFormat)
+	data = appendTimestamp(data, ts(1))
+	data = binary.AppendUvarint(data, 1)
+	data = binary.AppendUvarint(data, maxField) // the key's length
+	data = append(data, bytes.Repeat([]byte("x"), 1000)...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := New(Limits{}).ReadSnapshot(bytes.NewReader(data))
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a truncated snapshot was read")
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("reading 1 KB with a 1 GiB length allocated %d MiB", got>>20)
+	}
 }
