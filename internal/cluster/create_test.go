@@ -109,3 +109,36 @@ func TestJoinWaitsForTheCreation(t *testing.T) {
 		t.Fatalf("the joiner's metadata: %+v", st)
 	}
 }
+
+// Nodes started together, as by a compose file: the joiner's first calls
+// reach the first node before its metadata group exists. It must wait,
+// not give up ("not a cluster member").
+func TestNodesStartedTogether(t *testing.T) {
+	for i := 0; i < 3; i++ {
+		listen := func(id string) *peer.Link {
+			link, err := peer.Listen(peer.Config{NodeID: id, Listen: "127.0.0.1:0", Secret: []byte("test-secret-0123456789"), Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { link.Close() })
+			return link
+		}
+		l1, l2 := listen("n1"), listen("n2")
+		joined := make(chan error, 1)
+		go func() {
+			n, err := Start(Config{NodeID: "n2", Dir: t.TempDir(), Link: l2, Join: []string{l1.Addr()}, Groups: 2, RF: 3, Logger: quiet()})
+			if err == nil {
+				t.Cleanup(func() { n.Close() })
+			}
+			joined <- err
+		}()
+		n1, err := Start(Config{NodeID: "n1", Dir: t.TempDir(), Link: l1, Groups: 2, RF: 3, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n1.Close() })
+		if err := <-joined; err != nil {
+			t.Fatalf("round %d: the joiner started with the first node gave up: %v", i, err)
+		}
+	}
+}

@@ -115,6 +115,7 @@ type Node struct {
 	// metadata says how many groups there are, and until the creation is
 	// durable, no other node may join (see create).
 	creating atomic.Bool
+	started  atomic.Bool // meta is set: calls may be answered
 	changed  chan struct{} // the metadata changed: reconcile now
 
 	mu     sync.Mutex
@@ -505,6 +506,7 @@ func (n *Node) startMeta() error {
 		return err
 	}
 	n.meta = r
+	n.started.Store(true)
 	switch {
 	case creating:
 		if err := n.create(); err != nil {

@@ -98,7 +98,13 @@ func (n *Node) serveStream(from string, s net.Conn) {
 func (n *Node) serveCall(from string, body []byte) []byte {
 	var req callReq
 	resp := callResp{Kind: errOther, Err: "malformed call"}
-	if peer.Decode(body, &req) == nil {
+	switch {
+	case !n.started.Load():
+		// Calls are taken from the start (there is no refusing them
+		// otherwise, only leaving them unanswered), but n.meta is not
+		// there yet: nothing done, the caller tries again.
+		resp = callResp{Kind: errNotLeader}
+	case peer.Decode(body, &req) == nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		resp = n.answer(ctx, req)
 		cancel()
@@ -185,9 +191,6 @@ func (n *Node) submitHere(r *replica.Group, req callReq) callResp {
 // metaHere applies a metadata change if this node leads the metadata
 // group, and changes the metadata group's membership to match.
 func (n *Node) metaHere(op meta.Op) callResp {
-	if n.meta == nil {
-		return callResp{Kind: errOther, Err: "not a cluster member"}
-	}
 	if n.meta.State() != raft.Leader {
 		addr, id := n.meta.LeaderWithID()
 		return callResp{Kind: errNotLeader, Leader: string(id), LeaderAddr: string(addr)}
