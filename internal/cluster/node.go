@@ -115,7 +115,7 @@ type Node struct {
 	// metadata says how many groups there are, and until the creation is
 	// durable, no other node may join (see create).
 	creating atomic.Bool
-	started  atomic.Bool // meta is set: calls may be answered
+	started  atomic.Bool   // meta is set: calls may be answered
 	changed  chan struct{} // the metadata changed: reconcile now
 
 	mu     sync.Mutex
@@ -482,7 +482,7 @@ func (n *Node) startMeta() error {
 		if err != nil {
 			return err
 		}
-		logs, stable, snaps = l, l, replica.CheckedSnapshots(fss)
+		logs, stable, snaps = l, l, replica.CheckedSnapshots(dir, fss, l)
 	}
 	trans := n.transport(metaGroup)
 	n.metaTrans = trans.(raft.WithClose)
@@ -503,6 +503,9 @@ func (n *Node) startMeta() error {
 	}
 	r, err := raft.NewRaft(rc, n.metaFSM, logs, stable, snaps, trans)
 	if err != nil {
+		if why := replica.SnapshotRefusal(snaps); why != nil {
+			return &replica.DamagedError{Path: filepath.Join(n.cfg.Dir, "meta", "snapshots"), What: "a snapshot of the cluster metadata", Err: why}
+		}
 		return err
 	}
 	n.meta = r

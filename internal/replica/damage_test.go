@@ -46,14 +46,25 @@ func TestDamagedFrameLengthIsDamage(t *testing.T) {
 }
 
 // TestBitFlipInTheLastBatchIsDamage: one bit flipped at rest in the
-// newest batch (key-5's entry, written and acknowledged whole) fails the
-// batch's checksum; raft-wal drops such a batch as a torn write. No
-// sector of it reads as zeros, so it is not one.
+// newest batch (key-5's entry and its commit frame, written and
+// acknowledged whole), in its payload or in a frame header. raft-wal
+// drops such a batch as a torn write; no sector of it reads as zeros, so
+// it is not one.
 func TestBitFlipInTheLastBatchIsDamage(t *testing.T) {
-	damageAndReopen(t, "key-5", func(frame []byte) {
-		i := bytes.Index(frame, []byte("key-5"))
-		frame[i] ^= 0x20
-	})
+	for name, damage := range map[string]func(frame []byte){
+		"payload":      func(frame []byte) { frame[bytes.Index(frame, []byte("key-5"))] ^= 0x20 },
+		"entry type":   func(frame []byte) { frame[0] ^= 0x20 },
+		"entry length": func(frame []byte) { frame[4+2] ^= 0x10 },
+		"commit type": func(frame []byte) {
+			// The commit frame follows the entry frame; frame's capacity
+			// runs to the end of the segment.
+			n := int(binary.LittleEndian.Uint32(frame[4:]))
+			n += (walFrameHeader - n%walFrameHeader) % walFrameHeader
+			frame[:cap(frame)][walFrameHeader+n] ^= 0x20
+		},
+	} {
+		t.Run(name, func(t *testing.T) { damageAndReopen(t, "key-5", damage) })
+	}
 }
 
 // damageAndReopen writes six keys through a single node's group, one
@@ -106,4 +117,73 @@ func damageAndReopen(t *testing.T, key string, damage func(frame []byte)) {
 			t.Errorf("acknowledged key-%d is gone, and the node started without a word", i)
 		}
 	}
+}
+
+// TestSecondTornWriteIsNotDamage: two machine crashes, each tearing the
+// batch being written (never acknowledged). raft-wal recovers a torn tail
+// by moving its writer back, not by clearing what is there, so the next
+// batch lands on the torn one's bytes; a sector of it lost in the second
+// crash read as those bytes, not as zeros, and a torn write looked like
+// damage (the node refused to start). checkTail now clears the torn tail.
+func TestSecondTornWriteIsNotDamage(t *testing.T) {
+	dir := t.TempDir()
+	segment := func() string {
+		segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
+		return segs[len(segs)-1]
+	}
+	set := func(g *Group, k string, v []byte) {
+		write(t, g, store.Command{Op: store.OpSet, Key: []byte(k), Value: v}, hlc.Timestamp{})
+	}
+	g := open(t, dir, nil)
+	for _, k := range []string{"a", "b", "c"} {
+		set(g, k, []byte("v"))
+	}
+	set(g, "big1", bytes.Repeat([]byte("1"), 3<<20)) // batch B
+	g.Close()
+	// Crash 1: B's first sector never landed, the rest did.
+	crash1, _ := os.ReadFile(segment())
+	bStart, _ := lastTwoBatches(crash1)
+	clear(crash1[bStart : (bStart/512+1)*512])
+	if err := os.WriteFile(segment(), crash1, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g = open(t, dir, nil)
+	onDisk, _ := os.ReadFile(segment()) // what batch C is written over
+	set(g, "big2", bytes.Repeat([]byte("2"), 2<<20))
+	g.Close()
+	crash2, _ := os.ReadFile(segment())
+	cStart, cEnd := lastTwoBatches(crash2)
+	// Crash 2: a sector well inside C (past the zeros written ahead of the
+	// writer) never landed: it holds what was there before.
+	s := (cEnd - 64<<10) / 512 * 512
+	if s < cStart || !bytes.Contains(crash1[s:s+512], []byte("1111")) {
+		t.Fatalf("layout: B from %d, C %d to %d, sector %d", bStart, cStart, cEnd, s)
+	}
+	copy(crash2[s:s+512], onDisk[s:s+512])
+	if err := os.WriteFile(segment(), crash2, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g = open(t, dir, nil) // fails the test on a DamagedError
+	defer g.Close()
+	for _, k := range []string{"a", "b", "c"} {
+		if _, ok := g.Get([]byte(k)); !ok {
+			t.Errorf("acknowledged %s is gone", k)
+		}
+	}
+}
+
+// lastTwoBatches returns where the newest batch of a raft-wal segment
+// begins and ends (after its commit frame).
+func lastTwoBatches(data []byte) (start, end int) {
+	last, prev := -1, -1
+	for off := walFileHeader; off+walFrameHeader <= len(data) && data[off] != 0; {
+		if data[off] == walFrameCommit {
+			prev, last = last, off
+			off += walFrameHeader
+			continue
+		}
+		n := int(binary.LittleEndian.Uint32(data[off+4:]))
+		off += walFrameHeader + n + (walFrameHeader-n%walFrameHeader)%walFrameHeader
+	}
+	return prev + walFrameHeader, last + walFrameHeader
 }

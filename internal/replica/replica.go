@@ -287,7 +287,7 @@ func Open(cfg Config) (*Group, error) {
 	r, err := raft.NewRaft(rc, g.fsm, logs, stable, snaps, trans)
 	if err != nil {
 		g.closeWAL()
-		if why := snapshotRefusal(snaps); why != nil {
+		if why := SnapshotRefusal(snaps); why != nil {
 			return nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "a snapshot of the group", Err: why}
 		}
 		return nil, fmt.Errorf("replica: start raft: %w", err)
@@ -401,7 +401,7 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 			return nil, nil, nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "the snapshot the log continues", Err: err}
 		}
 	}
-	return logs, stable, CheckedSnapshots(fss), nil
+	return logs, stable, CheckedSnapshots(cfg.Dir, fss, logs), nil
 }
 
 // openWAL opens a group's own log in walDir, creating it, and verifies it
@@ -1200,7 +1200,7 @@ func Seed(dir, nodeID, addr string, st *store.Store) error {
 	if err != nil {
 		return err
 	}
-	snaps := CheckedSnapshots(fss)
+	snaps := CheckedSnapshots(dir, fss, raft.NewInmemStore()) // only written to here
 	_, trans := raft.NewInmemTransport(raft.ServerAddress(addr))
 	conf := raft.Configuration{Servers: []raft.Server{{ID: raft.ServerID(nodeID), Address: raft.ServerAddress(addr)}}}
 	sink, err := snaps.Create(raft.SnapshotVersionMax, 1, 1, conf, 1, trans)

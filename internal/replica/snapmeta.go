@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -21,21 +24,94 @@ import (
 // one in its membership gives the group members it never had. A snapshot
 // whose meta.json disagrees with the copy does not open, as one whose
 // data fails its checksum does (raft then tries an older one, or stops).
-// Snapshots written before the copy existed open unchecked.
-func CheckedSnapshots(s raft.SnapshotStore) raft.SnapshotStore {
-	return &checkedSnapshots{SnapshotStore: s}
+// Snapshots written before the copy existed open unchecked. meta.json's
+// size, which a leader announces when it sends the snapshot, is checked
+// against the file.
+//
+// It also keeps raft from a fallback that ends in a panic: when the newest
+// snapshot does not open, raft restores an older one, then panics on the
+// first log entry after it if the log was compacted past it (as it is in
+// steady state). So List offers older snapshots only while the log still
+// holds the entries after them, and a newest snapshot whose meta.json does
+// not even parse (the file store skips it without a word) is an error.
+//
+// dir is the file store's directory, logs the group's log.
+func CheckedSnapshots(dir string, s raft.SnapshotStore, logs raft.LogStore) raft.SnapshotStore {
+	return &checkedSnapshots{SnapshotStore: s, dir: filepath.Join(dir, "snapshots"), logs: logs}
 }
 
 type checkedSnapshots struct {
 	raft.SnapshotStore
+	dir  string
+	logs raft.LogStore
+
 	mu      sync.Mutex
 	refused error // why the last snapshot that did not open did not
 }
 
-// snapshotRefusal says why s last refused to open a snapshot, if it is
-// a CheckedSnapshots and did: raft's own error ("failed to load any
-// existing snapshots") does not.
-func snapshotRefusal(s raft.SnapshotStore) error {
+func (s *checkedSnapshots) refuse(err error) {
+	s.mu.Lock()
+	s.refused = err
+	s.mu.Unlock()
+}
+
+func (s *checkedSnapshots) List() ([]*raft.SnapshotMeta, error) {
+	metas, err := s.SnapshotStore.List()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.unreadable(metas); err != nil {
+		s.refuse(err)
+		return nil, err
+	}
+	// An older snapshot can stand in for the newest only if the log holds
+	// every entry from it to past the newest: else the group would go
+	// back in time, or raft panic on an entry that is not there.
+	first, err := s.logs.FirstIndex()
+	if err != nil {
+		return nil, err
+	}
+	last, err := s.logs.LastIndex()
+	if err != nil {
+		return nil, err
+	}
+	if len(metas) == 0 || first == 0 || last < metas[0].Index {
+		return metas[:min(len(metas), 1)], nil
+	}
+	for i := 1; i < len(metas); i++ {
+		if first > metas[i].Index+1 { // newest first: the rest are older still
+			return metas[:i], nil
+		}
+	}
+	return metas, nil
+}
+
+// unreadable reports a snapshot directory newer than every snapshot the
+// file store listed: its meta.json did not parse.
+func (s *checkedSnapshots) unreadable(metas []*raft.SnapshotMeta) error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil // the file store made the directory; List said what it could
+	}
+	for _, e := range entries {
+		var term, index, ms uint64
+		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		if _, err := fmt.Sscanf(e.Name(), "%d-%d-%d", &term, &index, &ms); err != nil {
+			continue
+		}
+		if len(metas) == 0 || term > metas[0].Term || term == metas[0].Term && index > metas[0].Index {
+			return fmt.Errorf("snapshot %s: its meta.json cannot be read, and it is the newest", e.Name())
+		}
+	}
+	return nil
+}
+
+// SnapshotRefusal says why s last refused a snapshot, if it is a
+// CheckedSnapshots and did: raft's own error ("failed to load any existing
+// snapshots") does not.
+func SnapshotRefusal(s raft.SnapshotStore) error {
 	c, ok := s.(*checkedSnapshots)
 	if !ok {
 		return nil
@@ -70,9 +146,7 @@ func (s *checkedSnapshots) Create(version raft.SnapshotVersion, index, term uint
 func (s *checkedSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	m, rc, err := s.open(id)
 	if err != nil {
-		s.mu.Lock()
-		s.refused = err
-		s.mu.Unlock()
+		s.refuse(err)
 	}
 	return m, rc, err
 }
@@ -81,6 +155,10 @@ func (s *checkedSnapshots) open(id string) (*raft.SnapshotMeta, io.ReadCloser, e
 	m, rc, err := s.SnapshotStore.Open(id)
 	if err != nil {
 		return nil, nil, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if fi, err := os.Stat(filepath.Join(s.dir, id, "state.bin")); err == nil && fi.Size() != m.Size {
+		rc.Close()
+		return nil, nil, fmt.Errorf("snapshot %s: meta.json gives its size as %d bytes, the file holds %d: one of them is damaged", id, m.Size, fi.Size())
 	}
 	head := make([]byte, len(metaMagic)+4)
 	n, err := io.ReadFull(rc, head)

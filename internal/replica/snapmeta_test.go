@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,15 +20,35 @@ import (
 // A damaged meta.json (hashicorp's file snapshot store does not checksum
 // it) must be reported, not believed: an index too high made raft skip
 // the log entries after the snapshot, a membership changed made the group
-// wait for a voter it never had. Keys 0-3 are in the snapshot, 4-9 only
-// in the log after it.
+// wait for a voter it never had, a size changed is what a leader announces
+// to a follower it sends the snapshot to. And a refused newest snapshot
+// must not make raft fall back to the older one: the log no longer holds
+// the entries after it (two snapshots 1,190 entries apart, 1,024 kept),
+// and raft panicked on the first one missing. Keys 1,200 and on are only
+// in the log.
 func TestDamagedSnapshotMetadataIsReported(t *testing.T) {
-	for name, damage := range map[string]func(m map[string]any){
-		"index": func(m map[string]any) { m["Index"] = m["Index"].(float64) + 3 },
-		"membership": func(m map[string]any) {
+	edit := func(change func(m map[string]any)) func([]byte) []byte {
+		return func(data []byte) []byte {
+			var m map[string]any
+			if err := json.Unmarshal(data, &m); err != nil {
+				t.Fatal(err)
+			}
+			change(m)
+			out, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+	}
+	for name, damage := range map[string]func([]byte) []byte{
+		"index": edit(func(m map[string]any) { m["Index"] = m["Index"].(float64) + 3 }),
+		"membership": edit(func(m map[string]any) {
 			srv := m["Configuration"].(map[string]any)["Servers"].([]any)[0].(map[string]any)
 			srv["ID"] = "n2"
-		},
+		}),
+		"size":       edit(func(m map[string]any) { m["Size"] = m["Size"].(float64) + 1<<20 }),
+		"unparsable": func(data []byte) []byte { data[0] ^= 1; return data },
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -35,36 +56,37 @@ func TestDamagedSnapshotMetadataIsReported(t *testing.T) {
 			key := func(i int) store.Command {
 				return store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("key-", i)), Value: []byte("value")}
 			}
-			for i := 0; i < 4; i++ {
+			for i := 0; i < 1210; i++ {
 				write(t, g, key(i), hlc.Timestamp{})
-			}
-			if err := g.Snapshot(); err != nil {
-				t.Fatal(err)
-			}
-			for i := 4; i < 10; i++ {
-				write(t, g, key(i), hlc.Timestamp{})
+				if i == 9 || i == 1199 {
+					if err := g.Snapshot(); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 			g.Close()
 			metas, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*", "meta.json"))
-			if len(metas) != 1 {
+			if len(metas) != 2 {
 				t.Fatalf("snapshots: %v", metas)
 			}
-			data, err := os.ReadFile(metas[0])
+			slices.SortFunc(metas, func(a, b string) int { return snapshotIndex(t, a) - snapshotIndex(t, b) })
+			newest := metas[1]
+			data, err := os.ReadFile(newest)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var m map[string]any
-			if err := json.Unmarshal(data, &m); err != nil {
+			if err := os.WriteFile(newest, damage(data), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			damage(m)
-			if data, err = json.Marshal(m); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(metas[0], data, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			g2, err := Open(Config{NodeID: "n1", Dir: dir})
+			var g2 *Group
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("the open panicked: %v", r)
+					}
+				}()
+				g2, err = Open(Config{NodeID: "n1", Dir: dir})
+			}()
 			if err == nil {
 				defer g2.Close()
 				err = g2.AwaitLeader(5 * time.Second)
@@ -78,13 +100,23 @@ func TestDamagedSnapshotMetadataIsReported(t *testing.T) {
 			if err != nil {
 				t.Fatalf("not reported as damage: %v", err)
 			}
-			for i := 0; i < 10; i++ {
+			for i := 0; i < 1210; i++ {
 				if _, ok := g2.Get(key(i).Key); !ok {
-					t.Errorf("acknowledged key-%d is gone, and the group started without a word", i)
+					t.Fatalf("acknowledged key-%d is gone, and the group started without a word", i)
 				}
 			}
 		})
 	}
+}
+
+// snapshotIndex reads the index of a snapshot from its directory's name
+// (term-index-time), which the damage leaves alone.
+func snapshotIndex(t *testing.T, meta string) int {
+	var term, index, ms int
+	if _, err := fmt.Sscanf(filepath.Base(filepath.Dir(meta)), "%d-%d-%d", &term, &index, &ms); err != nil {
+		t.Fatal(err)
+	}
+	return index
 }
 
 // A snapshot written before snapshots carried a copy of their metadata

@@ -18,6 +18,8 @@ import (
 const (
 	walFileHeader  = 32
 	walFrameHeader = 8
+	walFrameEntry  = 1
+	walFrameIndex  = 2
 	walFrameCommit = 3
 )
 
@@ -45,47 +47,120 @@ func checkTail(walDir string) error {
 	if err != nil {
 		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: err}
 	}
-	end, lastCommit, prevCommit := walkFrames(data)
-	if n := completeBatchesAfter(data, lastCommit); n > 0 {
-		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
-			"the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)}
+	torn, err := scanTail(data)
+	if err != nil {
+		return &DamagedError{Path: tail, What: "the newest raft log segment", Err: err}
 	}
-	// raft-wal drops a last batch that fails its checksum as a torn write.
-	// One that reached the disk whole was acknowledged: that is damage.
-	if lastCommit >= 0 && end == lastCommit+walFrameHeader {
-		start := 0 // the first batch's checksum covers the file header
-		if prevCommit >= 0 {
-			start = prevCommit + walFrameHeader
-		}
-		sum := binary.LittleEndian.Uint32(data[lastCommit+4:])
-		if crc32.Checksum(data[start:lastCommit], castagnoli) != sum && journal.SectorsWritten(data, int64(start), int64(end)) {
-			return &DamagedError{Path: tail, What: "the newest raft log segment", Err: fmt.Errorf(
-				"the last batch of entries (bytes %d to %d) fails its checksum, though all of it was written: it would be lost", start, end)}
-		}
+	if torn[1] > torn[0] {
+		// raft-wal writes its next batch over a torn one, not over zeros:
+		// clear it, so that a sector of that batch lost in another crash
+		// reads as zeros again (see journal.SectorsWritten), not as this.
+		return zeroRange(tail, torn[0], torn[1])
 	}
 	return nil
 }
 
+// scanTail judges the newest segment's data: damage that raft-wal would
+// drop without a word, or else the torn write it drops, [torn[0], torn[1])
+// (empty if none).
+func scanTail(data []byte) (torn [2]int, err error) {
+	end, lastCommit := walkFrames(data)
+	if n := completeBatchesAfter(data, lastCommit); n > 0 {
+		return torn, fmt.Errorf("the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)
+	}
+	// What raft-wal drops, [keep, stop), is a torn write, never
+	// acknowledged, unless it reached the disk whole: it ends in its
+	// commit frame (a commit frame header, or a frame whose checksum of
+	// the batch matches, if the damage is in that header), and no sector
+	// of it reads as zeros. Then a bit flipped at rest is what makes it
+	// fail, and the batch was acknowledged.
+	keep, from := walTail(data)
+	stop := len(data)
+	for stop > keep && data[stop-1] == 0 {
+		stop--
+	}
+	if stop <= keep {
+		return torn, nil // zeros after what raft-wal keeps: the usual case
+	}
+	stop = min(len(data), (stop+walFrameHeader-1)/walFrameHeader*walFrameHeader)
+	if c := stop - walFrameHeader; c >= keep && data[c+1]|data[c+2]|data[c+3] == 0 &&
+		(data[c] == walFrameCommit || crc32.Checksum(data[from:c], castagnoli) == binary.LittleEndian.Uint32(data[c+4:])) &&
+		journal.SectorsWritten(data, int64(keep), int64(stop)) {
+		return torn, fmt.Errorf("the last batch of entries (bytes %d to %d) was written whole but does not read: it would be lost", keep, stop)
+	}
+	return [2]int{keep, stop}, nil
+}
+
+// walTail mirrors how raft-wal recovers its newest segment (readThroughSegment
+// and recoverTail, v0.4.1): its writer resumes at keep, dropping what
+// follows; the checksum of the batch after keep begins at from.
+func walTail(data []byte) (keep, from int) {
+	off, last, prev := walFileHeader, -1, -1
+	entriesAfter := false // entry frames after the last commit frame
+	for off+walFrameHeader <= len(data) {
+		h := data[off : off+walFrameHeader]
+		switch h[0] {
+		case walFrameEntry, walFrameIndex:
+			entriesAfter = entriesAfter || h[0] == walFrameEntry
+			n := int(binary.LittleEndian.Uint32(h[4:]))
+			off += walFrameHeader + n + (walFrameHeader-n%walFrameHeader)%walFrameHeader
+			continue
+		case walFrameCommit:
+			prev, last, entriesAfter = last, off, false
+			off += walFrameHeader
+			continue
+		}
+		break // zeros, or a header that does not decode
+	}
+	if last < 0 {
+		return walFileHeader, 0 // no commit: the segment starts over
+	}
+	start := 0 // the first batch's checksum covers the file header
+	if prev >= 0 {
+		start = prev + walFrameHeader
+	}
+	if entriesAfter || crc32.Checksum(data[start:last], castagnoli) == binary.LittleEndian.Uint32(data[last+4:]) {
+		return last + walFrameHeader, last + walFrameHeader
+	}
+	if prev < 0 {
+		return walFileHeader, 0
+	}
+	return start, start
+}
+
+// zeroRange writes zeros over [from, to) of the file at path, durably.
+func zeroRange(path string, from, to int) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, to-from), int64(from)); err != nil {
+		return err
+	}
+	return journal.Datasync(f)
+}
+
 // walkFrames returns where raft-wal's reading of a segment stops (the
-// first frame header that is zero or does not decode) and the offsets of
-// the last two commit frames before it (-1 if none).
-func walkFrames(data []byte) (stop, lastCommit, prevCommit int) {
-	off, lastCommit, prevCommit := walFileHeader, -1, -1
+// first frame header that is zero or does not decode) and the offset of
+// the last commit frame before it (-1 if none).
+func walkFrames(data []byte) (stop, lastCommit int) {
+	off, lastCommit := walFileHeader, -1
 	for off+walFrameHeader <= len(data) {
 		h := data[off : off+walFrameHeader]
 		if h[0] == 0 || h[0] > walFrameCommit || h[1]|h[2]|h[3] != 0 {
-			return off, lastCommit, prevCommit
+			return off, lastCommit
 		}
 		n := 0
 		if h[0] == walFrameCommit {
-			prevCommit, lastCommit = lastCommit, off
+			lastCommit = off
 		} else {
 			n = int(binary.LittleEndian.Uint32(h[4:]))
 			n += (walFrameHeader - n%walFrameHeader) % walFrameHeader
 		}
 		off += walFrameHeader + n
 	}
-	return min(off, len(data)), lastCommit, prevCommit
+	return min(off, len(data)), lastCommit
 }
 
 // pairWindow is how many earlier commit-frame candidates each candidate is
