@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -52,9 +53,10 @@ type Keyspace interface {
 	// JournalStats are the figures of the log a cluster node's groups
 	// share; false without one.
 	JournalStats() (journal.Stats, bool)
-	// Copy is a copy of the store for backups: at one point on a node on
+	// Backup writes a snapshot of the store to w, calling start first with
+	// its greatest version and number of keys: at one point on a node on
 	// its own, each group at its own point in a cluster.
-	Copy() (*store.Store, error)
+	Backup(ctx context.Context, start func(maxVersion hlc.Timestamp, keys int), w io.Writer) error
 	// Follow makes the node's changes reach Events (a cluster node
 	// follows the groups only once something watches); it returns once
 	// they do.
@@ -554,17 +556,20 @@ const (
 )
 
 // backup streams a consistent snapshot of the store while writes go on.
-func (s *Server) backup(w http.ResponseWriter, _ *http.Request) {
-	snap, err := s.node.Data.Copy()
-	if err != nil {
+func (s *Server) backup(w http.ResponseWriter, r *http.Request) {
+	started := false
+	err := s.node.Data.Backup(r.Context(), func(maxVersion hlc.Timestamp, keys int) {
+		started = true
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="mqkv-backup.snap"`)
+		w.Header().Set(MaxVersionHeader, maxVersion.String())
+		w.Header().Set(KeysHeader, strconv.Itoa(keys))
+	}, w)
+	switch {
+	case err != nil && !started:
 		httpError(w, http.StatusServiceUnavailable, "%v", err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", `attachment; filename="mqkv-backup.snap"`)
-	w.Header().Set(MaxVersionHeader, snap.MaxVersion().String())
-	w.Header().Set(KeysHeader, strconv.Itoa(snap.Len()))
-	if err := snap.WriteSnapshot(w); err != nil {
+	case err != nil:
+		// The client sees the snapshot end early: its checksum fails.
 		s.log.Warn("backup interrupted", "error", err)
 	}
 }

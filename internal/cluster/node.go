@@ -124,6 +124,7 @@ type Node struct {
 	hints  sync.Map // group → *string: the leader's node id as last heard
 
 	events *follower
+	copies copies // held for backups being read
 
 	stop      chan struct{}
 	wg        sync.WaitGroup

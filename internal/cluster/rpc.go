@@ -29,8 +29,15 @@ const (
 	opConfig  callOp = 6 // a group's configuration, at its leader
 	opEvents  callOp = 7 // follow a group's change events (a stream)
 	opCluster callOp = 8 // the cluster as this node sees it (mqkv cluster status)
-	opCopy    callOp = 9 // a point-in-time copy of a group, at its leader (backups)
+	opCopy    callOp = 9 // a whole group's copy, at its leader (backups by releases before opCopyBegin)
+
+	opCopyBegin callOp = 10 // copy a group at its leader and hold the copy for paging (backups)
+	opCopyPage  callOp = 11 // a page of a held copy
+	opCopyEnd   callOp = 12 // drop a held copy
 )
+
+// unknownCall answers an op this release does not know.
+const unknownCall = "unknown call"
 
 type callReq struct {
 	Op     callOp
@@ -43,6 +50,7 @@ type callReq struct {
 	Limit  int
 	Meta   meta.Op
 	Since  uint64 // opEvents: the last index already seen
+	Copy   uint64 // opCopyPage, opCopyEnd: the held copy
 }
 
 // Error kinds of a reply.
@@ -73,6 +81,10 @@ type callResp struct {
 	Events     []entryEvents // opEvents frames
 	Last       uint64        // opEvents: the index the frame leaves its reader at
 	Snapshot   []byte        // opCopy: the group's store, in snapshot format
+	Holder     string        // opCopyBegin: the node holding the copy (this one)
+	Copy       uint64        // opCopyBegin: the copy's id there
+	Keys       int           // opCopyBegin: its number of keys
+	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
 	DiskFull   *replica.DiskFullError
 }
 
@@ -116,13 +128,13 @@ func (n *Node) serveCall(from string, body []byte) []byte {
 func (n *Node) answer(ctx context.Context, req callReq) callResp {
 	var resp callResp
 	switch req.Op {
-	case opSubmit, opGet, opAscend, opConfig, opCopy:
+	case opSubmit, opGet, opAscend, opConfig, opCopy, opCopyBegin:
 		r := n.local(req.Group)
 		if r == nil {
 			return callResp{Kind: errNotLeader, Leader: n.leaderOf(req.Group)}
 		}
 		ready := r.LeaderReady
-		if req.Op == opGet || req.Op == opAscend || req.Op == opCopy {
+		if req.Op == opGet || req.Op == opAscend || req.Op == opCopy || req.Op == opCopyBegin {
 			ready = r.ReadReady
 		}
 		if err := ready(5 * time.Second); err != nil {
@@ -145,11 +157,25 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 				return callResp{Kind: errOther, Err: err.Error()}
 			}
 			resp.Snapshot = buf.Bytes()
+		case opCopyBegin:
+			st := r.Copy()
+			id, err := n.copies.hold(st)
+			if err != nil {
+				return callResp{Kind: errOther, Err: err.Error()}
+			}
+			resp.Holder, resp.Copy, resp.Keys, resp.MaxVersion = n.cfg.NodeID, id, st.Len(), st.MaxVersion()
 		case opConfig:
 			f := r.Raft().GetConfiguration()
 			resp.Servers = serversOf(f.Configuration())
 			resp.Committed = f.Error() == nil && r.Raft().CommitIndex() >= f.Index()
 		}
+	case opCopyPage:
+		var err error
+		if resp.Entries, resp.Exhausted, err = n.copies.page(req.Copy, req.From); err != nil {
+			return callResp{Kind: errOther, Err: err.Error()}
+		}
+	case opCopyEnd:
+		n.copies.drop(req.Copy)
 	case opMeta:
 		return n.metaHere(req.Meta)
 	case opStatus:
@@ -161,7 +187,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		st := n.Status()
 		resp.Status = &st
 	default:
-		return callResp{Kind: errOther, Err: "unknown call"}
+		return callResp{Kind: errOther, Err: unknownCall}
 	}
 	return resp
 }

@@ -1,10 +1,7 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -154,49 +151,6 @@ func (n *Node) Stats() replica.Stats {
 		}
 	}
 	return out
-}
-
-// Copy returns a copy of the store for a backup. A node on its own copies
-// its one group at one point. In a cluster every group is copied at its
-// leader, each at its own point (after everything acknowledged before the
-// copy of that group began): a write acknowledged before the backup
-// started is in it; of writes that overlap the backup, some groups' may be
-// in and others' not, as for SCAN. Groups are copied in parallel.
-func (n *Node) Copy() (*store.Store, error) {
-	if n.link == nil {
-		return n.local(0).Copy(), nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	count := n.groupCount()
-	parts := make([]*store.Store, count)
-	errs := make([]error, count)
-	var wg sync.WaitGroup
-	for g := range count {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var resp callResp
-			var local *store.Store
-			err := n.onLeader(ctx, g, callReq{Op: opCopy, Group: g}, &resp, func(r *replica.Group) { local = r.Copy() })
-			switch {
-			case err != nil:
-				errs[g] = fmt.Errorf("group %d: %w", g, err)
-			case local != nil:
-				parts[g] = local
-			default:
-				parts[g] = store.New(store.Limits{})
-				if err := parts[g].ReadSnapshot(bytes.NewReader(resp.Snapshot)); err != nil {
-					errs[g] = fmt.Errorf("group %d: %w", g, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return store.Merge(parts), nil
 }
 
 // Clustered reports whether the node is a cluster member (not on its own).

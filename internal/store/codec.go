@@ -2,9 +2,11 @@ package store
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"io"
 	"slices"
@@ -220,33 +222,72 @@ const (
 // WriteSnapshot writes every stored entry to w. Call it on a Clone so writes
 // to the live store can go on meanwhile.
 func (s *Store) WriteSnapshot(w io.Writer) error {
-	crc := crc32.New(castagnoli)
-	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10)
-	var scratch []byte
-	scratch = append(scratch, snapshotMagic...)
-	scratch = append(scratch, snapshotFormat)
-	scratch = appendTimestamp(scratch, s.maxVersion)
-	scratch = binary.AppendUvarint(scratch, uint64(s.keys.Len()))
-	if _, err := bw.Write(scratch); err != nil {
+	sw, err := NewSnapshotWriter(w, s.maxVersion, s.keys.Len())
+	if err != nil {
 		return err
 	}
-	var err error
 	s.keys.Ascend(func(e *Entry) bool {
-		scratch = appendBytes(scratch[:0], e.Key)
-		scratch = appendBytes(scratch, e.Value)
-		scratch = appendTimestamp(scratch, e.Version)
-		scratch = appendTimestamp(scratch, e.Fence)
-		scratch = binary.AppendVarint(scratch, e.ExpiresAt)
-		_, err = bw.Write(scratch)
+		err = sw.Add(e)
 		return err == nil
 	})
 	if err != nil {
 		return err
 	}
-	if err := bw.Flush(); err != nil {
+	return sw.Close()
+}
+
+// SnapshotWriter writes a snapshot entry by entry, for a snapshot made of
+// parts that are never in one store (a cluster's backup, group by group).
+type SnapshotWriter struct {
+	w       io.Writer
+	crc     hash.Hash32
+	bw      *bufio.Writer
+	scratch []byte
+	left    int    // entries still to come
+	last    []byte // the last key written: keys must ascend
+}
+
+// NewSnapshotWriter writes the head of a snapshot of count entries whose
+// greatest version is maxVersion.
+func NewSnapshotWriter(w io.Writer, maxVersion hlc.Timestamp, count int) (*SnapshotWriter, error) {
+	crc := crc32.New(castagnoli)
+	sw := &SnapshotWriter{w: w, crc: crc, bw: bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10), left: count}
+	sw.scratch = append(sw.scratch, snapshotMagic...)
+	sw.scratch = append(sw.scratch, snapshotFormat)
+	sw.scratch = appendTimestamp(sw.scratch, maxVersion)
+	sw.scratch = binary.AppendUvarint(sw.scratch, uint64(count))
+	_, err := sw.bw.Write(sw.scratch)
+	return sw, err
+}
+
+// Add writes the next entry; keys must ascend.
+func (sw *SnapshotWriter) Add(e *Entry) error {
+	if sw.left == 0 {
+		return errors.New("store: more entries than the snapshot's count")
+	}
+	if sw.last != nil && bytes.Compare(e.Key, sw.last) <= 0 {
+		return fmt.Errorf("store: snapshot keys out of order: %q after %q", e.Key, sw.last)
+	}
+	sw.left--
+	sw.last = append(sw.last[:0], e.Key...)
+	sw.scratch = appendBytes(sw.scratch[:0], e.Key)
+	sw.scratch = appendBytes(sw.scratch, e.Value)
+	sw.scratch = appendTimestamp(sw.scratch, e.Version)
+	sw.scratch = appendTimestamp(sw.scratch, e.Fence)
+	sw.scratch = binary.AppendVarint(sw.scratch, e.ExpiresAt)
+	_, err := sw.bw.Write(sw.scratch)
+	return err
+}
+
+// Close ends the snapshot with its checksum, once every entry was added.
+func (sw *SnapshotWriter) Close() error {
+	if sw.left != 0 {
+		return fmt.Errorf("store: %d entries short of the snapshot's count", sw.left)
+	}
+	if err := sw.bw.Flush(); err != nil {
 		return err
 	}
-	_, err = w.Write(binary.BigEndian.AppendUint32(nil, crc.Sum32()))
+	_, err := sw.w.Write(binary.BigEndian.AppendUint32(nil, sw.crc.Sum32()))
 	return err
 }
 

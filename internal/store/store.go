@@ -267,6 +267,12 @@ func (s *Store) Ascend(from []byte, now int64, fn func(*Entry) bool) {
 	})
 }
 
+// Entries calls fn for each stored entry with key >= from, expired or
+// not, in key order, until fn returns false: what a snapshot holds.
+func (s *Store) Entries(from []byte, fn func(*Entry) bool) {
+	s.keys.AscendGreaterOrEqual(&Entry{Key: from}, fn)
+}
+
 // NextExpiry returns the earliest deadline in the store.
 func (s *Store) NextExpiry() (int64, bool) {
 	it, ok := s.expiry.Min()

@@ -1,0 +1,257 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// Backups. Each group is copied at its leader (a copy-on-write clone, so
+// the copy costs memory only as writes go on) and read from there a page
+// at a time, in key order; the node serving the backup merges the groups'
+// pages into one snapshot as it writes it. So no node holds more of the
+// backup than a page per group: before, each leader sent its whole group
+// as one message (a 512 MiB message limit, and a stall of every other
+// call on that link meanwhile), and the serving node held every group,
+// twice, before it wrote a byte.
+
+// copyIdle is how long a copy is held without a page being read: a backup
+// whose reader went away does not pin its copies for ever.
+const copyIdle = time.Minute
+
+// maxCopies bounds the copies a node holds at once (a backup holds one
+// per group it leads).
+const maxCopies = 256
+
+// copyPageBytes bounds a page of a copy (keys and values; one entry at
+// least). A variable for tests.
+var copyPageBytes = maxPageBytes
+
+// copies are the group copies this node holds for backups, by id.
+type copies struct {
+	mu   sync.Mutex
+	next uint64
+	held map[uint64]*heldCopy
+}
+
+type heldCopy struct {
+	st   *store.Store
+	used time.Time
+}
+
+// hold keeps st for paging and returns its id.
+func (c *copies) hold(st *store.Store) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expire()
+	if len(c.held) >= maxCopies {
+		return 0, fmt.Errorf("cluster: %d backup copies held already; try again when a backup ends", maxCopies)
+	}
+	if c.held == nil {
+		c.held = map[uint64]*heldCopy{}
+	}
+	c.next++
+	c.held[c.next] = &heldCopy{st: st, used: time.Now()}
+	return c.next, nil
+}
+
+// page returns the entries of copy id from from on, up to copyPageBytes,
+// and whether they are the last.
+func (c *copies) page(id uint64, from []byte) ([]store.Entry, bool, error) {
+	c.mu.Lock()
+	h := c.held[id]
+	if h != nil {
+		h.used = time.Now()
+	}
+	c.mu.Unlock()
+	if h == nil {
+		return nil, false, fmt.Errorf("cluster: backup copy %d is gone (idle for %v, or the node restarted)", id, copyIdle)
+	}
+	entries, last := pageOfCopy(h.st, from, nil)
+	return entries, last, nil
+}
+
+// pageOfCopy appends to page the entries of st from from on, up to
+// copyPageBytes (one at least), and says whether they are the last.
+func pageOfCopy(st *store.Store, from []byte, page []store.Entry) ([]store.Entry, bool) {
+	size, last := 0, true
+	st.Entries(from, func(e *store.Entry) bool {
+		if len(page) > 0 && size >= copyPageBytes {
+			last = false
+			return false
+		}
+		page = append(page, *e)
+		size += len(e.Key) + len(e.Value)
+		return true
+	})
+	return page, last
+}
+
+func (c *copies) drop(id uint64) {
+	c.mu.Lock()
+	delete(c.held, id)
+	c.mu.Unlock()
+}
+
+// expire drops idle copies; c.mu is held.
+func (c *copies) expire() {
+	for id, h := range c.held {
+		if time.Since(h.used) > copyIdle {
+			delete(c.held, id)
+		}
+	}
+}
+
+// Backup writes a snapshot of the whole store to w, calling start first
+// with its greatest version and number of keys (for headers). A node on
+// its own copies its one group at one point. In a cluster every group is
+// copied at its leader, each at its own point (after everything
+// acknowledged before the copy of that group began): a write acknowledged
+// before the backup started is in it; of writes that overlap the backup,
+// some groups' may be in and others' not, as for SCAN.
+func (n *Node) Backup(ctx context.Context, start func(maxVersion hlc.Timestamp, keys int), w io.Writer) error {
+	if n.link == nil {
+		st := n.local(0).Copy()
+		start(st.MaxVersion(), st.Len())
+		return st.WriteSnapshot(w)
+	}
+	parts, err := n.copyGroups(ctx)
+	defer func() {
+		for _, p := range parts {
+			if p != nil {
+				p.end(n)
+			}
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	var maxVersion hlc.Timestamp
+	keys := 0
+	for _, p := range parts {
+		if p.maxVersion.Compare(maxVersion) > 0 {
+			maxVersion = p.maxVersion
+		}
+		keys += p.keys
+	}
+	start(maxVersion, keys)
+	sw, err := store.NewSnapshotWriter(w, maxVersion, keys)
+	if err != nil {
+		return err
+	}
+	// Keys hash to groups: the groups' keys never meet, and the next
+	// entry is the least of the groups' next ones.
+	for {
+		var least *part
+		for _, p := range parts {
+			if err := p.fill(ctx, n); err != nil {
+				return err
+			}
+			if len(p.page) > 0 && (least == nil || bytes.Compare(p.page[0].Key, least.page[0].Key) < 0) {
+				least = p
+			}
+		}
+		if least == nil {
+			return sw.Close()
+		}
+		if err := sw.Add(&least.page[0]); err != nil {
+			return err
+		}
+		least.page = least.page[1:]
+	}
+}
+
+// part is one group's copy, as the backup reads it.
+type part struct {
+	g          int
+	maxVersion hlc.Timestamp
+	keys       int
+	local      *store.Store // a copy taken here, or nil
+	holder     string       // else the node holding it, and its id there
+	id         uint64
+	page       []store.Entry // read, not yet written
+	next       []byte        // where the next page begins; nil before the first
+	last       bool          // no page after this one
+}
+
+// copyGroups copies every group at its leader, in parallel.
+func (n *Node) copyGroups(ctx context.Context) ([]*part, error) {
+	count := n.groupCount()
+	parts := make([]*part, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for g := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := &part{g: g}
+			var resp callResp
+			err := n.onLeader(ctx, g, callReq{Op: opCopyBegin, Group: g}, &resp, func(r *replica.Group) { p.local = r.Copy() })
+			switch {
+			case err != nil && err.Error() == unknownCall:
+				// A node of an older release: it sends its whole group.
+				err = n.onLeader(ctx, g, callReq{Op: opCopy, Group: g}, &resp, func(r *replica.Group) { p.local = r.Copy() })
+				if err == nil && p.local == nil {
+					p.local = store.New(store.Limits{})
+					err = p.local.ReadSnapshot(bytes.NewReader(resp.Snapshot))
+				}
+			case err == nil && p.local == nil:
+				p.holder, p.id, p.keys, p.maxVersion = resp.Holder, resp.Copy, resp.Keys, resp.MaxVersion
+			}
+			if err != nil {
+				errs[g] = fmt.Errorf("group %d: %w", g, err)
+				return
+			}
+			if p.local != nil {
+				p.keys, p.maxVersion = p.local.Len(), p.local.MaxVersion()
+			}
+			parts[g] = p
+		}()
+	}
+	wg.Wait()
+	return parts, errors.Join(errs...)
+}
+
+// fill reads p's next page once the one before is written.
+func (p *part) fill(ctx context.Context, n *Node) error {
+	if len(p.page) > 0 || p.last {
+		return nil
+	}
+	from := p.next
+	if p.local != nil {
+		p.page, p.last = pageOfCopy(p.local, from, p.page[:0])
+	} else {
+		var resp callResp
+		if err := n.call(ctx, p.holder, callReq{Op: opCopyPage, Copy: p.id, From: from}, &resp); err != nil {
+			return fmt.Errorf("group %d: %w", p.g, err)
+		}
+		if resp.Kind != errNone {
+			return fmt.Errorf("group %d: %s", p.g, resp.Err)
+		}
+		p.page, p.last = resp.Entries, resp.Exhausted
+	}
+	if len(p.page) > 0 {
+		// The next page begins just after this one's last key.
+		p.next = append(append(p.next[:0], p.page[len(p.page)-1].Key...), 0)
+	}
+	return nil
+}
+
+// end lets the holder drop p's copy.
+func (p *part) end(n *Node) {
+	if p.holder == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var resp callResp
+	n.call(ctx, p.holder, callReq{Op: opCopyEnd, Copy: p.id}, &resp)
+}
