@@ -69,11 +69,9 @@ func scanTail(data []byte) (torn [2]int, err error) {
 		return torn, fmt.Errorf("the frame at byte %d cannot be read, and %d complete, checksummed batch(es) of entries follow it: they would be lost", end, n)
 	}
 	// What raft-wal drops, [keep, stop), is a torn write, never
-	// acknowledged, unless it reached the disk whole: it ends in its
-	// commit frame (a commit frame header, or a frame whose checksum of
-	// the batch matches, if the damage is in that header), and no sector
-	// of it reads as zeros. Then a bit flipped at rest is what makes it
-	// fail, and the batch was acknowledged.
+	// acknowledged, unless it is a batch that reached the disk whole (see
+	// wholeBatch): then a bit flipped at rest is what makes it fail, and
+	// the batch was acknowledged.
 	keep, from := walTail(data)
 	stop := len(data)
 	for stop > keep && data[stop-1] == 0 {
@@ -83,12 +81,70 @@ func scanTail(data []byte) (torn [2]int, err error) {
 		return torn, nil // zeros after what raft-wal keeps: the usual case
 	}
 	stop = min(len(data), (stop+walFrameHeader-1)/walFrameHeader*walFrameHeader)
-	if c := stop - walFrameHeader; c >= keep && data[c+1]|data[c+2]|data[c+3] == 0 &&
-		(data[c] == walFrameCommit || crc32.Checksum(data[from:c], castagnoli) == binary.LittleEndian.Uint32(data[c+4:])) &&
-		journal.SectorsWritten(data, int64(keep), int64(stop)) {
+	if wholeBatch(data, keep, from, stop) {
 		return torn, fmt.Errorf("the last batch of entries (bytes %d to %d) was written whole but does not read: it would be lost", keep, stop)
 	}
 	return [2]int{keep, stop}, nil
+}
+
+// maxRepair bounds the batches wholeBatch tries to mend a header of (64
+// checksums of the batch).
+const maxRepair = 16 << 20
+
+// wholeBatch reports whether [keep, stop), which raft-wal drops, is a
+// batch that reached the disk whole but was damaged at rest. A disk keeps
+// or loses a sector whole, and the batch was written over zeros, so a
+// torn one shows a sector's share of zeros (journal.SectorsWritten); and
+// it must end in its own commit frame, found by walking its frames from
+// keep (a word that merely looks like a commit frame, inside an entry a
+// crash cut short, is not one). The damage is one of: a flipped bit in an
+// entry (the commit frame is there, the checksum fails), in the commit
+// frame's type (the checksum matches), or in a frame header the walk
+// cannot get past, which one bit flipped back mends (the walk then ends
+// at the commit frame and the checksum matches).
+func wholeBatch(data []byte, keep, from, stop int) bool {
+	c := stop - walFrameHeader
+	if c < keep || data[c+1]|data[c+2]|data[c+3] != 0 || !journal.SectorsWritten(data, int64(keep), int64(stop)) {
+		return false
+	}
+	sum := binary.LittleEndian.Uint32(data[c+4:])
+	end, p := walkTo(data, keep, c)
+	if end == c {
+		return data[c] == walFrameCommit || crc32.Checksum(data[from:c], castagnoli) == sum
+	}
+	if c-from > maxRepair {
+		return false
+	}
+	for bit := range 64 { // p: the header that stopped the walk, or took it past c
+		data[p+bit/8] ^= 1 << (bit % 8)
+		end, _ := walkTo(data, keep, c)
+		mended := end == c && crc32.Checksum(data[from:c], castagnoli) == sum
+		data[p+bit/8] ^= 1 << (bit % 8)
+		if mended {
+			return true
+		}
+	}
+	return false
+}
+
+// walkTo walks frames from off as raft-wal reads them, up to c. It returns
+// where it ends (c, past it, or at a header it cannot decode) and the
+// offset of the last frame header it read.
+func walkTo(data []byte, off, c int) (end, last int) {
+	last = off
+	for off < c {
+		last = off
+		switch data[off] {
+		case walFrameEntry, walFrameIndex:
+			n := int(binary.LittleEndian.Uint32(data[off+4:]))
+			off += walFrameHeader + n + (walFrameHeader-n%walFrameHeader)%walFrameHeader
+		case walFrameCommit:
+			off += walFrameHeader
+		default:
+			return off, last
+		}
+	}
+	return off, last
 }
 
 // walTail mirrors how raft-wal recovers its newest segment (readThroughSegment

@@ -140,6 +140,7 @@ func scanReply(keys [][]byte, token []byte) []byte {
 const (
 	tokenPlain  = 1
 	tokenSealed = 2
+	sealedBlock = 32 // a sealed token hides its key's length to within this
 )
 
 var (
@@ -177,13 +178,18 @@ func (t tokens) encode(key []byte, readable bool) []byte {
 		raw = append(raw, key...)
 		raw = binary.BigEndian.AppendUint32(raw, crc32.Checksum(raw, castagnoli))
 	} else {
+		// The key's length, the key, and zeros to a multiple of
+		// sealedBlock: the token's length says no more than that.
+		plain := binary.AppendUvarint(nil, uint64(len(key)))
+		plain = append(plain, key...)
+		plain = append(plain, make([]byte, (sealedBlock-len(plain)%sealedBlock)%sealedBlock)...)
 		n := t.aead.NonceSize()
-		raw = make([]byte, 1+n, 1+n+len(key)+t.aead.Overhead())
+		raw = make([]byte, 1+n, 1+n+len(plain)+t.aead.Overhead())
 		raw[0] = tokenSealed
 		if _, err := rand.Read(raw[1:]); err != nil {
 			panic(err)
 		}
-		raw = t.aead.Seal(raw, raw[1:], key, raw[:1])
+		raw = t.aead.Seal(raw, raw[1:], plain, raw[:1])
 	}
 	out := make([]byte, tokenEncoding.EncodedLen(len(raw)))
 	tokenEncoding.Encode(out, raw)
@@ -212,14 +218,15 @@ func (t tokens) decode(tok []byte) ([]byte, bool) {
 		if n < 1+ns+t.aead.Overhead() {
 			return nil, false
 		}
-		key, err := t.aead.Open(nil, raw[1:1+ns], raw[1+ns:], raw[:1])
+		plain, err := t.aead.Open(nil, raw[1:1+ns], raw[1+ns:], raw[:1])
 		if err != nil {
 			return nil, false
 		}
-		if key == nil {
-			key = []byte{}
+		size, n := binary.Uvarint(plain)
+		if n <= 0 || size > uint64(len(plain)-n) {
+			return nil, false
 		}
-		return key, true
+		return plain[n : n+int(size) : n+int(size)], true
 	}
 	return nil, false
 }

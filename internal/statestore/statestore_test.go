@@ -196,6 +196,9 @@ func TestScanTokens(t *testing.T) {
 			}
 		}
 	}
+	if a, b := tk.encode([]byte("s/1"), false), tk.encode([]byte("secret/device-0000007"), false); len(a) != len(b) {
+		t.Errorf("sealed tokens for keys of 3 and 21 bytes differ in length: %d, %d", len(a), len(b))
+	}
 	raw, _ := tokenEncoding.DecodeString(string(tk.encode([]byte("secret/device-7"), false)))
 	if strings.Contains(string(raw), "secret") || strings.Contains(string(raw), "device") {
 		t.Fatalf("a sealed token shows the key: %q", raw)
