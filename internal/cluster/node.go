@@ -450,6 +450,9 @@ func (n *Node) dropGroup(g int) {
 	n.log.Info("replica removed", "group", g)
 }
 
+// metaSnapshot names the metadata group's snapshots in errors.
+const metaSnapshot = "a snapshot of the cluster metadata"
+
 // startMeta opens the metadata group and creates or joins the cluster.
 func (n *Node) startMeta() error {
 	n.metaFSM = meta.NewFSM(func(st *meta.State) {
@@ -489,7 +492,7 @@ func (n *Node) startMeta() error {
 	n.metaTrans = trans.(raft.WithClose)
 	exists, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
-		return err
+		return replica.SnapshotDamage(snaps, filepath.Join(n.cfg.Dir, "meta"), metaSnapshot, err)
 	}
 	creating := !exists && len(n.cfg.Join) == 0
 	if creating {
@@ -504,10 +507,7 @@ func (n *Node) startMeta() error {
 	}
 	r, err := raft.NewRaft(rc, n.metaFSM, logs, stable, snaps, trans)
 	if err != nil {
-		if why := replica.SnapshotRefusal(snaps); why != nil {
-			return &replica.DamagedError{Path: filepath.Join(n.cfg.Dir, "meta", "snapshots"), What: "a snapshot of the cluster metadata", Err: why}
-		}
-		return err
+		return replica.SnapshotDamage(snaps, filepath.Join(n.cfg.Dir, "meta"), metaSnapshot, err)
 	}
 	n.meta = r
 	n.started.Store(true)

@@ -276,7 +276,7 @@ func Open(cfg Config) (*Group, error) {
 	exists, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		g.closeWAL()
-		return nil, fmt.Errorf("replica: %w", err)
+		return nil, SnapshotDamage(snaps, cfg.Dir, "a snapshot of the group", fmt.Errorf("replica: %w", err))
 	}
 	if !exists && boot != nil {
 		if err := raft.BootstrapCluster(rc, logs, stable, snaps, trans, *boot); err != nil {
@@ -287,10 +287,7 @@ func Open(cfg Config) (*Group, error) {
 	r, err := raft.NewRaft(rc, g.fsm, logs, stable, snaps, trans)
 	if err != nil {
 		g.closeWAL()
-		if why := SnapshotRefusal(snaps); why != nil {
-			return nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "a snapshot of the group", Err: why}
-		}
-		return nil, fmt.Errorf("replica: start raft: %w", err)
+		return nil, SnapshotDamage(snaps, cfg.Dir, "a snapshot of the group", fmt.Errorf("replica: start raft: %w", err))
 	}
 	g.raft = r
 	obs := make(chan raft.Observation, 16)

@@ -108,10 +108,20 @@ func (s *checkedSnapshots) unreadable(metas []*raft.SnapshotMeta) error {
 	return nil
 }
 
-// SnapshotRefusal says why s last refused a snapshot, if it is a
-// CheckedSnapshots and did: raft's own error ("failed to load any existing
-// snapshots") does not.
-func SnapshotRefusal(s raft.SnapshotStore) error {
+// SnapshotDamage returns err, from raft opening a group on snaps (a
+// CheckedSnapshots under dir), as a DamagedError if snaps refused a
+// snapshot meanwhile: raft's own error ("failed to load any existing
+// snapshots", or none at all) does not say why.
+func SnapshotDamage(snaps raft.SnapshotStore, dir, what string, err error) error {
+	if why := snapshotRefusal(snaps); why != nil {
+		return &DamagedError{Path: filepath.Join(dir, "snapshots"), What: what, Err: why}
+	}
+	return err
+}
+
+// snapshotRefusal says why s last refused a snapshot, if it is a
+// CheckedSnapshots and did.
+func snapshotRefusal(s raft.SnapshotStore) error {
 	c, ok := s.(*checkedSnapshots)
 	if !ok {
 		return nil
