@@ -212,7 +212,7 @@ func TestTornWriteEndingLikeACommitIsTorn(t *testing.T) {
 	_, _, at, _ := write6(t.TempDir(), 0)
 	dir := t.TempDir()
 	data, path, at, end := write6(dir, (8-at%8)%8) // the pattern's words on frame boundaries
-	cut := (at/512 + 2) * 512                       // the batch's sectors from here on never landed
+	cut := (at/512 + 2) * 512                      // the batch's sectors from here on never landed
 	if at%8 != 0 || cut+512 > end {
 		t.Fatalf("layout: pattern at %d, batch ends at %d", at, end)
 	}

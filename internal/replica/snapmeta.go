@@ -15,18 +15,18 @@ import (
 )
 
 // CheckedSnapshots wraps a raft snapshot store so that each snapshot also
-// carries its raft metadata (index, term, membership) at the start of its
-// data, where the data's checksum covers it.
+// keeps a copy of its raft metadata (index, term, membership, size) in a
+// file of its own, meta.check, beside meta.json.
 //
 // hashicorp's file store checks state.bin against the CRC kept in
 // meta.json, but nothing checks meta.json itself: one flipped bit in its
 // index makes raft skip log entries, or apply some twice, without a word;
-// one in its membership gives the group members it never had. A snapshot
-// whose meta.json disagrees with the copy does not open, as one whose
-// data fails its checksum does (raft then tries an older one, or stops).
-// Snapshots written before the copy existed open unchecked. meta.json's
-// size, which a leader announces when it sends the snapshot, is checked
-// against the file.
+// one in its membership gives the group members it never had; one in its
+// size is what a leader announces to a follower it sends the snapshot to.
+// A snapshot whose meta.json disagrees with the copy does not open, as one
+// whose data fails its checksum does. Snapshots written before the copy
+// existed open unchecked (but for their size, checked against the file);
+// and a release before it ignores the file, so a node can go back one.
 //
 // It also keeps raft from a fallback that ends in a panic: when the newest
 // snapshot does not open, raft restores an older one, then panics on the
@@ -131,14 +131,8 @@ func snapshotRefusal(s raft.SnapshotStore) error {
 	return c.refused
 }
 
-// metaMagic starts a snapshot's copy of its metadata. Neither payload
-// written before it existed (a store's snapshot starts "MQKVSNAP", the
-// metadata group's with its format byte 1) starts so.
-const metaMagic = "mqkvSM\x00\x01"
-
-// maxMetaCopy bounds the copy's length, so that a damaged length cannot
-// make Open allocate without limit. A membership of hundreds fits.
-const maxMetaCopy = 1 << 20
+// checkFile holds a snapshot's copy of its metadata, in its directory.
+const checkFile = "meta.check"
 
 func (s *checkedSnapshots) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
@@ -146,11 +140,49 @@ func (s *checkedSnapshots) Create(version raft.SnapshotVersion, index, term uint
 	if err != nil {
 		return nil, err
 	}
-	if _, err := sink.Write(appendMetaCopy(nil, index, term, configurationIndex, configuration)); err != nil {
-		sink.Cancel()
-		return nil, err
+	return &checkedSink{SnapshotSink: sink, dir: filepath.Join(s.dir, sink.ID()+".tmp"),
+		write: func(size int64) []byte {
+			return appendMetaCopy(nil, index, term, configurationIndex, configuration, size)
+		}}, nil
+}
+
+// checkedSink writes the copy into the snapshot's directory while it is
+// still the file store's temporary one (dir): the store's Close moves it
+// into place with meta.json and state.bin, or none of them.
+type checkedSink struct {
+	raft.SnapshotSink
+	dir    string
+	write  func(size int64) []byte
+	size   int64
+	closed bool // raft closes a sink the FSM's Persist closed already
+}
+
+func (c *checkedSink) Write(p []byte) (int, error) {
+	n, err := c.SnapshotSink.Write(p)
+	c.size += int64(n)
+	return n, err
+}
+
+func (c *checkedSink) Close() error {
+	if c.closed {
+		return nil
 	}
-	return sink, nil
+	c.closed = true
+	f, err := os.OpenFile(filepath.Join(c.dir, checkFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		_, err = f.Write(c.write(c.size))
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		c.SnapshotSink.Cancel()
+		return fmt.Errorf("snapshot %s: %w", c.ID(), err)
+	}
+	return c.SnapshotSink.Close()
 }
 
 func (s *checkedSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
@@ -170,46 +202,29 @@ func (s *checkedSnapshots) open(id string) (*raft.SnapshotMeta, io.ReadCloser, e
 		rc.Close()
 		return nil, nil, fmt.Errorf("snapshot %s: meta.json gives its size as %d bytes, the file holds %d: one of them is damaged", id, m.Size, fi.Size())
 	}
-	head := make([]byte, len(metaMagic)+4)
-	n, err := io.ReadFull(rc, head)
-	if err != nil || string(head[:len(metaMagic)]) != metaMagic {
-		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-			rc.Close()
-			return nil, nil, err
-		}
-		// Written before the copy existed: the data as it was.
-		return m, readCloser{io.MultiReader(bytes.NewReader(head[:n]), rc), rc}, nil
-	}
-	size := binary.BigEndian.Uint32(head[len(metaMagic):])
-	if size > maxMetaCopy {
+	kept, err := os.ReadFile(filepath.Join(s.dir, id, checkFile))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return m, rc, nil // written before the copy existed
+	case err != nil:
 		rc.Close()
-		return nil, nil, fmt.Errorf("snapshot %s: its copy of the metadata claims %d bytes", id, size)
-	}
-	body := make([]byte, size)
-	if _, err := io.ReadFull(rc, body); err != nil {
+		return nil, nil, fmt.Errorf("snapshot %s: %w", id, err)
+	case !bytes.Equal(kept, appendMetaCopy(nil, m.Index, m.Term, m.ConfigurationIndex, m.Configuration, m.Size)):
 		rc.Close()
-		return nil, nil, fmt.Errorf("snapshot %s: its copy of the metadata: %w", id, err)
+		return nil, nil, fmt.Errorf("snapshot %s: meta.json (index %d, term %d, membership %v, %d bytes) does not match its copy in %s: one of them is damaged",
+			id, m.Index, m.Term, m.Configuration.Servers, m.Size, checkFile)
 	}
-	want := appendMetaCopy(nil, m.Index, m.Term, m.ConfigurationIndex, m.Configuration)
-	if !bytes.Equal(want[len(head):], body) {
-		rc.Close()
-		return nil, nil, fmt.Errorf("snapshot %s: meta.json (index %d, term %d, membership %v) does not match the copy kept in the snapshot's data: one of them is damaged",
-			id, m.Index, m.Term, m.Configuration.Servers)
-	}
-	m.Size -= int64(len(head) + len(body)) // what raft sends a follower is the payload
 	return m, rc, nil
 }
 
-// appendMetaCopy appends the copy of a snapshot's metadata: magic, length,
-// then index, term, configuration index and the servers. The file store's
-// checksum of the data covers it.
-func appendMetaCopy(b []byte, index, term, configurationIndex uint64, conf raft.Configuration) []byte {
-	b = append(b, metaMagic...)
-	at := len(b)
-	b = append(b, 0, 0, 0, 0)
+// appendMetaCopy appends the copy of a snapshot's metadata: a format
+// byte, index, term, configuration index, size and the servers.
+func appendMetaCopy(b []byte, index, term, configurationIndex uint64, conf raft.Configuration, size int64) []byte {
+	b = append(b, 1)
 	b = binary.BigEndian.AppendUint64(b, index)
 	b = binary.BigEndian.AppendUint64(b, term)
 	b = binary.BigEndian.AppendUint64(b, configurationIndex)
+	b = binary.BigEndian.AppendUint64(b, uint64(size))
 	b = binary.AppendUvarint(b, uint64(len(conf.Servers)))
 	for _, srv := range conf.Servers {
 		b = append(b, byte(srv.Suffrage))
@@ -218,11 +233,5 @@ func appendMetaCopy(b []byte, index, term, configurationIndex uint64, conf raft.
 		b = binary.AppendUvarint(b, uint64(len(srv.Address)))
 		b = append(b, srv.Address...)
 	}
-	binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at-4))
 	return b
-}
-
-type readCloser struct {
-	io.Reader
-	io.Closer
 }

@@ -146,3 +146,35 @@ func TestSnapshotWithoutMetadataCopyOpens(t *testing.T) {
 		t.Fatalf("the key from the old snapshot: %+v %v", e, ok)
 	}
 }
+
+// A snapshot with its copy of the metadata is still what a release
+// before the copy reads: the file store's own, and the store's format.
+func TestCheckedSnapshotReadsWithoutTheCheck(t *testing.T) {
+	dir := t.TempDir()
+	g := open(t, dir, nil)
+	write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v")}, hlc.Timestamp{})
+	if err := g.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	fss, err := raft.NewFileSnapshotStoreWithLogger(dir, retainSnapshots, raftLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	metas, err := fss.List()
+	if err != nil || len(metas) != 1 {
+		t.Fatalf("snapshots: %v %v", metas, err)
+	}
+	_, rc, err := fss.Open(metas[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	st := store.New(store.Limits{})
+	if err := st.ReadSnapshot(rc); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := st.Get([]byte("k"), 0); !ok || string(e.Value) != "v" {
+		t.Fatalf("k: %v %v", e, ok)
+	}
+}
