@@ -66,15 +66,7 @@ func TestCreationInterruptedIsRedone(t *testing.T) {
 // waits for it, instead of giving up (nodes started together, as by a
 // compose file, do this).
 func TestJoinWaitsForTheCreation(t *testing.T) {
-	listen := func(id string) *peer.Link {
-		link, err := peer.Listen(peer.Config{NodeID: id, Listen: "127.0.0.1:0", Secret: []byte("test-secret-0123456789"), Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { link.Close() })
-		return link
-	}
-	l1, l2 := listen("n1"), listen("n2")
+	l1, l2 := listenLink(t, "n1"), listenLink(t, "n2")
 	joined := make(chan error, 1)
 	var n2 *Node
 	hook := func(g int) error {
@@ -115,15 +107,7 @@ func TestJoinWaitsForTheCreation(t *testing.T) {
 // not give up ("not a cluster member").
 func TestNodesStartedTogether(t *testing.T) {
 	for i := 0; i < 3; i++ {
-		listen := func(id string) *peer.Link {
-			link, err := peer.Listen(peer.Config{NodeID: id, Listen: "127.0.0.1:0", Secret: []byte("test-secret-0123456789"), Logger: quiet()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { link.Close() })
-			return link
-		}
-		l1, l2 := listen("n1"), listen("n2")
+		l1, l2 := listenLink(t, "n1"), listenLink(t, "n2")
 		joined := make(chan error, 1)
 		go func() {
 			n, err := Start(Config{NodeID: "n2", Dir: t.TempDir(), Link: l2, Join: []string{l1.Addr()}, Groups: 2, RF: 3, Logger: quiet()})
@@ -141,4 +125,16 @@ func TestNodesStartedTogether(t *testing.T) {
 			t.Fatalf("round %d: the joiner started with the first node gave up: %v", i, err)
 		}
 	}
+}
+
+// listenLink opens a node link for id on a free loopback port, closed
+// when the test ends.
+func listenLink(t *testing.T, id string) *peer.Link {
+	t.Helper()
+	link, err := peer.Listen(peer.Config{NodeID: id, Listen: "127.0.0.1:0", Secret: []byte("test-secret-0123456789"), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	return link
 }
