@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -24,8 +25,18 @@ import (
 // twice, before it wrote a byte.
 
 // copyIdle is how long a copy is held without a page being read: a backup
-// whose reader went away does not pin its copies for ever.
-const copyIdle = time.Minute
+// whose reader went away (or never learned the copy's id: its call was
+// cancelled) does not pin its copies for ever. Long enough for a slow
+// reader: a group's next page is asked for once about a page of every
+// group has been written to the client.
+var copyIdle = 10 * time.Minute
+
+// Timeouts of a backup: to copy every group (each waits for its group's
+// leader), and to read one page. Variables for tests.
+var (
+	copyTimeout = time.Minute
+	pageTimeout = 30 * time.Second
+)
 
 // maxCopies bounds the copies a node holds at once (a backup holds one
 // per group it leads).
@@ -35,32 +46,54 @@ const maxCopies = 256
 // least). A variable for tests.
 var copyPageBytes = maxPageBytes
 
-// copies are the group copies this node holds for backups, by id.
+// copies are the group copies this node holds for backups, by id. Ids
+// are random: a node that restarted must not hand a backup that began
+// before another backup's copy under the same id.
 type copies struct {
 	mu   sync.Mutex
-	next uint64
 	held map[uint64]*heldCopy
 }
 
 type heldCopy struct {
-	st   *store.Store
-	used time.Time
+	st    *store.Store
+	used  time.Time
+	timer *time.Timer // drops the copy once idle
 }
 
 // hold keeps st for paging and returns its id.
 func (c *copies) hold(st *store.Store) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.expire()
 	if len(c.held) >= maxCopies {
 		return 0, fmt.Errorf("cluster: %d backup copies held already; try again when a backup ends", maxCopies)
 	}
 	if c.held == nil {
 		c.held = map[uint64]*heldCopy{}
 	}
-	c.next++
-	c.held[c.next] = &heldCopy{st: st, used: time.Now()}
-	return c.next, nil
+	id := rand.Uint64()
+	for id == 0 || c.held[id] != nil {
+		id = rand.Uint64()
+	}
+	h := &heldCopy{st: st, used: time.Now()}
+	h.timer = time.AfterFunc(copyIdle, func() { c.expire(id) })
+	c.held[id] = h
+	return id, nil
+}
+
+// expire drops copy id if it was not read for copyIdle, or looks again
+// when it could be.
+func (c *copies) expire(id uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.held[id]
+	if h == nil {
+		return
+	}
+	if idle := time.Since(h.used); idle < copyIdle {
+		h.timer.Reset(copyIdle - idle)
+		return
+	}
+	delete(c.held, id)
 }
 
 // page returns the entries of copy id from from on, up to copyPageBytes,
@@ -97,17 +130,11 @@ func pageOfCopy(st *store.Store, from []byte, page []store.Entry) ([]store.Entry
 
 func (c *copies) drop(id uint64) {
 	c.mu.Lock()
-	delete(c.held, id)
-	c.mu.Unlock()
-}
-
-// expire drops idle copies; c.mu is held.
-func (c *copies) expire() {
-	for id, h := range c.held {
-		if time.Since(h.used) > copyIdle {
-			delete(c.held, id)
-		}
+	if h := c.held[id]; h != nil {
+		h.timer.Stop()
+		delete(c.held, id)
 	}
+	c.mu.Unlock()
 }
 
 // Backup writes a snapshot of the whole store to w, calling start first
@@ -123,13 +150,18 @@ func (n *Node) Backup(ctx context.Context, start func(maxVersion hlc.Timestamp, 
 		start(st.MaxVersion(), st.Len())
 		return st.WriteSnapshot(w)
 	}
-	parts, err := n.copyGroups(ctx)
+	copyCtx, cancel := context.WithTimeout(ctx, copyTimeout)
+	parts, err := n.copyGroups(copyCtx)
+	cancel()
 	defer func() {
+		var wg sync.WaitGroup
 		for _, p := range parts {
 			if p != nil {
-				p.end(n)
+				wg.Add(1)
+				go func() { defer wg.Done(); p.end(n) }()
 			}
 		}
+		wg.Wait()
 	}()
 	if err != nil {
 		return err
@@ -230,7 +262,10 @@ func (p *part) fill(ctx context.Context, n *Node) error {
 		p.page, p.last = pageOfCopy(p.local, from, p.page[:0])
 	} else {
 		var resp callResp
-		if err := n.call(ctx, p.holder, callReq{Op: opCopyPage, Copy: p.id, From: from}, &resp); err != nil {
+		ctx, cancel := context.WithTimeout(ctx, pageTimeout)
+		err := n.call(ctx, p.holder, callReq{Op: opCopyPage, Copy: p.id, From: from}, &resp)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("group %d: %w", p.g, err)
 		}
 		if resp.Kind != errNone {

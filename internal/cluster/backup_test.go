@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/store"
@@ -27,9 +28,15 @@ func TestBackupPagesThroughEveryGroup(t *testing.T) {
 		}
 	}
 	var buf bytes.Buffer
-	var announced int
+	var announced, remote int
+	held := func(n *Node) int {
+		n.copies.mu.Lock()
+		defer n.copies.mu.Unlock()
+		return len(n.copies.held)
+	}
 	err := h.nodes[0].Backup(context.Background(), func(_ hlc.Timestamp, n int) {
 		announced = n
+		remote = held(h.nodes[1]) + held(h.nodes[2])
 		// Every group is copied by now: what follows is not in it.
 		set(t, h.nodes[1], "k-0", "overwritten")
 		set(t, h.nodes[2], "late", "v")
@@ -50,17 +57,77 @@ func TestBackupPagesThroughEveryGroup(t *testing.T) {
 			t.Fatalf("k-%d in the backup: %v %+v", i, ok, e)
 		}
 	}
-	remote := 0
 	for i, n := range h.nodes {
-		n.copies.mu.Lock()
-		held := len(n.copies.held)
-		remote += int(n.copies.next)
-		n.copies.mu.Unlock()
-		if held != 0 {
-			t.Errorf("n%d still holds %d copies", i+1, held)
+		if c := held(n); c != 0 {
+			t.Errorf("n%d still holds %d copies", i+1, c)
 		}
 	}
 	if remote == 0 {
 		t.Error("every group was copied on the node serving the backup: no page crossed the link")
+	}
+}
+
+// A copy nobody reads goes after copyIdle, read or not before; a copy
+// being read stays. Ids differ across restarts (a new copies value): a
+// backup that began before a holder restarted must not read another
+// backup's copy under its id.
+func TestBackupCopiesExpire(t *testing.T) {
+	defer func(d time.Duration) { copyIdle = d }(copyIdle)
+	copyIdle = 100 * time.Millisecond
+	var c copies
+	st := store.New(store.Limits{})
+	st.Apply(&store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v"), Version: hlc.Timestamp{Wall: 1, Node: "n1"}}, nil)
+	idle, err := c.hold(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, _ := c.hold(st)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, _, err := c.page(read, nil); err != nil {
+			t.Fatalf("a copy being read was dropped: %v", err)
+		}
+		c.mu.Lock()
+		_, held := c.held[idle]
+		c.mu.Unlock()
+		if !held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("an idle copy is still held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var restarted copies
+	if again, _ := restarted.hold(st); again == idle || again == read {
+		t.Fatalf("a restarted holder gave out id %d again", again)
+	}
+}
+
+// A backup of a cluster that has lost a group's quorum fails after
+// copyTimeout instead of waiting for a leader as long as its client does.
+func TestBackupWithoutQuorumFails(t *testing.T) {
+	defer func(d time.Duration) { copyTimeout = d }(copyTimeout)
+	copyTimeout = 2 * time.Second
+	h := newHarness(t, 3, 2)
+	h.stop(1)
+	h.stop(2)
+	done := make(chan error, 1)
+	go func() {
+		done <- h.nodes[0].Backup(context.Background(), func(hlc.Timestamp, int) {}, new(bytes.Buffer))
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a backup without a quorum succeeded")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the backup still waits for a leader after 30 s")
+	}
+	h.nodes[0].copies.mu.Lock()
+	n := len(h.nodes[0].copies.held)
+	h.nodes[0].copies.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d copies held after the failed backup", n)
 	}
 }

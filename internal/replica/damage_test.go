@@ -52,9 +52,11 @@ func TestDamagedFrameLengthIsDamage(t *testing.T) {
 // it is not one.
 func TestBitFlipInTheLastBatchIsDamage(t *testing.T) {
 	for name, damage := range map[string]func(frame []byte){
-		"payload":      func(frame []byte) { frame[bytes.Index(frame, []byte("key-5"))] ^= 0x20 },
-		"entry type":   func(frame []byte) { frame[0] ^= 0x20 },
-		"entry length": func(frame []byte) { frame[4+2] ^= 0x10 },
+		"payload":        func(frame []byte) { frame[bytes.Index(frame, []byte("key-5"))] ^= 0x20 },
+		"entry type":     func(frame []byte) { frame[0] ^= 0x20 },
+		"entry length":   func(frame []byte) { frame[4+2] ^= 0x10 }, // the walk goes past the batch
+		"length low bit": func(frame []byte) { frame[4] ^= 1 },      // it lands in the entry's payload
+		"length bit 6":   func(frame []byte) { frame[4] ^= 1 << 6 },
 		"commit type": func(frame []byte) {
 			// The commit frame follows the entry frame; frame's capacity
 			// runs to the end of the segment.

@@ -87,9 +87,14 @@ func scanTail(data []byte) (torn [2]int, err error) {
 	return [2]int{keep, stop}, nil
 }
 
-// maxRepair bounds the batches wholeBatch tries to mend a header of (64
-// checksums of the batch).
-const maxRepair = 16 << 20
+// maxRepair and maxRepairFrames bound the batches wholeBatch tries to mend
+// a header of (64 walks per header, a checksum of the batch for each walk
+// that ends at its commit frame). raft writes at most MaxAppendEntries
+// (64) entries in a batch.
+const (
+	maxRepair       = 16 << 20
+	maxRepairFrames = 256
+)
 
 // wholeBatch reports whether [keep, stop), which raft-wal drops, is a
 // batch that reached the disk whole but was damaged at rest. A disk keeps
@@ -108,32 +113,40 @@ func wholeBatch(data []byte, keep, from, stop int) bool {
 		return false
 	}
 	sum := binary.LittleEndian.Uint32(data[c+4:])
-	end, p := walkTo(data, keep, c)
+	end, headers := walkTo(data, keep, c, nil, len(data))
 	if end == c {
 		return data[c] == walFrameCommit || crc32.Checksum(data[from:c], castagnoli) == sum
 	}
-	if c-from > maxRepair {
+	if c-from > maxRepair || len(headers) > maxRepairFrames {
 		return false
 	}
-	for bit := range 64 { // p: the header that stopped the walk, or took it past c
-		data[p+bit/8] ^= 1 << (bit % 8)
-		end, _ := walkTo(data, keep, c)
-		mended := end == c && crc32.Checksum(data[from:c], castagnoli) == sum
-		data[p+bit/8] ^= 1 << (bit % 8)
-		if mended {
-			return true
+	// Any header the walk read may be the damaged one: a length a bit too
+	// short lands the walk inside the entry's own payload, where it reads
+	// on or stops. The checksum is computed only for a walk that ends at c.
+	for _, p := range headers {
+		for bit := range 64 {
+			data[p+bit/8] ^= 1 << (bit % 8)
+			end, _ := walkTo(data, keep, c, nil, maxRepairFrames)
+			mended := end == c && crc32.Checksum(data[from:c], castagnoli) == sum
+			data[p+bit/8] ^= 1 << (bit % 8)
+			if mended {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// walkTo walks frames from off as raft-wal reads them, up to c. It returns
-// where it ends (c, past it, or at a header it cannot decode) and the
-// offset of the last frame header it read.
-func walkTo(data []byte, off, c int) (end, last int) {
-	last = off
-	for off < c {
-		last = off
+// walkTo walks frames from off as raft-wal reads them, up to c and at most
+// max frames. It returns where it ends (c, past it, at a header it cannot
+// decode, or -1 after max frames), and appends to headers the offset of
+// each frame header it read.
+func walkTo(data []byte, off, c int, headers []int, max int) (end int, _ []int) {
+	for frames := 0; off < c; frames++ {
+		if frames == max {
+			return -1, headers
+		}
+		headers = append(headers, off)
 		switch data[off] {
 		case walFrameEntry, walFrameIndex:
 			n := int(binary.LittleEndian.Uint32(data[off+4:]))
@@ -141,10 +154,10 @@ func walkTo(data []byte, off, c int) (end, last int) {
 		case walFrameCommit:
 			off += walFrameHeader
 		default:
-			return off, last
+			return off, headers
 		}
 	}
-	return off, last
+	return off, headers
 }
 
 // walTail mirrors how raft-wal recovers its newest segment (readThroughSegment
