@@ -57,7 +57,8 @@ type copies struct {
 type heldCopy struct {
 	st    *store.Store
 	used  time.Time
-	timer *time.Timer // drops the copy once idle
+	idle  time.Duration // copyIdle when it was taken
+	timer *time.Timer   // drops the copy once idle
 }
 
 // hold keeps st for paging and returns its id.
@@ -74,8 +75,8 @@ func (c *copies) hold(st *store.Store) (uint64, error) {
 	for id == 0 || c.held[id] != nil {
 		id = rand.Uint64()
 	}
-	h := &heldCopy{st: st, used: time.Now()}
-	h.timer = time.AfterFunc(copyIdle, func() { c.expire(id) })
+	h := &heldCopy{st: st, used: time.Now(), idle: copyIdle}
+	h.timer = time.AfterFunc(h.idle, func() { c.expire(id) })
 	c.held[id] = h
 	return id, nil
 }
@@ -89,8 +90,8 @@ func (c *copies) expire(id uint64) {
 	if h == nil {
 		return
 	}
-	if idle := time.Since(h.used); idle < copyIdle {
-		h.timer.Reset(copyIdle - idle)
+	if idle := time.Since(h.used); idle < h.idle {
+		h.timer.Reset(h.idle - idle)
 		return
 	}
 	delete(c.held, id)

@@ -99,7 +99,10 @@ func TestBackupCopiesExpire(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	var restarted copies
-	if again, _ := restarted.hold(st); again == idle || again == read {
+	again, _ := restarted.hold(st)
+	c.drop(read)
+	restarted.drop(again)
+	if again == idle || again == read {
 		t.Fatalf("a restarted holder gave out id %d again", again)
 	}
 }
