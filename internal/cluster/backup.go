@@ -46,12 +46,17 @@ const maxCopies = 256
 // least). A variable for tests.
 var copyPageBytes = maxPageBytes
 
-// copies are the group copies this node holds for backups, by id. Ids
-// are random: a node that restarted must not hand a backup that began
-// before another backup's copy under the same id.
+// copies are the group copies this node holds for backups, by id. The
+// backup chooses the id (at random: a node that restarted must not hand a
+// backup that began before another backup's copy under the same id), so
+// that it can end a copy whose taking it did not hear the answer to.
 type copies struct {
 	mu   sync.Mutex
 	held map[uint64]*heldCopy
+	// ended are ids ended before they were held: calls are served
+	// concurrently, so the end of a backup that gave up can be served
+	// before its begin. Kept for copyIdle.
+	ended map[uint64]time.Time
 }
 
 type heldCopy struct {
@@ -61,24 +66,37 @@ type heldCopy struct {
 	timer *time.Timer   // drops the copy once idle
 }
 
-// hold keeps st for paging and returns its id.
-func (c *copies) hold(st *store.Store) (uint64, error) {
+// hold keeps st for paging under id.
+func (c *copies) hold(id uint64, st *store.Store) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.held) >= maxCopies {
-		return 0, fmt.Errorf("cluster: %d backup copies held already; try again when a backup ends", maxCopies)
+		return fmt.Errorf("cluster: %d backup copies held already; try again when a backup ends", maxCopies)
 	}
 	if c.held == nil {
 		c.held = map[uint64]*heldCopy{}
 	}
-	id := rand.Uint64()
-	for id == 0 || c.held[id] != nil {
-		id = rand.Uint64()
+	if c.held[id] != nil {
+		return fmt.Errorf("cluster: backup copy %d is held already", id)
+	}
+	if _, gone := c.ended[id]; gone {
+		delete(c.ended, id)
+		return fmt.Errorf("cluster: backup copy %d was ended already", id)
 	}
 	h := &heldCopy{st: st, used: time.Now(), idle: copyIdle}
 	h.timer = time.AfterFunc(h.idle, func() { c.expire(id) })
 	c.held[id] = h
-	return id, nil
+	return nil
+}
+
+// close drops every copy: the node stops.
+func (c *copies) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, h := range c.held {
+		h.timer.Stop()
+		delete(c.held, id)
+	}
 }
 
 // expire drops copy id if it was not read for copyIdle, or looks again
@@ -131,11 +149,24 @@ func pageOfCopy(st *store.Store, from []byte, page []store.Entry) ([]store.Entry
 
 func (c *copies) drop(id uint64) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if h := c.held[id]; h != nil {
 		h.timer.Stop()
 		delete(c.held, id)
+		return
 	}
-	c.mu.Unlock()
+	if c.ended == nil {
+		c.ended = map[uint64]time.Time{}
+	}
+	now := time.Now()
+	for old, at := range c.ended {
+		if now.Sub(at) > copyIdle {
+			delete(c.ended, old)
+		}
+	}
+	if len(c.ended) < 4*maxCopies {
+		c.ended[id] = now
+	}
 }
 
 // Backup writes a snapshot of the whole store to w, calling start first
@@ -225,9 +256,17 @@ func (n *Node) copyGroups(ctx context.Context) ([]*part, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p := &part{g: g}
+			p := &part{g: g, id: rand.Uint64() | 1}
 			var resp callResp
-			err := n.onLeader(ctx, g, callReq{Op: opCopyBegin, Group: g}, &resp, func(r *replica.Group) { p.local = r.Copy() })
+			err := n.onLeader(ctx, g, callReq{Op: opCopyBegin, Group: g, Copy: p.id}, &resp, func(r *replica.Group) { p.local = r.Copy() })
+			if err != nil {
+				// A node may have taken the copy without this one
+				// hearing so: let every member drop it.
+				go n.endEverywhere(p.id)
+			}
+			if err != nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			switch {
 			case err != nil && err.Error() == unknownCall:
 				// A node of an older release: it sends its whole group.
@@ -237,7 +276,7 @@ func (n *Node) copyGroups(ctx context.Context) ([]*part, error) {
 					err = p.local.ReadSnapshot(bytes.NewReader(resp.Snapshot))
 				}
 			case err == nil && p.local == nil:
-				p.holder, p.id, p.keys, p.maxVersion = resp.Holder, resp.Copy, resp.Keys, resp.MaxVersion
+				p.holder, p.keys, p.maxVersion = resp.Holder, resp.Keys, resp.MaxVersion
 			}
 			if err != nil {
 				errs[g] = fmt.Errorf("group %d: %w", g, err)
@@ -283,11 +322,30 @@ func (p *part) fill(ctx context.Context, n *Node) error {
 
 // end lets the holder drop p's copy.
 func (p *part) end(n *Node) {
-	if p.holder == "" {
-		return
+	if p.holder != "" {
+		n.endCopy(p.holder, p.id)
 	}
+}
+
+// endCopy asks node id to drop copy (if it holds it).
+func (n *Node) endCopy(id string, copy uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var resp callResp
-	n.call(ctx, p.holder, callReq{Op: opCopyEnd, Copy: p.id}, &resp)
+	n.call(ctx, id, callReq{Op: opCopyEnd, Copy: copy}, &resp)
+}
+
+// endEverywhere asks every member to drop copy.
+func (n *Node) endEverywhere(copy uint64) {
+	st := n.state.Load()
+	if st == nil {
+		return
+	}
+	for _, m := range st.Nodes {
+		if m.ID == n.cfg.NodeID {
+			n.copies.drop(copy)
+		} else {
+			n.endCopy(m.ID, copy)
+		}
+	}
 }

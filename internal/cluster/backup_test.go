@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -68,20 +69,24 @@ func TestBackupPagesThroughEveryGroup(t *testing.T) {
 }
 
 // A copy nobody reads goes after copyIdle, read or not before; a copy
-// being read stays. Ids differ across restarts (a new copies value): a
-// backup that began before a holder restarted must not read another
-// backup's copy under its id.
+// being read stays; an id is held once.
 func TestBackupCopiesExpire(t *testing.T) {
 	defer func(d time.Duration) { copyIdle = d }(copyIdle)
 	copyIdle = 100 * time.Millisecond
 	var c copies
 	st := store.New(store.Limits{})
 	st.Apply(&store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v"), Version: hlc.Timestamp{Wall: 1, Node: "n1"}}, nil)
-	idle, err := c.hold(st)
-	if err != nil {
+	const idle, read = 1, 2
+	if err := c.hold(idle, st); err != nil {
 		t.Fatal(err)
 	}
-	read, _ := c.hold(st)
+	if err := c.hold(read, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.hold(read, st); err == nil {
+		t.Fatal("an id held twice")
+	}
+	defer c.close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, _, err := c.page(read, nil); err != nil {
@@ -98,12 +103,37 @@ func TestBackupCopiesExpire(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	var restarted copies
-	again, _ := restarted.hold(st)
-	c.drop(read)
-	restarted.drop(again)
-	if again == idle || again == read {
-		t.Fatalf("a restarted holder gave out id %d again", again)
+}
+
+// A backup whose copying is cancelled (its client went away) leaves no
+// copy held: the holders took some without the backup hearing their ids.
+func TestCancelledBackupLeavesNoCopies(t *testing.T) {
+	h := newHarness(t, 3, 8)
+	for i := range 50 {
+		set(t, h.nodes[i%3], fmt.Sprint("k-", i), "v")
+	}
+	held := func() (n int) {
+		for _, node := range h.nodes {
+			node.copies.mu.Lock()
+			n += len(node.copies.held)
+			node.copies.mu.Unlock()
+		}
+		return n
+	}
+	for i := range 40 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+i)*250*time.Microsecond)
+		err := h.nodes[0].Backup(ctx, func(hlc.Timestamp, int) {}, new(bytes.Buffer))
+		cancel()
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a cancelled backup says %v, not that it was cancelled", err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for held() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d copies still held after every backup returned", held())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

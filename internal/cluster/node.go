@@ -283,6 +283,7 @@ func (n *Node) Close() error {
 		close(n.stop)
 		n.wg.Wait()
 		n.events.close()
+		n.copies.close()
 		n.mu.Lock()
 		groups := n.groups
 		n.groups = map[int]*replica.Group{}

@@ -50,7 +50,7 @@ type callReq struct {
 	Limit  int
 	Meta   meta.Op
 	Since  uint64 // opEvents: the last index already seen
-	Copy   uint64 // opCopyPage, opCopyEnd: the held copy
+	Copy   uint64 // opCopyBegin, opCopyPage, opCopyEnd: the held copy (its id, chosen by the backup)
 }
 
 // Error kinds of a reply.
@@ -82,7 +82,6 @@ type callResp struct {
 	Last       uint64        // opEvents: the index the frame leaves its reader at
 	Snapshot   []byte        // opCopy: the group's store, in snapshot format
 	Holder     string        // opCopyBegin: the node holding the copy (this one)
-	Copy       uint64        // opCopyBegin: the copy's id there
 	Keys       int           // opCopyBegin: its number of keys
 	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
 	DiskFull   *replica.DiskFullError
@@ -159,11 +158,10 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 			resp.Snapshot = buf.Bytes()
 		case opCopyBegin:
 			st := r.Copy()
-			id, err := n.copies.hold(st)
-			if err != nil {
+			if err := n.copies.hold(req.Copy, st); err != nil {
 				return callResp{Kind: errOther, Err: err.Error()}
 			}
-			resp.Holder, resp.Copy, resp.Keys, resp.MaxVersion = n.cfg.NodeID, id, st.Len(), st.MaxVersion()
+			resp.Holder, resp.Keys, resp.MaxVersion = n.cfg.NodeID, st.Len(), st.MaxVersion()
 		case opConfig:
 			f := r.Raft().GetConfiguration()
 			resp.Servers = serversOf(f.Configuration())
