@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/hlc"
@@ -24,12 +25,15 @@ import (
 // call on that link meanwhile), and the serving node held every group,
 // twice, before it wrote a byte.
 
-// copyIdle is how long a copy is held without a page being read: a backup
-// whose reader went away (or never learned the copy's id: its call was
-// cancelled) does not pin its copies for ever. Long enough for a slow
-// reader: a group's next page is asked for once about a page of every
-// group has been written to the client.
-var copyIdle = 10 * time.Minute
+// copyIdle is how long a copy is held without a page being read or the
+// backup saying it goes on (see keepCopies): a backup whose reader went
+// away (or never learned the copy's id: its call was cancelled) does not
+// pin its copies for ever. Atomic, for tests.
+var copyIdle atomic.Int64
+
+func init() { copyIdle.Store(int64(10 * time.Minute)) }
+
+func idleLimit() time.Duration { return time.Duration(copyIdle.Load()) }
 
 // Timeouts of a backup: to copy every group (each waits for its group's
 // leader), and to read one page. Variables for tests.
@@ -83,7 +87,7 @@ func (c *copies) hold(id uint64, st *store.Store) error {
 		delete(c.ended, id)
 		return fmt.Errorf("cluster: backup copy %d was ended already", id)
 	}
-	h := &heldCopy{st: st, used: time.Now(), idle: copyIdle}
+	h := &heldCopy{st: st, used: time.Now(), idle: idleLimit()}
 	h.timer = time.AfterFunc(h.idle, func() { c.expire(id) })
 	c.held[id] = h
 	return nil
@@ -118,17 +122,24 @@ func (c *copies) expire(id uint64) {
 // page returns the entries of copy id from from on, up to copyPageBytes,
 // and whether they are the last.
 func (c *copies) page(id uint64, from []byte) ([]store.Entry, bool, error) {
-	c.mu.Lock()
-	h := c.held[id]
-	if h != nil {
-		h.used = time.Now()
-	}
-	c.mu.Unlock()
-	if h == nil {
-		return nil, false, fmt.Errorf("cluster: backup copy %d is gone (idle for %v, or the node restarted)", id, copyIdle)
+	h, err := c.touch(id)
+	if err != nil {
+		return nil, false, err
 	}
 	entries, last := pageOfCopy(h.st, from, nil)
 	return entries, last, nil
+}
+
+// touch marks copy id used now.
+func (c *copies) touch(id uint64) (*heldCopy, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.held[id]
+	if h == nil {
+		return nil, fmt.Errorf("cluster: backup copy %d is gone (not read for too long, or the node restarted)", id)
+	}
+	h.used = time.Now()
+	return h, nil
 }
 
 // pageOfCopy appends to page the entries of st from from on, up to
@@ -160,7 +171,7 @@ func (c *copies) drop(id uint64) {
 	}
 	now := time.Now()
 	for old, at := range c.ended {
-		if now.Sub(at) > copyIdle {
+		if now.Sub(at) > idleLimit() {
 			delete(c.ended, old)
 		}
 	}
@@ -207,6 +218,8 @@ func (n *Node) Backup(ctx context.Context, start func(maxVersion hlc.Timestamp, 
 		keys += p.keys
 	}
 	start(maxVersion, keys)
+	stopKeeping := n.keepCopies(parts)
+	defer stopKeeping()
 	sw, err := store.NewSnapshotWriter(w, maxVersion, keys)
 	if err != nil {
 		return err
@@ -318,6 +331,38 @@ func (p *part) fill(ctx context.Context, n *Node) error {
 		p.next = append(append(p.next[:0], p.page[len(p.page)-1].Key...), 0)
 	}
 	return nil
+}
+
+// keepCopies tells the holders of parts, every quarter of copyIdle, that
+// the backup goes on, until the returned func is called: a group's next
+// page is asked for only once about a page of every group has been
+// written to the client, which on a slow link can take longer than
+// copyIdle. (A holder of a release before opCopyKeep answers "unknown
+// call": its copies then live on pages alone.)
+func (n *Node) keepCopies(parts []*part) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	every := idleLimit() / 4
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			for _, p := range parts {
+				if p.holder != "" {
+					ctx, cancel := context.WithTimeout(context.Background(), every)
+					var resp callResp
+					n.call(ctx, p.holder, callReq{Op: opCopyKeep, Copy: p.id}, &resp)
+					cancel()
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
 // end lets the holder drop p's copy.

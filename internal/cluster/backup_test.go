@@ -71,8 +71,8 @@ func TestBackupPagesThroughEveryGroup(t *testing.T) {
 // A copy nobody reads goes after copyIdle, read or not before; a copy
 // being read stays; an id is held once.
 func TestBackupCopiesExpire(t *testing.T) {
-	defer func(d time.Duration) { copyIdle = d }(copyIdle)
-	copyIdle = 100 * time.Millisecond
+	defer copyIdle.Store(copyIdle.Load())
+	copyIdle.Store(int64(100 * time.Millisecond))
 	var c copies
 	st := store.New(store.Limits{})
 	st.Apply(&store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v"), Version: hlc.Timestamp{Wall: 1, Node: "n1"}}, nil)
@@ -163,4 +163,38 @@ func TestBackupWithoutQuorumFails(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d copies held after the failed backup", n)
 	}
+}
+
+// A backup written to a slow client keeps its copies: a group's next page
+// may be asked for long after the last, and the copies must not expire
+// meanwhile.
+func TestSlowBackupKeepsItsCopies(t *testing.T) {
+	defer func(b int) { copyPageBytes = b }(copyPageBytes)
+	defer copyIdle.Store(copyIdle.Load())
+	copyPageBytes = 8 << 10
+	h := newHarness(t, 3, 4)
+	for i := range 300 {
+		if _, err := set(t, h.nodes[i%3], fmt.Sprint("k-", i), strings.Repeat("x", 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyIdle.Store(int64(100 * time.Millisecond))
+	var buf bytes.Buffer
+	err := h.nodes[0].Backup(context.Background(), func(hlc.Timestamp, int) {}, slowWriter{&buf})
+	if err != nil {
+		t.Fatalf("a slow backup failed: %v", err)
+	}
+	st := store.New(store.Limits{})
+	if err := st.ReadSnapshot(&buf); err != nil || st.Len() != 300 {
+		t.Fatalf("the slow backup: %d keys, %v", st.Len(), err)
+	}
+}
+
+// slowWriter takes 300 ms for each write (the snapshot writer's buffer
+// flushes every 64 KiB): a client on a slow link.
+type slowWriter struct{ w *bytes.Buffer }
+
+func (s slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(300 * time.Millisecond)
+	return s.w.Write(p)
 }

@@ -34,6 +34,7 @@ const (
 	opCopyBegin callOp = 10 // copy a group at its leader and hold the copy for paging (backups)
 	opCopyPage  callOp = 11 // a page of a held copy
 	opCopyEnd   callOp = 12 // drop a held copy
+	opCopyKeep  callOp = 13 // a held copy is still being read
 )
 
 // unknownCall answers an op this release does not know.
@@ -50,7 +51,7 @@ type callReq struct {
 	Limit  int
 	Meta   meta.Op
 	Since  uint64 // opEvents: the last index already seen
-	Copy   uint64 // opCopyBegin, opCopyPage, opCopyEnd: the held copy (its id, chosen by the backup)
+	Copy   uint64 // opCopyBegin, opCopyPage, opCopyEnd, opCopyKeep: the held copy (its id, chosen by the backup)
 }
 
 // Error kinds of a reply.
@@ -174,6 +175,10 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		}
 	case opCopyEnd:
 		n.copies.drop(req.Copy)
+	case opCopyKeep:
+		if _, err := n.copies.touch(req.Copy); err != nil {
+			return callResp{Kind: errOther, Err: err.Error()}
+		}
 	case opMeta:
 		return n.metaHere(req.Meta)
 	case opStatus:
