@@ -175,23 +175,18 @@ func walkTo(data []byte, off, c, max int, visit func(int)) int {
 // and recoverTail, v0.4.1): its writer resumes at keep, dropping what
 // follows; the checksum of the batch after keep begins at from.
 func walTail(data []byte) (keep, from int) {
-	off, last, prev := walFileHeader, -1, -1
+	last, prev := -1, -1
 	entriesAfter := false // entry frames after the last commit frame
-	for off+walFrameHeader <= len(data) {
-		h := data[off : off+walFrameHeader]
-		switch h[0] {
-		case walFrameEntry, walFrameIndex:
-			entriesAfter = entriesAfter || h[0] == walFrameEntry
-			n := int(binary.LittleEndian.Uint32(h[4:]))
-			off += walFrameHeader + n + (walFrameHeader-n%walFrameHeader)%walFrameHeader
-			continue
+	// Every frame whose header fits in the data, to the first that does
+	// not decode (zeros, at the end of what was written).
+	walkTo(data, walFileHeader, len(data)-walFrameHeader+1, len(data), func(off int) {
+		switch data[off] {
+		case walFrameEntry:
+			entriesAfter = true
 		case walFrameCommit:
 			prev, last, entriesAfter = last, off, false
-			off += walFrameHeader
-			continue
 		}
-		break // zeros, or a header that does not decode
-	}
+	})
 	if last < 0 {
 		return walFileHeader, 0 // no commit: the segment starts over
 	}
