@@ -86,15 +86,18 @@ func (d *DiskGuard) poll() {
 	free := st.Bavail * uint64(st.Bsize)
 	d.free.Store(free)
 	low := free < d.reserve
-	if d.low.Swap(low) == low {
+	if d.low.Load() == low { // only poll writes it
 		return
 	}
+	// Logged before the change takes effect: whoever sees writes refused,
+	// or accepted again, finds the line that says why.
 	if low {
 		d.log.Error("the data volume is nearly full: writes are refused (reads and deletes go on) until space is freed",
 			"dir", d.dir, "free", sizeOf(free), "reserve", sizeOf(d.reserve))
 	} else {
 		d.log.Info("space is back on the data volume: writes resume", "dir", d.dir, "free", sizeOf(free))
 	}
+	d.low.Store(low)
 }
 
 // Check returns a *DiskFullError while the volume is below the reserve.
