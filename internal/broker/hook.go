@@ -246,6 +246,11 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 		// sees its topic; mochi's own resolution then finds it set.
 		pk.TopicName = cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, pk.TopicName)
 	}
+	if pk.FixedHeader.Type == packets.Disconnect && pk.Properties.SessionExpiryIntervalFlag {
+		// mochi caps the interval of a CONNECT to --max-session-expiry
+		// but takes a DISCONNECT's as it comes.
+		pk.Properties.SessionExpiryInterval = min(pk.Properties.SessionExpiryInterval, h.b.srv.Options.Capabilities.MaximumSessionExpiryInterval)
+	}
 	switch t := pk.FixedHeader.Type; {
 	case t == packets.Puback, t == packets.Pubcomp, t == packets.Pubrec && pk.ReasonCode >= 0x80:
 		if cc, ok := cl.Net.Conn.(*clientConn); ok {

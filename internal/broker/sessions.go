@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,6 +49,12 @@ var (
 	bucketSubs     = []byte("subscriptions")
 	bucketRetained = []byte("retained")
 	bucketInflight = []byte("inflight")
+	// bucketLeft holds, for a persistent session whose connection ended,
+	// when it ended (unix milliseconds, big-endian): its expiry counts
+	// from then, also across a restart (mochi's restore starts every
+	// session's clock again). A session connected when the server
+	// stopped has none; its clock starts at the restart.
+	bucketLeft = []byte("left")
 )
 
 func openSessions(path string, log *slog.Logger) (*sessions, error) {
@@ -56,7 +63,7 @@ func openSessions(path string, log *slog.Logger) (*sessions, error) {
 		return nil, fmt.Errorf("open session store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketClients, bucketSubs, bucketRetained, bucketInflight} {
+		for _, b := range [][]byte{bucketClients, bucketSubs, bucketRetained, bucketInflight, bucketLeft} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -163,12 +170,14 @@ func (s *sessions) holds(clientID string) bool {
 	return found
 }
 
-func (s *sessions) updateClient(cl *mqtt.Client) {
+// updateClient writes the client's record. left is when its connection
+// ended, or zero while it is connected; keepLeft leaves that record as it is.
+func (s *sessions) updateClient(cl *mqtt.Client, left time.Time, keepLeft bool) {
 	if !persistent(cl) {
 		return
 	}
 	p := cl.Properties.Props
-	s.put(bucketClients, cl.ID, &storage.Client{
+	data, err := (&storage.Client{
 		ID:              cl.ID,
 		T:               storage.ClientKey,
 		Remote:          cl.Net.Remote,
@@ -190,6 +199,23 @@ func (s *sessions) updateClient(cl *mqtt.Client) {
 			MaximumPacketSize:         p.MaximumPacketSize,
 		},
 		Will: storage.ClientWill(cl.Properties.Will),
+	}).MarshalBinary()
+	if err != nil {
+		s.log.Error("session store: encode", "error", err)
+		return
+	}
+	s.write("write", func(tx *bbolt.Tx) error {
+		if err := tx.Bucket(bucketClients).Put([]byte(cl.ID), data); err != nil {
+			return err
+		}
+		switch {
+		case keepLeft:
+			return nil
+		case left.IsZero():
+			return tx.Bucket(bucketLeft).Delete([]byte(cl.ID))
+		default:
+			return tx.Bucket(bucketLeft).Put([]byte(cl.ID), binary.BigEndian.AppendUint64(nil, uint64(left.UnixMilli())))
+		}
 	})
 }
 
@@ -199,14 +225,25 @@ func (s *sessions) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		s.forget(cl.ID)
 		return
 	}
-	s.updateClient(cl)
+	s.updateClient(cl, time.Time{}, false)
 }
 
-func (s *sessions) OnWillSent(cl *mqtt.Client, _ packets.Packet) { s.updateClient(cl) }
+func (s *sessions) OnWillSent(cl *mqtt.Client, _ packets.Packet) {
+	s.updateClient(cl, time.Time{}, true)
+}
 
 func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
-	if expire && cl.StopCause() != packets.ErrSessionTakenOver {
+	switch {
+	case cl.StopCause() == packets.ErrSessionTakenOver || cl.IsTakenOver():
+		// The session goes on in the new connection, which may already
+		// have recorded itself.
+	case expire:
 		s.forget(cl.ID)
+	case cl.Net.Conn != nil:
+		// Not a session restored at start (mochi reports those as
+		// disconnected too; their record is already right). Written
+		// again: a DISCONNECT may have changed its expiry interval.
+		s.updateClient(cl, time.Now(), false)
 	}
 }
 
@@ -223,6 +260,9 @@ func (s *sessions) forget(clientID string) {
 	}
 	s.write("delete", func(tx *bbolt.Tx) error {
 		if err := tx.Bucket(bucketClients).Delete([]byte(clientID)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketLeft).Delete([]byte(clientID)); err != nil {
 			return err
 		}
 		if err := deletePrefix(tx, bucketSubs, clientID+"\x00"); err != nil {
@@ -476,8 +516,56 @@ func (s *sessions) flush() {
 	}
 }
 
+// StoredClients returns the persistent sessions to restore: those that
+// expired while the server was down are deleted instead, and the others
+// get what is left of their expiry interval, which mochi counts from now.
 func (s *sessions) StoredClients() ([]storage.Client, error) {
-	return load[storage.Client](s, bucketClients)
+	clients, err := load[storage.Client](s, bucketClients)
+	if err != nil {
+		return nil, err
+	}
+	left := map[string]time.Time{}
+	_ = s.db.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketLeft).ForEach(func(k, v []byte) error {
+			if len(v) == 8 {
+				left[string(k)] = time.UnixMilli(int64(binary.BigEndian.Uint64(v)))
+			}
+			return nil
+		})
+	})
+	now := time.Now()
+	out := clients[:0]
+	for _, c := range clients {
+		remaining, expired := remainingExpiry(c, left[c.ID], now)
+		if expired {
+			s.log.Info("session expired while the server was down", "client", c.ID)
+			s.forget(c.ID)
+			continue
+		}
+		c.Properties.SessionExpiryInterval = remaining
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// remainingExpiry returns what is left at now of the expiry interval of a
+// session whose connection ended at left (zero: unknown, the interval is
+// whole), and whether nothing is left. Only MQTT 5 sessions say their
+// interval; an MQTT 3 session is kept as before.
+func remainingExpiry(c storage.Client, left, now time.Time) (uint32, bool) {
+	interval := c.Properties.SessionExpiryInterval
+	if left.IsZero() || c.ProtocolVersion != 5 || !c.Properties.SessionExpiryIntervalFlag {
+		return interval, false
+	}
+	gone := now.Sub(left)
+	if gone < 0 {
+		gone = 0 // the clock went back: count from now
+	}
+	full := time.Duration(interval) * time.Second
+	if gone >= full {
+		return 0, true
+	}
+	return uint32((full - gone + time.Second - 1) / time.Second), false // rounded up: never shorter than asked
 }
 
 func (s *sessions) StoredSubscriptions() ([]storage.Subscription, error) {

@@ -91,7 +91,14 @@ func (b *Broker) dueWill(cl *mqtt.Client, c *conn) {
 	if w == nil {
 		return
 	}
-	if w.delay == 0 {
+	delay := w.delay
+	if cl.Properties.ProtocolVersion == 5 {
+		// The session may end sooner than the delay cut at CONNECT: a
+		// DISCONNECT can shorten its expiry, to zero (MQTT-3.1.3-9:
+		// the will goes when the session ends, if that is earlier).
+		delay = min(delay, time.Duration(cl.Properties.Props.SessionExpiryInterval)*time.Second)
+	}
+	if delay == 0 {
 		b.sendWill(cl.ID, w)
 		return
 	}
@@ -104,7 +111,7 @@ func (b *Broker) dueWill(cl *mqtt.Client, c *conn) {
 		t.Stop()
 	}
 	var t *time.Timer
-	t = time.AfterFunc(w.delay, func() {
+	t = time.AfterFunc(delay, func() {
 		b.wills.mu.Lock()
 		mine := b.wills.pending[cl.ID] == t
 		if mine {

@@ -160,3 +160,23 @@ func TestDelayedWillCancelledByReconnect(t *testing.T) {
 	}
 	expectNoPublish(t, watcher, 1500*time.Millisecond)
 }
+
+// TestWillSentWhenSessionEndsBeforeDelay: MQTT-3.1.3-9, a will goes when
+// its delay elapses or its session ends, whichever is first. A client that
+// disconnects with 0x04 (with will) and sets its Session Expiry Interval
+// to 0 in the DISCONNECT ends its session at once, so its will, delayed
+// 30 s, is due at once.
+func TestWillSentWhenSessionEndsBeforeDelay(t *testing.T) {
+	s := startServer(t, inMemory())
+	watcher := dialRaw(t, s, "watcher", rawOpts{cleanStart: true, noSubscribe: true})
+	watcher.subscribe("status/#", 1)
+	delay := uint32(30)
+	dev := dialRaw(t, s, "dev", rawOpts{cleanStart: true, sessionExpiry: 300, noSubscribe: true,
+		will:      &paho.WillMessage{Topic: "status/dev", QoS: 1, Payload: []byte("gone")},
+		willProps: &paho.WillProperties{WillDelayInterval: &delay}})
+	zero := uint32(0)
+	dev.c.Disconnect(&paho.Disconnect{ReasonCode: 0x04, Properties: &paho.DisconnectProperties{SessionExpiryInterval: &zero}})
+	if p, ok := watcher.nextPublish(3 * time.Second); !ok || p.Topic != "status/dev" {
+		t.Fatalf("session ended by DISCONNECT (expiry 0, reason 0x04), its will delayed 30 s: got %+v, want the will at once", p)
+	}
+}
