@@ -22,6 +22,7 @@ import (
 	"github.com/mqkv/mqkv/internal/procs"
 	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/statestore"
+	"github.com/mqkv/mqkv/internal/store"
 )
 
 func serveCmd() *cobra.Command {
@@ -42,6 +43,9 @@ password files; SIGINT or SIGTERM stop the server.`,
 			keepSysmonAwake()
 			if maxPacket > 1<<28 || maxOutbound <= 0 || maxOutbound > 1<<20 {
 				return fmt.Errorf("serve: --max-packet-size at most %d, --max-outbound between 1 and %d", 1<<28, 1<<20)
+			}
+			if cc := cfg.Cluster; cc.Groups < 1 || cc.Groups > store.Partitions || cc.Replicas < 1 {
+				return fmt.Errorf("serve: --groups between 1 and %d (one partition at least per group), --replicas 1 or more", store.Partitions)
 			}
 			cfg.Limits.MaxPacketSize, cfg.Limits.MaxOutbound = uint32(maxPacket), int32(maxOutbound)
 			logger, err := newLogger(os.Stderr, logLevel, logFormat)

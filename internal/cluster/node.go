@@ -18,12 +18,15 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,8 +118,12 @@ type Node struct {
 	// metadata says how many groups there are, and until the creation is
 	// durable, no other node may join (see create).
 	creating atomic.Bool
-	started  atomic.Bool   // meta is set: calls may be answered
-	changed  chan struct{} // the metadata changed: reconcile now
+	started  atomic.Bool // meta is set: calls may be answered
+	// inc is this process's incarnation (see meta.Node.Inc); named says
+	// the data directory records the cluster's id (see recordClusterID).
+	inc     string
+	named   atomic.Bool
+	changed chan struct{} // the metadata changed: reconcile now
 
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
@@ -147,12 +154,15 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.RF == 0 {
 		cfg.RF = DefaultRF
 	}
+	if cfg.Groups < 0 || cfg.Groups > store.Partitions || cfg.RF < 0 {
+		return nil, fmt.Errorf("cluster: %d groups and %d replicas: want 1 to %d groups and 1 replica or more", cfg.Groups, cfg.RF, store.Partitions)
+	}
 	clock, err := hlc.New(cfg.NodeID, nil)
 	if err != nil {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, clock: clock, link: cfg.Link, groups: map[int]*replica.Group{},
-		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault()}
+		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault(), inc: randomID()}
 	n.events = newFollower(n)
 	if n.link == nil {
 		return n, n.startAlone()
@@ -574,8 +584,11 @@ func (n *Node) create() error {
 			return fmt.Errorf("group %d: %w", g, err)
 		}
 	}
-	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Node: meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}}
+	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Cluster: randomID(), Node: n.self()}
 	if err := n.applyMeta(op); err != nil {
+		return err
+	}
+	if err := n.recordClusterID(op.Cluster); err != nil {
 		return err
 	}
 	if err := n.creationStep(n.cfg.Groups); err != nil {
@@ -587,6 +600,68 @@ func (n *Node) create() error {
 	n.creating.Store(false)
 	n.log.Info("cluster created", "node", n.cfg.NodeID, "groups", n.cfg.Groups, "replicas", n.cfg.RF, "link", n.link.Addr())
 	return nil
+}
+
+// self is this node as a member.
+func (n *Node) self() meta.Node {
+	return meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr(), Inc: n.inc}
+}
+
+func randomID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// clusterIDFile, in a node's directory, names the cluster its data belongs
+// to (meta.State.ID).
+const clusterIDFile = "cluster-id"
+
+// recordClusterID writes, durably, the id of the cluster this node's data
+// belongs to, once it is known (at the creation or the join; for data of a
+// release before ids, when the metadata first names one).
+func (n *Node) recordClusterID(id string) error {
+	if n.cfg.Dir == "" || id == "" || n.named.Load() {
+		return nil
+	}
+	path := filepath.Join(n.cfg.Dir, clusterIDFile)
+	if err := os.WriteFile(path+".tmp", []byte(id+"\n"), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Open(path + ".tmp")
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return err
+	}
+	if err := journal.SyncDir(n.cfg.Dir); err != nil {
+		return err
+	}
+	n.named.Store(true)
+	return nil
+}
+
+// recordedClusterID returns the id recordClusterID wrote, or "" for data
+// written before ids.
+func (n *Node) recordedClusterID() (string, error) {
+	if n.cfg.Dir == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(filepath.Join(n.cfg.Dir, clusterIDFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	n.named.Store(true)
+	return strings.TrimSpace(string(b)), nil
 }
 
 // creationMarker, in a node's directory, says it is making a new cluster
@@ -652,14 +727,21 @@ func (n *Node) creationStep(g int) error {
 // have changed (the others could not reach it to say so otherwise).
 func (n *Node) reopen() error {
 	if len(n.cfg.Join) > 0 {
+		cluster, err := n.recordedClusterID()
+		if err != nil {
+			return err
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Node: meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}}, n.cfg.Join)
+		err = n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Cluster: cluster, Node: n.self()}, n.cfg.Join)
 		cancel()
 		if err != nil {
 			return err
 		}
 	}
 	if err := n.awaitState(30*time.Second, func(st *meta.State) bool { return st.Groups > 0 }); err != nil {
+		if len(n.cfg.Join) == 0 {
+			return fmt.Errorf("%w: no member of this node's cluster answered; a node removed from its cluster (mqkv cluster remove) learns nothing more: start it with --join MEMBER to join again", err)
+		}
 		return err
 	}
 	entries, _ := os.ReadDir(filepath.Join(n.cfg.Dir, "groups"))

@@ -64,8 +64,17 @@ func (n *Node) reconcile(rc *reconciler) {
 		n.fitMetaMembers()
 		n.removeDrained(st)
 		n.judgeLiveness(rc.dead, st)
+		if st.ID == "" {
+			// Created by a release before cluster ids: named now.
+			if err := n.applyMeta(meta.Op{Kind: meta.OpName, Cluster: randomID()}); err != nil {
+				n.log.Warn("cannot name the cluster", "error", err)
+			}
+		}
 	} else {
 		rc.dead.forget()
+	}
+	if err := n.recordClusterID(st.ID); err != nil {
+		n.log.Warn("cannot record the cluster's id in the data directory", "error", err)
 	}
 	table := st.Placement()
 	migrating := 0 // non-voters being caught up by groups this node leads

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 
@@ -35,6 +36,7 @@ const (
 	opCopyPage  callOp = 11 // a page of a held copy
 	opCopyEnd   callOp = 12 // drop a held copy
 	opCopyKeep  callOp = 13 // a held copy is still being read
+	opWho       callOp = 14 // which node answers here (Holder)
 )
 
 // unknownCall answers an op this release does not know.
@@ -82,7 +84,7 @@ type callResp struct {
 	Events     []entryEvents // opEvents frames
 	Last       uint64        // opEvents: the index the frame leaves its reader at
 	Snapshot   []byte        // opCopy: the group's store, in snapshot format
-	Holder     string        // opCopyBegin: the node holding the copy (this one)
+	Holder     string        // opCopyBegin: the node holding the copy (this one); opWho: this node
 	Keys       int           // opCopyBegin: its number of keys
 	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
 	DiskFull   *replica.DiskFullError
@@ -189,6 +191,8 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 	case opCluster:
 		st := n.Status()
 		resp.Status = &st
+	case opWho:
+		resp.Holder = n.cfg.NodeID
 	default:
 		return callResp{Kind: errOther, Err: unknownCall}
 	}
@@ -228,6 +232,9 @@ func (n *Node) metaHere(op meta.Op) callResp {
 		// Not a member to join yet (see create): the caller tries again.
 		return callResp{Kind: errNotLeader}
 	}
+	if err := n.stillRunning(op); err != nil {
+		return callResp{Kind: errOther, Err: err.Error()}
+	}
 	if err := n.applyMeta(op); err != nil {
 		return callResp{Kind: errOther, Err: err.Error()}
 	}
@@ -235,6 +242,28 @@ func (n *Node) metaHere(op meta.Op) callResp {
 		return callResp{Kind: errOther, Err: err.Error()}
 	}
 	return callResp{}
+}
+
+// stillRunning refuses a member's join from a new address while a process
+// still answers as that member at its old one: a copy of its data
+// directory started elsewhere, which would take the member's place in
+// every group while the original goes on.
+func (n *Node) stillRunning(op meta.Op) error {
+	st := n.state.Load()
+	if op.Kind != meta.OpJoin || !op.Checked || st == nil {
+		return nil
+	}
+	m, ok := st.Node(op.Node.ID)
+	if !ok || m.Addr == op.Node.Addr || m.Inc == op.Node.Inc {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var resp callResp
+	if err := n.link.Call(ctx, m.Addr, callReq{Op: opWho}, &resp); err != nil || resp.Holder != m.ID {
+		return nil // gone, or someone else there now: the member moved
+	}
+	return fmt.Errorf("node %s is running at %s: a copy of its data directory cannot join as it; give the copy an empty data directory (and its own --node-id)", m.ID, m.Addr)
 }
 
 // metaVoters is how many members vote in the metadata group; the others
@@ -335,11 +364,13 @@ func (n *Node) proposeMeta(ctx context.Context, op meta.Op, addrs []string) erro
 func (n *Node) join() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	self := meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr()}
-	if err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Node: self}, n.cfg.Join); err != nil {
+	if err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: n.self()}, n.cfg.Join); err != nil {
 		return err
 	}
 	if err := n.awaitState(60*time.Second, func(st *meta.State) bool { _, ok := st.Node(n.cfg.NodeID); return ok }); err != nil {
+		return err
+	}
+	if err := n.recordClusterID(n.state.Load().ID); err != nil {
 		return err
 	}
 	n.log.Info("joined the cluster", "node", n.cfg.NodeID, "members", len(n.state.Load().Nodes))

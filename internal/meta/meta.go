@@ -43,10 +43,19 @@ type Node struct {
 	ID    string
 	Addr  string // node link address
 	State NodeState
+	// Inc is the incarnation of the process that last joined as the
+	// node, random per start: a join retried by the same process is
+	// told apart from another process claiming the id.
+	Inc string
 }
 
 // State is the whole metadata.
 type State struct {
+	// ID names the cluster, drawn at random when it is created (or, for
+	// a cluster created by a release before it, by its metadata leader,
+	// OpName); a node's data directory records it, so that a node cannot
+	// carry one cluster's data into another.
+	ID     string
 	Groups int // replica groups the 4096 partitions are spread over; fixed at creation
 	RF     int // replicas per group
 	Nodes  []Node
@@ -61,6 +70,7 @@ const (
 	OpJoin   OpKind = 2 // add Node (or update its address)
 	OpLeave  OpKind = 3 // mark Node.ID leaving
 	OpRemove OpKind = 4 // forget Node.ID
+	OpName   OpKind = 5 // name a cluster that has no ID yet Cluster
 )
 
 // Op is one metadata change.
@@ -69,6 +79,18 @@ type Op struct {
 	Node   Node
 	Groups int
 	RF     int
+	// Cluster is the cluster's ID: OpInit and OpName set it; an OpJoin
+	// carries the one the joiner's data belongs to (empty: none, or
+	// data of a release before IDs).
+	Cluster string
+	// Fresh says that an OpJoin's node has no data: it may not take the
+	// id of a member (whose replicas it does not hold) unless it is the
+	// same incarnation retrying.
+	Fresh bool
+	// Checked says the op comes from a release that checks joins (the
+	// cluster, the id, the address); ops logged before are applied as
+	// they were.
+	Checked bool
 }
 
 // Errors of Apply; the state is unchanged when one is returned.
@@ -77,6 +99,13 @@ var (
 	ErrUnknownNode  = errors.New("meta: no such node")
 	ErrLastNode     = errors.New("meta: the last active node cannot leave")
 	ErrNotInitiated = errors.New("meta: the cluster does not exist yet")
+	// ErrOtherCluster refuses a node whose data belongs to another
+	// cluster.
+	ErrOtherCluster = errors.New("meta: the node's data belongs to another cluster")
+	// ErrIDTaken refuses a node without data that claims a member's id.
+	ErrIDTaken = errors.New("meta: the node id is a member's")
+	// ErrAddrTaken refuses a node at the address of another member.
+	ErrAddrTaken = errors.New("meta: the address is another member's")
 )
 
 // Apply applies op.
@@ -92,17 +121,30 @@ func (s *State) Apply(op Op) error {
 		if op.Groups <= 0 || op.RF <= 0 || op.Node.ID == "" {
 			return fmt.Errorf("meta: bad init %+v", op)
 		}
-		s.Groups, s.RF = op.Groups, op.RF
-		s.Nodes = []Node{{ID: op.Node.ID, Addr: op.Node.Addr, State: Active}}
+		s.ID, s.Groups, s.RF = op.Cluster, op.Groups, op.RF
+		s.Nodes = []Node{{ID: op.Node.ID, Addr: op.Node.Addr, State: Active, Inc: op.Node.Inc}}
+	case OpName:
+		if s.ID == "" {
+			s.ID = op.Cluster
+		}
 	case OpJoin:
 		if op.Node.ID == "" || op.Node.Addr == "" {
 			return fmt.Errorf("meta: bad join %+v", op.Node)
 		}
-		if i := s.index(op.Node.ID); i >= 0 {
+		i := s.index(op.Node.ID)
+		if op.Checked {
+			if err := s.checkJoin(op, i); err != nil {
+				return err
+			}
+		}
+		if i >= 0 {
 			s.Nodes[i].Addr = op.Node.Addr // a restarted node may move
+			if op.Checked {
+				s.Nodes[i].Inc = op.Node.Inc
+			}
 			return nil
 		}
-		s.Nodes = append(s.Nodes, Node{ID: op.Node.ID, Addr: op.Node.Addr, State: Active})
+		s.Nodes = append(s.Nodes, Node{ID: op.Node.ID, Addr: op.Node.Addr, State: Active, Inc: op.Node.Inc})
 		sort.Slice(s.Nodes, func(a, b int) bool { return s.Nodes[a].ID < s.Nodes[b].ID })
 	case OpLeave, OpRemove:
 		i := s.index(op.Node.ID)
@@ -119,6 +161,27 @@ func (s *State) Apply(op Op) error {
 		}
 	default:
 		return fmt.Errorf("meta: unknown op %d", op.Kind)
+	}
+	return nil
+}
+
+// checkJoin refuses a join that would mix two clusters' data, give a
+// member's replicas to a node that does not hold them, or put two members
+// at one address (raft refuses the second, after the member is recorded);
+// i is the node's index, or -1 for a new member.
+func (s *State) checkJoin(op Op, i int) error {
+	if op.Cluster != "" && s.ID != "" && op.Cluster != s.ID {
+		return fmt.Errorf("%w: this node's data directory is cluster %s's, the members it joins through are cluster %s's; "+
+			"to join them, start it with an empty data directory", ErrOtherCluster, op.Cluster, s.ID)
+	}
+	if i >= 0 && op.Fresh && s.Nodes[i].Inc != op.Node.Inc {
+		return fmt.Errorf("%w: %s is already a member, and this node has no data: if the member's data is lost, "+
+			"remove it first (mqkv cluster remove %s), then start this node again, or start it with another --node-id", ErrIDTaken, op.Node.ID, op.Node.ID)
+	}
+	for j, m := range s.Nodes {
+		if j != i && m.Addr == op.Node.Addr {
+			return fmt.Errorf("%w: %s is member %s's; if that node is gone, remove it first (mqkv cluster remove %s)", ErrAddrTaken, m.Addr, m.ID, m.ID)
+		}
 	}
 	return nil
 }

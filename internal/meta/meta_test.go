@@ -2,9 +2,11 @@ package meta
 
 import (
 	"errors"
-	"github.com/hashicorp/raft"
+	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/hashicorp/raft"
 )
 
 func TestLifecycle(t *testing.T) {
@@ -74,5 +76,54 @@ func TestFSMRoundTrip(t *testing.T) {
 	}
 	if err := f.Apply(&raft.Log{Type: raft.LogCommand, Data: []byte{9, 9}}); err == nil {
 		t.Fatal("garbage applied")
+	}
+}
+
+// TestJoinsAreChecked: a checked join is refused, the state unchanged,
+// when the node's data is another cluster's, when a node without data
+// claims a member's id (unless it is the same incarnation retrying), or
+// when another member has its address. Unchecked ops (logged by a release
+// before the checks) apply as they did.
+func TestJoinsAreChecked(t *testing.T) {
+	var s State
+	steps := []struct {
+		op  Op
+		err error
+	}{
+		{Op{Kind: OpInit, Groups: 8, RF: 3, Cluster: "c1", Node: Node{ID: "n1", Addr: "a", Inc: "i1"}}, nil},
+		{Op{Kind: OpJoin, Checked: true, Cluster: "c2", Node: Node{ID: "n2", Addr: "b", Inc: "i2"}}, ErrOtherCluster},
+		{Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "n2", Addr: "b", Inc: "i2"}}, nil},
+		{Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "n2", Addr: "b", Inc: "i2"}}, nil}, // the same process retrying
+		{Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "n2", Addr: "b", Inc: "i3"}}, ErrIDTaken},
+		{Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "n3", Addr: "b", Inc: "i4"}}, ErrAddrTaken},
+		{Op{Kind: OpJoin, Checked: true, Cluster: "c1", Node: Node{ID: "n2", Addr: "a", Inc: "i5"}}, ErrAddrTaken},
+		{Op{Kind: OpJoin, Checked: true, Cluster: "c1", Node: Node{ID: "n2", Addr: "b2", Inc: "i5"}}, nil}, // restarted elsewhere
+		{Op{Kind: OpJoin, Node: Node{ID: "n4", Addr: "a"}}, nil},                                           // unchecked: as before
+		{Op{Kind: OpName, Cluster: "other"}, nil},                                                          // named already: no change
+	}
+	for i, st := range steps {
+		before := s.Clone()
+		err := s.Apply(st.op)
+		if !errors.Is(err, st.err) {
+			t.Fatalf("step %d %+v: error %v, want %v", i, st.op, err, st.err)
+		}
+		if err != nil && !reflect.DeepEqual(before, s.Clone()) {
+			t.Fatalf("step %d refused but changed the state: %+v, was %+v", i, s, before)
+		}
+	}
+	if s.ID != "c1" {
+		t.Fatalf("cluster id %q", s.ID)
+	}
+	if n, _ := s.Node("n2"); n.Addr != "b2" || n.Inc != "i5" {
+		t.Fatalf("n2 %+v", n)
+	}
+	var legacy State
+	legacy.Apply(Op{Kind: OpInit, Groups: 8, RF: 3, Node: Node{ID: "n1", Addr: "a"}})
+	if err := legacy.Apply(Op{Kind: OpJoin, Checked: true, Cluster: "c9", Node: Node{ID: "n2", Addr: "b"}}); err != nil {
+		t.Fatalf("a cluster without an id refuses a join: %v", err)
+	}
+	legacy.Apply(Op{Kind: OpName, Cluster: "c1"})
+	if legacy.ID != "c1" {
+		t.Fatalf("OpName left %q", legacy.ID)
 	}
 }

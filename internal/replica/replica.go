@@ -147,7 +147,7 @@ func (e *DamagedError) Error() string {
 	}
 	return fmt.Sprintf("%s is damaged: %v. The node will not serve without writes it acknowledged. "+
 		"To recover, restore the latest backup into a new data directory (mqkv restore --in FILE --data-dir DIR) and start on it; "+
-		"in a cluster, remove this node's data directory and let the node rejoin: it catches up from its peers", where, e.Err)
+		"in a cluster, have the others forget this node (mqkv cluster remove NODE-ID), then start it on an empty data directory with --join: it joins anew and catches up from its peers", where, e.Err)
 }
 
 func (e *DamagedError) Unwrap() error { return e.Err }
