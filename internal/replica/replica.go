@@ -350,9 +350,13 @@ type LogStore interface {
 	raft.StableStore
 }
 
-// logCache is how many recent entries a group on the shared journal keeps
-// in memory: replication and apply read them back right after the append.
-const logCache = 512
+// A group on the shared journal keeps its recent entries in memory (see
+// logCache): replication and apply read them back right after the
+// append. At most this many, and this many bytes.
+const (
+	logCacheEntries = 512
+	logCacheBytes   = 8 << 20
+)
 
 // openStores opens the log, stable and snapshot stores: on disk under
 // cfg.Dir, or the node's journal with snapshots under cfg.Dir (the log
@@ -369,11 +373,7 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 		if err := verifyLog(cfg.Log, "the node's journal"); err != nil {
 			return nil, nil, nil, err
 		}
-		cache, err := raft.NewLogCache(logCache, cfg.Log)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		logs, stable, where = cache, cfg.Log, "the node's journal"
+		logs, stable, where = newLogCache(cfg.Log, logCacheEntries, logCacheBytes), cfg.Log, "the node's journal"
 	} else {
 		w, err := openWAL(where, true)
 		if err != nil {
