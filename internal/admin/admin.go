@@ -405,6 +405,10 @@ type setRequest struct {
 	Create   bool    `json:"create"`    // only if absent (NX)
 	NEX      bool    `json:"nex"`       // only if absent or holding the same value
 	Version  string  `json:"version"`
+	// KeepValue changes an existing key's expiry only (with Version):
+	// the console shows a long value in part and must not write that
+	// part back.
+	KeepValue bool `json:"keep_value"`
 }
 
 // maxSetBody bounds a write from the console (values up to 16 MiB in hex).
@@ -426,6 +430,11 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 	}
 	var value []byte
 	switch {
+	case req.KeepValue:
+		if req.Value != nil || req.ValueHex != nil || req.Version == "" {
+			httpError(w, http.StatusBadRequest, "keep_value: with version, and without value or value_hex")
+			return
+		}
 	case req.Value != nil && req.ValueHex == nil:
 		value = []byte(*req.Value)
 	case req.ValueHex != nil && req.Value == nil:
@@ -437,8 +446,10 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, "give value or value_hex")
 		return
 	}
-	if req.TTLms < 0 {
-		httpError(w, http.StatusBadRequest, "ttl_ms: a positive number of milliseconds, or 0 for no expiry")
+	if req.TTLms < 0 || req.TTLms > statestore.MaxTTL {
+		// Past MaxTTL the deadline overflows into the past: the write
+		// would be applied and the key gone at once.
+		httpError(w, http.StatusBadRequest, "ttl_ms: a positive number of milliseconds (at most %d), or 0 for no expiry", statestore.MaxTTL)
 		return
 	}
 	cmd := store.Command{Op: store.OpSet, Key: key, Value: value, TTL: req.TTLms}
@@ -464,6 +475,11 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 	}
 	if exists {
 		cmd.Fence = e.Fence
+	}
+	if req.KeepValue {
+		// The version condition makes it the value of the version
+		// shown, or nothing is written.
+		cmd.Value = e.Value
 	}
 	done := make(chan error, 1)
 	var res store.Result

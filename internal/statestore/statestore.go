@@ -436,8 +436,9 @@ func (s *Service) readKey(r *Request, args [][]byte) (e store.Entry, found, ok b
 	return e, found, true
 }
 
-// maxTTL keeps deadlines far from overflow: about 292 thousand years.
-const maxTTL = math.MaxInt64 / 1024
+// MaxTTL, in milliseconds, keeps deadlines far from overflow (about 292
+// thousand years): the store adds it to the time of the write.
+const MaxTTL = math.MaxInt64 / 1024
 
 // parsePX reads a PX argument: a positive number of milliseconds. A
 // fraction (the .NET client sends "1.5") rounds up to a whole millisecond.
@@ -455,7 +456,7 @@ func parsePX(b []byte) (int64, bool) {
 		}
 	}
 	ms, err := strconv.ParseInt(whole, 10, 64)
-	if err != nil || ms > maxTTL {
+	if err != nil || ms > MaxTTL {
 		return 0, false
 	}
 	if strings.Trim(frac, "0") != "" {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -420,4 +421,76 @@ func TestTopShowsActivity(t *testing.T) {
 	if strings.Contains(out.String(), "\x1b[") {
 		t.Fatal("mqkv top wrote screen codes into a pipe")
 	}
+}
+
+func adminPost(t *testing.T, url string, body any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	req.Header.Set(admin.RequestHeader, "1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+// TestAdminSetBoundsTheTTL: a ttl_ms past the store's bound overflowed the
+// deadline into the past: the write was answered "applied" and the key,
+// old value included, was gone at once. It is refused now, nothing
+// written, as MQTT's PX is.
+func TestAdminSetBoundsTheTTL(t *testing.T) {
+	s := startServer(t, withAdmin())
+	base := "http://" + s.AdminAddr()
+	c := dialRaw(t, s, "admin-ttl", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("SET", "k", "precious"), "+OK\r\n")
+	code, body := adminPost(t, base+"/v1/keys/set", map[string]any{
+		"key_hex": hex.EncodeToString([]byte("k")), "value": "new", "ttl_ms": int64(math.MaxInt64)})
+	if code != http.StatusBadRequest || !strings.Contains(string(body), "ttl_ms") {
+		t.Fatalf("ttl_ms MaxInt64: %d %s", code, body)
+	}
+	expectPayload(t, c.call("GET", "k"), "$8\r\nprecious\r\n")
+}
+
+// TestAdminEditKeepsALongValue: the key browser shows the first 4 KiB of a
+// value; the console's editor saved that preview back, so changing only
+// the expiry of a 5,000-byte value cut it to 4,096 bytes. For such a value
+// the console now sends keep_value (what this replays): the expiry
+// changes, the value stays whole; and keep_value never writes over a
+// newer version.
+func TestAdminEditKeepsALongValue(t *testing.T) {
+	s := startServer(t, withAdmin())
+	base := "http://" + s.AdminAddr()
+	c := dialRaw(t, s, "admin-edit", rawOpts{cleanStart: true})
+	big := strings.Repeat("x", 5000)
+	expectPayload(t, c.call("SET", "doc", big), "+OK\r\n")
+	_, body := httpGet(t, base+"/v1/keys?match=doc")
+	var page struct {
+		Keys []admin.KeyInfo `json:"keys"`
+	}
+	if err := json.Unmarshal(body, &page); err != nil || len(page.Keys) != 1 {
+		t.Fatalf("keys: %s", body)
+	}
+	k := page.Keys[0]
+	if k.Size != 5000 || len(k.Value) >= 5000 {
+		t.Fatalf("the browser shows %d of %d bytes: no preview to test", len(k.Value), k.Size)
+	}
+	code, out := adminPost(t, base+"/v1/keys/set", map[string]any{
+		"key_hex": k.KeyHex, "keep_value": true, "ttl_ms": 3600000, "version": k.Version})
+	if code != http.StatusOK {
+		t.Fatalf("save: %d %s", code, out)
+	}
+	expectPayload(t, c.call("GET", "doc"), "$5000\r\n"+big+"\r\n")
+	if p := c.call("PTTL", "doc"); len(p.Payload) < 2 || p.Payload[0] != ':' || p.Payload[1] == '-' {
+		t.Fatalf("no expiry after the edit: %q", p.Payload)
+	}
+	expectPayload(t, c.call("SET", "doc", "newer"), "+OK\r\n")
+	if code, out := adminPost(t, base+"/v1/keys/set", map[string]any{
+		"key_hex": k.KeyHex, "keep_value": true, "ttl_ms": 1000, "version": k.Version}); code != http.StatusConflict {
+		t.Fatalf("keep_value over a newer version: %d %s", code, out)
+	}
+	expectPayload(t, c.call("GET", "doc"), "$5\r\nnewer\r\n")
 }

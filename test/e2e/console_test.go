@@ -286,6 +286,27 @@ func TestConsoleEditsKeys(t *testing.T) {
 		return hidden
 	})
 	expectPayload(t, c.call("GET", "edit/me"), "$6\r\nsneaky\r\n")
+
+	// A value longer than the browser's preview: its editor box is left
+	// empty, and a change of the expiry alone keeps the whole value
+	// (before, the 4 KiB preview was saved over it).
+	long := strings.Repeat("y", 5000)
+	expectPayload(t, c.call("SET", "edit/long", long), "+OK\r\n")
+	longRow := fmt.Sprintf(`#keys tr[data-key="%x"]`, "edit/long")
+	if err := chromedp.Do(ctx, chromedp.Submit(`#filter-form`), chromedp.WaitVisible(longRow), chromedp.Click(longRow+` button.edit`), chromedp.WaitVisible(`#ed-save`)); err != nil {
+		t.Fatalf("%v (page errors: %v)", err, problems())
+	}
+	if box, _ := chromedp.Run(ctx, chromedp.Value(`#ed-value`)); box != "" {
+		t.Fatalf("the editor holds %d bytes of a 5,000-byte value", len(box))
+	}
+	if err := chromedp.Do(ctx, chromedp.SetValue(`#ed-ttl`, "120"), chromedp.Click(`#ed-save`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the expiry set by the console", func() bool {
+		p := string(c.call("PTTL", "edit/long").Payload)
+		return strings.HasPrefix(p, ":") && p != ":-1\r\n"
+	})
+	expectPayload(t, c.call("GET", "edit/long"), "$5000\r\n"+long+"\r\n")
 	if p := problems(); len(p) > 0 {
 		t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
 	}
