@@ -315,7 +315,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, nil
 	}
 	c := h.b.connOf(cl)
-	if c == nil {
+	if c == nil || c.slow.Load() {
+		// Being disconnected for not reading: what it pipelined is
+		// not answered (each reply would be held until it goes).
 		return pk, packets.CodeSuccessIgnore
 	}
 	if !h.b.responseAllowed(c, pk.Properties.ResponseTopic) {

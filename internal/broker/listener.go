@@ -141,6 +141,7 @@ type clientConn struct {
 
 	max       uint32 // the server's maximum packet size
 	maxQueued int    // packets that may wait behind a send that does not finish; 0: no limit
+	maxBytes  int    // bytes that may wait, with those held by the window (see writeLocked); 0: no limit
 	frames    framer
 	lastTopic topicCount // the topic the client last published to, for the console's counts
 
@@ -203,6 +204,11 @@ type clientConn struct {
 // at the latest coalesceHold after the first of it was written, or when
 // a state store reply is due, replyHold after the request (see
 // ExpectReply).
+// maxWaiting is how many bytes may wait for a client that does not read,
+// whatever their number of packets: the largest packet and 1 MiB more, and
+// 16 MiB at least.
+func maxWaiting(maxPacketSize uint32) int { return max(16<<20, int(maxPacketSize)+1<<20) }
+
 const (
 	coalesceBytes = 32 << 10
 	slowBytes     = 1 << 20 // with maxQueued: a client pipelining small requests may fall this far behind
@@ -236,7 +242,7 @@ func newClientConn(conn net.Conn, maxPacketSize uint32, maxQueued int) (*clientC
 	if size > maxConnectSize {
 		return nil, errConnectTooLarge
 	}
-	c := &clientConn{Conn: conn, head: bytes.Clone(hdr[:n]), r: conn, max: maxPacketSize, maxQueued: maxQueued, beforeConnack: true}
+	c := &clientConn{Conn: conn, head: bytes.Clone(hdr[:n]), r: conn, max: maxPacketSize, maxQueued: maxQueued, maxBytes: maxWaiting(maxPacketSize), beforeConnack: true}
 	if tcp, ok := conn.(*net.TCPConn); ok {
 		c.useRaw(tcp)
 	}
@@ -496,10 +502,11 @@ func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 		// The sender takes it with what it sends next. Nothing waits
 		// here: mochi writes under the client's lock, which whoever
 		// publishes to the client takes too (NextPacketID). A client
-		// that falls maxQueued packets and slowBytes behind is a slow
-		// consumer.
+		// that falls maxQueued packets and slowBytes behind, or
+		// maxBytes behind whatever the packets (a few replies with
+		// large values), is a slow consumer.
 		c.queued++
-		if c.maxQueued > 0 && c.queued > c.maxQueued && len(c.pending) >= slowBytes {
+		if c.maxQueued > 0 && c.queued > c.maxQueued && len(c.pending) >= slowBytes || c.maxBytes > 0 && len(c.pending)+c.win.heldBytes > c.maxBytes {
 			c.pending = c.pending[:len(c.pending)-len(p)]
 			if c.slow != nil {
 				c.slow()
@@ -533,8 +540,11 @@ func (c *clientConn) sendNowLocked() {
 		err = c.triedErr
 	}
 	n := max(c.tried, 0)
-	if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR) {
-		c.werr = err
+	// The raw socket checks the write deadline drainLocked last set: once
+	// it passed (the connection fine since), the send goes aside, and
+	// drainLocked sets a new one. A connection that fails it there ends.
+	if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		c.failLocked(err)
 		return
 	}
 	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
@@ -696,11 +706,29 @@ func (c *clientConn) drainLocked() {
 			c.spare = buf[:0]
 		}
 		if err != nil {
-			c.werr = err
+			c.failLocked(err)
 		}
 	}
 	c.sending = false
 	c.sent.Broadcast()
+}
+
+// failLocked ends a connection a send failed on (a write that timed out,
+// a reset): every later write fails, what waits is dropped, and the
+// socket is closed, so that the client's reader ends and its session goes
+// the way of any lost connection (its will, its messages kept). Left
+// open, it counted as connected while nothing reached it, holding what
+// was queued for it.
+func (c *clientConn) failLocked(err error) {
+	c.werr = err
+	c.pending, c.spare = nil, nil
+	if tcp, ok := c.Conn.(*net.TCPConn); ok {
+		// Reset, not closed in order: what the socket still holds
+		// would trickle out to a client with a closed window, which
+		// then waits for the end of it before it learns.
+		_ = tcp.SetLinger(0)
+	}
+	_ = c.Conn.Close()
 }
 
 // stopTimer disarms the timer: nothing waits once pending is sent, and
