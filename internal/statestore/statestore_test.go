@@ -3,6 +3,7 @@ package statestore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -359,5 +360,48 @@ func TestDeadlineContext(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	if !errors.Is(late.Err(), context.DeadlineExceeded) {
 		t.Fatalf("past its deadline without a timer: %v", late.Err())
+	}
+}
+
+// TestUnanchoredPatternsAreBounded: patterns without a literal prefix are
+// matched against every change on the apply goroutine, so a connection
+// registers at most maxUnanchoredPerConn of them and a node at most
+// maxUnanchored; patterns with a prefix are not counted, and what is
+// removed (or dropped with its connection) makes room again.
+func TestUnanchoredPatternsAreBounded(t *testing.T) {
+	var active atomic.Int64
+	r := newRegistry(&active)
+	add := func(id string, conn uint64, pattern string) bool {
+		m, err := glob.Compile([]byte(pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.add(id, conn, nil, []byte(pattern), m, hlc.Timestamp{}, 0)
+	}
+	for i := 0; i < maxUnanchoredPerConn; i++ {
+		if !add("a", 1, fmt.Sprintf("*x%d*", i)) {
+			t.Fatalf("unanchored pattern %d refused", i)
+		}
+	}
+	if add("a", 1, "*one-more*") {
+		t.Fatal("a connection registered more unanchored patterns than its bound")
+	}
+	if !add("a", 1, "tenant/*/alerts") {
+		t.Fatal("a pattern with a prefix counted as unanchored")
+	}
+	if !r.remove("a", 1, []byte("*x0*"), true) || !add("a", 1, "*one-more*") {
+		t.Fatal("a removed pattern made no room")
+	}
+	for c := 2; c <= maxUnanchored/maxUnanchoredPerConn; c++ {
+		for i := 0; i < maxUnanchoredPerConn; i++ {
+			add(fmt.Sprint("c", c), uint64(c), fmt.Sprintf("*y%d*", i))
+		}
+	}
+	if add("z", 99, "*z*") {
+		t.Fatal("the node registered more unanchored patterns than its bound")
+	}
+	r.dropConn("a", 1)
+	if !add("z", 99, "*z*") {
+		t.Fatal("a dropped connection's patterns made no room")
 	}
 }
