@@ -130,8 +130,9 @@ type Node struct {
 	view   atomic.Pointer[map[int]*replica.Group]
 	hints  sync.Map // group → *string: the leader's node id as last heard
 
-	events *follower
-	copies copies // held for backups being read
+	events    *follower
+	copies    copies     // held for backups being read
+	forwarded forwarding // writes forwarded to other nodes' leaders
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
