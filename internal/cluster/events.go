@@ -379,6 +379,9 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) (
 		}
 		got = true
 		f.deliver(g, resp.Events)
+		if !resp.MaxVersion.IsZero() {
+			n.clock.Observe(resp.MaxVersion) // before the position is marked (see serve)
+		}
 		mark(resp.Last)
 		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) {
 			if _, _, _, ok := r.since(*cursor); ok {
@@ -424,8 +427,17 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 		c.Send(callResp{Kind: errNotLeader})
 		return
 	}
+	// A follower that starts from now also learns the greatest version
+	// applied before (read after the position, so it covers it): it has
+	// no replica of g whose applies would have shown it, and its history
+	// must begin above it, or a SINCE from between would be answered
+	// without the changes it missed.
+	var top hlc.Timestamp
 	if since == 0 {
 		since = r.position()
+		if rep := f.n.local(g); rep != nil {
+			top = rep.MaxVersion()
+		}
 	}
 	for {
 		entries, last, wake, ok := r.since(since)
@@ -434,9 +446,10 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 			return
 		}
 		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := c.Send(callResp{Events: entries, Last: last}); err != nil {
+		if err := c.Send(callResp{Events: entries, Last: last, MaxVersion: top}); err != nil {
 			return
 		}
+		top = hlc.Timestamp{}
 		since = last
 		select {
 		case <-wake:

@@ -769,6 +769,12 @@ func (g *Group) view(fn func(s *store.Store, now int64)) {
 	fn(g.fsm.st, now)
 }
 
+// MaxVersion is the greatest version the group's applied state holds.
+func (g *Group) MaxVersion() (v hlc.Timestamp) {
+	g.view(func(s *store.Store, _ int64) { v = s.MaxVersion() })
+	return v
+}
+
 // Stats reports the size of the group's state and log position.
 type Stats struct {
 	Keys          int
