@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// TestForwardingIsBounded: writes forwarded and not yet answered are held
-// to maxForwarded in number and maxForwardedBytes in bytes (one always
-// goes when nothing else is), a write waits for room, and a wait ends with
-// its context.
+// TestForwardingIsBounded: writes forwarded to a group and not yet
+// answered are held to maxForwarded in number, and go while fewer than
+// maxForwardedBytes are out (one larger than that too, then nothing
+// more); a write waits for room, and a wait ends with its context.
 func TestForwardingIsBounded(t *testing.T) {
 	var f forwarding
 	bg := context.Background()
@@ -40,7 +40,7 @@ func TestForwardingIsBounded(t *testing.T) {
 	if f.writes != 0 || f.bytes != 0 {
 		t.Fatalf("left %d writes, %d bytes", f.writes, f.bytes)
 	}
-	if err := f.acquire(bg, 2*maxForwardedBytes); err != nil { // alone: goes
+	if err := f.acquire(bg, 2*maxForwardedBytes); err != nil { // larger than the budget: goes
 		t.Fatal(err)
 	}
 	ctx2, cancel2 := context.WithTimeout(bg, 50*time.Millisecond)

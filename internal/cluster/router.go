@@ -49,17 +49,18 @@ func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 }
 
 // Writes forwarded to other nodes' leaders and not yet answered are
-// bounded, in number and in bytes: Submit waits for room, as it waits for
-// room in a local group's queue, so that a client pipelining writes
-// through a node that does not lead their groups slows down instead of
-// making the node hold them all (found by review: 6,000 writes of 64 KiB,
-// a goroutine and a value each).
+// bounded per group, in number and in bytes: Submit waits for room, as it
+// waits for room in a local group's queue, so that a client pipelining
+// writes through a node that does not lead their groups slows down instead
+// of making the node hold them all (found by review: 6,000 writes of 64
+// KiB, a goroutine and a value each). Per group, so that a leader that
+// stalls (stopped, cut off) holds up only its own group's writes.
 const (
-	maxForwarded      = 256
-	maxForwardedBytes = 64 << 20
+	maxForwarded      = 64
+	maxForwardedBytes = 16 << 20
 )
 
-// forwarding counts what is forwarded.
+// forwarding counts what is forwarded to one group.
 type forwarding struct {
 	mu     sync.Mutex
 	writes int
@@ -67,12 +68,14 @@ type forwarding struct {
 	wake   chan struct{} // closed, and forgotten, when room is made
 }
 
-// acquire waits until a write of size bytes fits (one always does when
-// nothing else is forwarded), or ctx ends.
+// acquire waits until there is room for a write of size bytes, or ctx
+// ends. A write goes while fewer than maxForwardedBytes are out, whatever
+// its own size: a value larger than the budget is not starved by a
+// stream of small ones (it waits only until the bytes drop below it).
 func (f *forwarding) acquire(ctx context.Context, size int) error {
 	for {
 		f.mu.Lock()
-		if f.writes == 0 || f.writes < maxForwarded && f.bytes+size <= maxForwardedBytes {
+		if f.writes < maxForwarded && f.bytes < maxForwardedBytes {
 			f.writes++
 			f.bytes += size
 			f.mu.Unlock()
@@ -103,16 +106,26 @@ func (f *forwarding) release(size int) {
 	}
 }
 
+// forwardingTo returns group g's count.
+func (n *Node) forwardingTo(g int) *forwarding {
+	if f, ok := n.forwarded.Load(g); ok {
+		return f.(*forwarding)
+	}
+	f, _ := n.forwarded.LoadOrStore(g, &forwarding{})
+	return f.(*forwarding)
+}
+
 // forward sends a write to its group's leader on another goroutine, once
 // there is room (see maxForwarded).
 func (n *Node) forward(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, done func(store.Result, error)) {
 	size := len(cmd.Key) + len(cmd.Value)
-	if err := n.forwarded.acquire(ctx, size); err != nil {
+	f := n.forwardingTo(g)
+	if err := f.acquire(ctx, size); err != nil {
 		done(store.Result{}, ErrNoLeader)
 		return
 	}
 	go n.submitRemote(ctx, g, cmd, after, func(res store.Result, err error) {
-		n.forwarded.release(size)
+		f.release(size)
 		done(res, err)
 	})
 }
