@@ -2,11 +2,15 @@ package cluster
 
 import (
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/meta"
 	"github.com/mqkv/mqkv/internal/peer"
 )
 
@@ -129,5 +133,91 @@ func copyDir(t *testing.T, from, to string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMemberChangesItsAdvertisedAddress: a member restarted on its
+// own data, with --join, on the same listener but a new advertised
+// address (an IP replaced by a host name that resolves to it) is the same
+// process at both addresses. The leader's opWho probe of the old address
+// is answered by the restarted node itself, and the join is refused as "a
+// copy of its data directory": the node could not start (found by
+// review). The probe now compares incarnations.
+func TestMemberChangesItsAdvertisedAddress(t *testing.T) {
+	h := newHarness(t, 3, 2)
+	old := h.links[2].Addr() // 127.0.0.1:P
+	h.stop(2)
+	_, port, _ := net.SplitHostPort(old)
+	link, err := peer.Listen(peer.Config{NodeID: "n3", Listen: old, Advertise: "localhost:" + port,
+		Secret: []byte("test-secret-0123456789"), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Start(Config{NodeID: "n3", Dir: h.dirs[2], Link: link, Join: []string{h.links[0].Addr()}, Groups: 2, RF: 3, Logger: quiet()})
+	if err != nil {
+		link.Close()
+		t.Fatalf("the member restarted with a new advertised address of the same listener was refused: %v", err)
+	}
+	n.Close()
+	link.Close()
+}
+
+// TestJoinerStoppedBeforeItLearnedTheMetadata: a new node's join is
+// committed, and the node stops before the metadata reached it (a crash,
+// Ctrl-C, or join()'s 60 s wait for the metadata timing out): it holds
+// nothing, not even the metadata. Started again (new process, new
+// incarnation) on its empty directory it is refused as "a node without
+// data claiming a member's id", although it never held a replica.
+// Simulated: the join op the first process sent is applied at the
+// metadata leader, then the node starts. (Found by review; a node keeps
+// its incarnation on disk until it knows its cluster.)
+func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
+	h := newHarness(t, 3, 2)
+	var leader *Node
+	for _, n := range h.nodes {
+		if n.meta.State() == raft.Leader {
+			leader = n
+		}
+	}
+	if leader == nil {
+		t.Fatal("no metadata leader")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	// The first process kept its incarnation in the directory and its
+	// join was committed; it never heard back.
+	dir := t.TempDir()
+	inc := randomID()
+	if err := writeFileSync(dir, incarnationFile, inc); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.applyMeta(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true,
+		Node: meta.Node{ID: "n4", Addr: addr, Inc: inc}}); err != nil {
+		t.Fatal(err)
+	}
+	// The node is started again, on its directory, same address.
+	if _, err := startAt(t, "n4", dir, addr, []string{h.links[0].Addr()}); err != nil {
+		t.Fatalf("a joiner that stopped before learning the metadata cannot start again: %v", err)
+	}
+}
+
+// TestRefusedJoinIsNotLogged: the metadata leader judges a checked join
+// before it proposes it: one refused only inside Apply stayed in the log,
+// and a node of a release before the checks (during an upgrade) applied
+// it, so the memberships differed (found by review).
+func TestRefusedJoinIsNotLogged(t *testing.T) {
+	h := newHarness(t, 1, 2)
+	n := h.nodes[0]
+	before := n.meta.LastIndex()
+	resp := n.metaHere(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: meta.Node{ID: "n9", Addr: h.links[0].Addr(), Inc: "x"}})
+	if resp.Kind != errOther || !strings.Contains(resp.Err, "address") {
+		t.Fatalf("a join at a member's address: %+v", resp)
+	}
+	if after := n.meta.LastIndex(); after != before {
+		t.Fatalf("the refused join went into the metadata log (last index %d, was %d)", after, before)
 	}
 }

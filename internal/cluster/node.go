@@ -17,6 +17,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -131,8 +132,8 @@ type Node struct {
 	hints  sync.Map // group → *string: the leader's node id as last heard
 
 	events    *follower
-	copies    copies     // held for backups being read
-	forwarded forwarding // writes forwarded to other nodes' leaders
+	copies    copies   // held for backups being read
+	forwarded sync.Map // group → *forwarding: writes forwarded to its leader
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -170,6 +171,9 @@ func Start(cfg Config) (*Node, error) {
 	}
 	if cfg.Dir != "" {
 		if err := redoCreation(cfg.Dir, n.log); err != nil {
+			return nil, err
+		}
+		if err := n.keepIncarnation(); err != nil {
 			return nil, err
 		}
 		j, err := journal.Open(filepath.Join(cfg.Dir, "journal"), journal.Options{OnFail: func(err error) {
@@ -625,8 +629,46 @@ func (n *Node) recordClusterID(id string) error {
 	if n.cfg.Dir == "" || id == "" || n.named.Load() {
 		return nil
 	}
-	path := filepath.Join(n.cfg.Dir, clusterIDFile)
-	if err := os.WriteFile(path+".tmp", []byte(id+"\n"), 0o644); err != nil {
+	if err := writeFileSync(n.cfg.Dir, clusterIDFile, id); err != nil {
+		return err
+	}
+	n.named.Store(true)
+	return nil
+}
+
+// incarnationFile keeps a node's incarnation until the node knows its
+// cluster (see keepIncarnation).
+const incarnationFile = "incarnation"
+
+// keepIncarnation makes a node that has not yet learned its cluster keep
+// one incarnation across restarts: its join may have been recorded while
+// it never heard back (it stopped, or gave up), and a join under another
+// incarnation would be taken for another node claiming its id. Once the
+// node records its cluster, each process has its own again, so that a
+// copy of the data directory is told from the node.
+func (n *Node) keepIncarnation() error {
+	path := filepath.Join(n.cfg.Dir, incarnationFile)
+	if _, err := os.Stat(filepath.Join(n.cfg.Dir, clusterIDFile)); err == nil {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	if b, err := os.ReadFile(path); err == nil && len(bytes.TrimSpace(b)) > 0 {
+		n.inc = string(bytes.TrimSpace(b))
+		return nil
+	}
+	if err := os.MkdirAll(n.cfg.Dir, 0o755); err != nil {
+		return err
+	}
+	return writeFileSync(n.cfg.Dir, incarnationFile, n.inc)
+}
+
+// writeFileSync writes name in dir durably: a temporary file synced, then
+// renamed over it, and the directory synced.
+func writeFileSync(dir, name, content string) error {
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path+".tmp", []byte(content+"\n"), 0o644); err != nil {
 		return err
 	}
 	f, err := os.Open(path + ".tmp")
@@ -641,11 +683,7 @@ func (n *Node) recordClusterID(id string) error {
 	if err := os.Rename(path+".tmp", path); err != nil {
 		return err
 	}
-	if err := journal.SyncDir(n.cfg.Dir); err != nil {
-		return err
-	}
-	n.named.Store(true)
-	return nil
+	return journal.SyncDir(dir)
 }
 
 // recordedClusterID returns the id recordClusterID wrote, or "" for data

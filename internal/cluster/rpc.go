@@ -85,6 +85,7 @@ type callResp struct {
 	Last       uint64        // opEvents: the index the frame leaves its reader at
 	Snapshot   []byte        // opCopy: the group's store, in snapshot format
 	Holder     string        // opCopyBegin: the node holding the copy (this one); opWho: this node
+	Inc        string        // opWho: this process's incarnation
 	Keys       int           // opCopyBegin: its number of keys
 	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
 	DiskFull   *replica.DiskFullError
@@ -192,7 +193,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		st := n.Status()
 		resp.Status = &st
 	case opWho:
-		resp.Holder = n.cfg.NodeID
+		resp.Holder, resp.Inc = n.cfg.NodeID, n.inc
 	default:
 		return callResp{Kind: errOther, Err: unknownCall}
 	}
@@ -235,6 +236,14 @@ func (n *Node) metaHere(op meta.Op) callResp {
 	if err := n.stillRunning(op); err != nil {
 		return callResp{Kind: errOther, Err: err.Error()}
 	}
+	if op.Checked {
+		// Judged here first, on a copy: a join refused only inside
+		// Apply would still be in the log, and a node of a release
+		// before the checks would apply it (during an upgrade).
+		if err := n.metaFSM.State().Apply(op); err != nil {
+			return callResp{Kind: errOther, Err: err.Error()}
+		}
+	}
 	if err := n.applyMeta(op); err != nil {
 		return callResp{Kind: errOther, Err: err.Error()}
 	}
@@ -260,8 +269,10 @@ func (n *Node) stillRunning(op meta.Op) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var resp callResp
-	if err := n.link.Call(ctx, m.Addr, callReq{Op: opWho}, &resp); err != nil || resp.Holder != m.ID {
-		return nil // gone, or someone else there now: the member moved
+	if err := n.link.Call(ctx, m.Addr, callReq{Op: opWho}, &resp); err != nil || resp.Holder != m.ID || resp.Inc == op.Node.Inc {
+		// Gone, someone else there now, or the joiner itself (its old
+		// address another name for where it listens): the member moved.
+		return nil
 	}
 	return fmt.Errorf("node %s is running at %s: a copy of its data directory cannot join as it; give the copy an empty data directory (and its own --node-id)", m.ID, m.Addr)
 }
