@@ -221,3 +221,33 @@ func TestRefusedJoinIsNotLogged(t *testing.T) {
 		t.Fatalf("the refused join went into the metadata log (last index %d, was %d)", after, before)
 	}
 }
+
+// TestLegacyClusterIsNamedOnceEveryMemberCan: a cluster made by a release
+// before ids is named (OpName) only once every member answers opWho: a
+// member of the earlier release would ignore the name, and its metadata
+// snapshots would bring the cluster back without one.
+func TestLegacyClusterIsNamedOnceEveryMemberCan(t *testing.T) {
+	h := newHarness(t, 3, 2)
+	var leader *Node
+	for _, n := range h.nodes {
+		if n.meta.State() == raft.Leader {
+			leader = n
+		}
+	}
+	if leader == nil {
+		t.Fatal("no metadata leader")
+	}
+	st := leader.metaFSM.State()
+	st.ID = ""
+	withOld := st.Clone()
+	withOld.Nodes = append(withOld.Nodes, meta.Node{ID: "old", Addr: "127.0.0.1:1"}) // nobody answers there
+	before := leader.meta.LastIndex()
+	leader.nameCluster(withOld)
+	if after := leader.meta.LastIndex(); after != before {
+		t.Fatalf("named while a member did not answer (last index %d, was %d)", after, before)
+	}
+	leader.nameCluster(st)
+	if after := leader.meta.LastIndex(); after != before+1 {
+		t.Fatalf("not named with every member answering (last index %d, was %d)", after, before)
+	}
+}

@@ -37,6 +37,31 @@ type reconciler struct {
 	leaderSince map[int]time.Time
 	checked     map[int]time.Time // last time a stray replica asked its leader
 	dead        *deadWatch
+	namingTried time.Time // see nameCluster
+}
+
+// nameCluster names a cluster created by a release before cluster ids,
+// once every member runs a release that knows them (answers opWho): a
+// member of the earlier release ignores OpName, and its snapshots of the
+// metadata, from which a newer member may restore, would carry no id; the
+// cluster would then be named again, under another id than the one its
+// members recorded.
+func (n *Node) nameCluster(st *meta.State) {
+	for _, m := range st.Nodes {
+		if m.ID == n.cfg.NodeID {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		var resp callResp
+		err := n.link.Call(ctx, m.Addr, callReq{Op: opWho}, &resp)
+		cancel()
+		if err != nil || resp.Holder != m.ID {
+			return // down, or of the earlier release: later
+		}
+	}
+	if err := n.applyMeta(meta.Op{Kind: meta.OpName, Cluster: randomID()}); err != nil {
+		n.log.Warn("cannot name the cluster", "error", err)
+	}
 }
 
 func (n *Node) reconcileLoop() {
@@ -64,11 +89,9 @@ func (n *Node) reconcile(rc *reconciler) {
 		n.fitMetaMembers()
 		n.removeDrained(st)
 		n.judgeLiveness(rc.dead, st)
-		if st.ID == "" {
-			// Created by a release before cluster ids: named now.
-			if err := n.applyMeta(meta.Op{Kind: meta.OpName, Cluster: randomID()}); err != nil {
-				n.log.Warn("cannot name the cluster", "error", err)
-			}
+		if st.ID == "" && time.Since(rc.namingTried) > 10*time.Second {
+			rc.namingTried = time.Now()
+			n.nameCluster(st)
 		}
 	} else {
 		rc.dead.forget()
