@@ -431,8 +431,8 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 	var value []byte
 	switch {
 	case req.KeepValue:
-		if req.Value != nil || req.ValueHex != nil || req.Version == "" {
-			httpError(w, http.StatusBadRequest, "keep_value: with version, and without value or value_hex")
+		if req.Value != nil || req.ValueHex != nil || req.Version == "" || req.Create || req.NEX {
+			httpError(w, http.StatusBadRequest, "keep_value: with version, and without value, value_hex, create or nex")
 			return
 		}
 	case req.Value != nil && req.ValueHex == nil:

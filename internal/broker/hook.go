@@ -182,6 +182,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	h.b.cancelWill(cl.ID)
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
 		h.b.countWindow(cl, cc) // again: mochi set its own count when it took the session over
+		cc.Established()
 	}
 }
 
@@ -315,10 +316,15 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, nil
 	}
 	c := h.b.connOf(cl)
-	if c == nil || c.slow.Load() {
-		// Being disconnected for not reading: what it pipelined is
-		// not answered (each reply would be held until it goes).
+	if c == nil {
 		return pk, packets.CodeSuccessIgnore
+	}
+	if c.slow.Load() {
+		// Being disconnected for not reading: what it pipelined is
+		// neither handled (each reply would be held until it goes) nor
+		// acknowledged, as during a shutdown.
+		pk.FixedHeader.Qos, pk.Ignore = 0, true
+		return pk, nil
 	}
 	if !h.b.responseAllowed(c, pk.Properties.ResponseTopic) {
 		h.b.log.Info("client disconnected: response topic not allowed", "client", cl.ID, "topic", pk.Properties.ResponseTopic)

@@ -141,9 +141,15 @@ type clientConn struct {
 
 	max       uint32 // the server's maximum packet size
 	maxQueued int    // packets that may wait behind a send that does not finish; 0: no limit
-	maxBytes  int    // bytes that may wait, with those held by the window (see writeLocked); 0: no limit
-	frames    framer
-	lastTopic topicCount // the topic the client last published to, for the console's counts
+	maxBytes  int    // bytes that may wait beyond the session's backlog (see writeLocked); 0: no limit
+	// Bytes put in pending and taken from it since the connection began,
+	// and how many had been put there when the session was established:
+	// those are the session's backlog, resent at once on a resume, which
+	// the byte cut leaves alone (they are held by the session anyway).
+	written, flushed, backlogEnd int64
+	established                  bool
+	frames                       framer
+	lastTopic                    topicCount // the topic the client last published to, for the console's counts
 
 	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
 	// tryWrite writes pending to the socket once, without waiting; made
@@ -411,7 +417,7 @@ func (c *clientConn) write(p []byte, reader bool) (int, error) {
 		}
 	}
 	if c.win.max > 0 {
-		sent = c.win.admit(p, time.Now())
+		sent = c.win.admit(sent, time.Now())
 	}
 	if len(sent) > 0 {
 		if _, err := c.writeLocked(sent, reader); err != nil {
@@ -489,9 +495,24 @@ func (c *clientConn) Tracked() int {
 	return len(c.win.out) + len(c.win.held)
 }
 
+// overBytes reports whether more than maxBytes wait beyond the session's
+// backlog (see written).
+func (c *clientConn) overBytes() bool {
+	return c.maxBytes > 0 && c.established && c.written-max(c.flushed, c.backlogEnd) > int64(c.maxBytes)
+}
+
+// Established says the session's backlog has been written (mochi resends
+// it before OnSessionEstablished).
+func (c *clientConn) Established() {
+	c.wmu.Lock()
+	c.established, c.backlogEnd = true, c.written
+	c.wmu.Unlock()
+}
+
 // writeLocked is write past the window.
 func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 	c.pending = append(c.pending, p...)
+	c.written += int64(len(p))
 	if c.replyDue.Load() != 0 && hasPublish(p) {
 		// Most likely the awaited reply: what is pending waits no more
 		// for one.
@@ -506,7 +527,7 @@ func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 		// maxBytes behind whatever the packets (a few replies with
 		// large values), is a slow consumer.
 		c.queued++
-		if c.maxQueued > 0 && c.queued > c.maxQueued && len(c.pending) >= slowBytes || c.maxBytes > 0 && len(c.pending)+c.win.heldBytes > c.maxBytes {
+		if c.maxQueued > 0 && c.queued > c.maxQueued && len(c.pending) >= slowBytes || c.overBytes() {
 			c.pending = c.pending[:len(c.pending)-len(p)]
 			if c.slow != nil {
 				c.slow()
@@ -548,6 +569,7 @@ func (c *clientConn) sendNowLocked() {
 		return
 	}
 	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
+	c.flushed += int64(n)
 	c.stopTimer()
 	if len(c.pending) > 0 {
 		c.sendAsideLocked()
@@ -698,6 +720,7 @@ func (c *clientConn) drainLocked() {
 		}
 		buf := c.pending
 		c.pending, c.queued = c.spare[:0], 0
+		c.flushed += int64(len(buf))
 		c.wmu.Unlock()
 		_, err := c.Conn.Write(buf)
 		c.wmu.Lock()
@@ -722,13 +745,19 @@ func (c *clientConn) drainLocked() {
 func (c *clientConn) failLocked(err error) {
 	c.werr = err
 	c.pending, c.spare = nil, nil
-	if tcp, ok := c.Conn.(*net.TCPConn); ok {
+	conn := c.Conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn() // no close_notify: it would wait on the same full socket
+	}
+	if tcp, ok := conn.(*net.TCPConn); ok {
 		// Reset, not closed in order: what the socket still holds
 		// would trickle out to a client with a closed window, which
 		// then waits for the end of it before it learns.
 		_ = tcp.SetLinger(0)
+		_ = tcp.Close()
+		return
 	}
-	_ = c.Conn.Close()
+	go conn.Close() // a websocket's close may write: never under the lock
 }
 
 // stopTimer disarms the timer: nothing waits once pending is sent, and

@@ -239,6 +239,9 @@ func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 		// have recorded itself.
 	case expire:
 		s.forget(cl.ID)
+	case errors.Is(cl.StopCause(), packets.ErrServerShuttingDown):
+		// Connected when the server stopped (or restored at start):
+		// its interval counts from the restart, as mochi restores it.
 	case cl.Net.Conn != nil:
 		// Not a session restored at start (mochi reports those as
 		// disconnected too; their record is already right). Written
@@ -535,17 +538,52 @@ func (s *sessions) StoredClients() ([]storage.Client, error) {
 	})
 	now := time.Now()
 	out := clients[:0]
+	var expired []string
 	for _, c := range clients {
-		remaining, expired := remainingExpiry(c, left[c.ID], now)
-		if expired {
-			s.log.Info("session expired while the server was down", "client", c.ID)
-			s.forget(c.ID)
+		remaining, gone := remainingExpiry(c, left[c.ID], now)
+		if gone {
+			expired = append(expired, c.ID)
 			continue
 		}
 		c.Properties.SessionExpiryInterval = remaining
 		out = append(out, c)
 	}
+	if len(expired) > 0 {
+		s.log.Info("sessions expired while the server was down", "sessions", len(expired))
+		s.forgetAll(expired)
+	}
 	return out, nil
+}
+
+// forgetAll removes every trace of the sessions of clientIDs in one
+// transaction (forget is one each, and a start after a long outage may
+// find thousands).
+func (s *sessions) forgetAll(clientIDs []string) {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
+	for _, id := range clientIDs {
+		s.dropPending(id)
+	}
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		for _, id := range clientIDs {
+			if err := tx.Bucket(bucketClients).Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketLeft).Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := deletePrefix(tx, bucketSubs, id+"\x00"); err != nil {
+				return err
+			}
+			if err := deletePrefix(tx, bucketInflight, id+"\x00"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Error("session store: delete expired sessions", "error", err)
+	}
 }
 
 // remainingExpiry returns what is left at now of the expiry interval of a

@@ -29,8 +29,6 @@ type window struct {
 	max  int                 // the client's Receive Maximum; 0: no window
 	out  map[uint16]struct{} // ids sent and not yet acknowledged
 	held []heldPublish       // oldest first
-	// heldBytes is the size of the frames held.
-	heldBytes int
 	// record returns the session's record of the message sent under id
 	// (mochi's inflight map), if it is still there.
 	record func(id uint16) (packets.Packet, bool)
@@ -76,7 +74,6 @@ func (w *window) admit(p []byte, now time.Time) []byte {
 			}
 			rec, _ := w.record(id)
 			w.held = append(w.held, heldPublish{id: id, created: rec.Created, since: now, frame: bytes.Clone(frame)})
-			w.heldBytes += len(frame)
 		}
 		off += len(frame)
 	}
@@ -96,7 +93,6 @@ func (w *window) acked(id uint16, now time.Time) []byte {
 	var frames []byte
 	for len(w.held) > 0 && len(w.out) < w.max {
 		h := w.held[0]
-		w.heldBytes -= len(h.frame)
 		w.held[0] = heldPublish{}
 		w.held = w.held[1:]
 		rec, ok := w.record(h.id)

@@ -17,6 +17,7 @@ import (
 // started every session's clock again, so a server restarted more often
 // than a session's interval kept it for ever).
 func TestSessionExpiryCountsWhileServerIsDown(t *testing.T) {
+	t.Parallel()
 	skipInCluster(t, "restarts its own server")
 	dir := t.TempDir()
 	s := startServerIn(t, dir)
@@ -46,6 +47,7 @@ func TestSessionExpiryCountsWhileServerIsDown(t *testing.T) {
 // DISCONNECT (allowed, 3.14.2.2.2) is the one a restart keeps, not the
 // CONNECT's.
 func TestDisconnectSessionExpirySurvivesRestart(t *testing.T) {
+	t.Parallel()
 	skipInCluster(t, "restarts its own server")
 	dir := t.TempDir()
 	s := startServerIn(t, dir)
@@ -71,6 +73,7 @@ func TestDisconnectSessionExpirySurvivesRestart(t *testing.T) {
 // TestDisconnectSessionExpiryIsCapped: --max-session-expiry bounds an
 // interval raised in the DISCONNECT as it bounds the CONNECT's.
 func TestDisconnectSessionExpiryIsCapped(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory(), withLimits(server.Limits{MaxSessionExpiry: 2 * time.Second}))
 	c := dialRaw(t, s, "raiser", rawOpts{cleanStart: true, sessionExpiry: 1, noSubscribe: true})
 	c.subscribe("raise/#", 1)
@@ -134,4 +137,30 @@ func TestMessageExpiryDecremented(t *testing.T) {
 	fresh.subscribe("exp/retained", 1)
 	p, ok := fresh.nextPublish(3 * time.Second)
 	check("retained", p, ok)
+}
+
+// TestSessionConnectedAtShutdownCountsFromRestart: a session whose
+// connection was open when the server stopped counts its interval from the
+// restart (a rolling restart longer than a client's interval does not lose
+// its session). A graceful shutdown disconnects every client first, and
+// that disconnect was recorded as the session's end (found by review).
+func TestSessionConnectedAtShutdownCountsFromRestart(t *testing.T) {
+	t.Parallel()
+	skipInCluster(t, "restarts its own server")
+	dir := t.TempDir()
+	s := startServerIn(t, dir)
+	c := dialRaw(t, s, "online", rawOpts{cleanStart: true, sessionExpiry: 2, noSubscribe: true})
+	c.subscribe("online/#", 1)
+	if err := s.Close(); err != nil { // the client still connected
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	s = startServerIn(t, dir)
+	_, ack, err := connectRaw(t, "online", rawOpts{conn: dialTCP(t, s.Addr()), sessionExpiry: 60, noSubscribe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ack.SessionPresent {
+		t.Fatal("the session of a client connected when the server stopped expired while it was down; documented: its interval counts from the restart")
+	}
 }

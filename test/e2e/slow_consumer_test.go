@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -95,6 +97,7 @@ func TestStuckClientWithLargeRepliesIsCut(t *testing.T) {
 // any reply slower than 50 ms started it (found by review: every writer
 // lost its replies 10 s after a node joined).
 func TestConnectionKeepsAnsweringAfterASlowWrite(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	c := dialRaw(t, s, "slow-then-fast", rawOpts{cleanStart: true})
 	big := strings.Repeat("x", 8<<20)
@@ -125,6 +128,7 @@ func TestConnectionKeepsAnsweringAfterASlowWrite(t *testing.T) {
 // connection, so the client learns and reconnects: before, the socket
 // stayed open, counted as connected, and nothing reached it any more.
 func TestFailedWritesCloseTheConnection(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	conn := dialTCP(t, s.Addr())
 	conn.(*net.TCPConn).SetReadBuffer(4096)
@@ -187,5 +191,143 @@ func TestFailedWritesCloseTheConnection(t *testing.T) {
 	case <-ended:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the client still reads from a connection the server gave up")
+	}
+}
+
+// TestBacklogResentOnReconnectIsNotCut: a persistent subscriber
+// that was offline while 600 QoS 1 messages of 48 KiB (about 28 MiB, under
+// --max-queued) were queued for it reconnects and reads normally. mochi
+// resends the whole backlog in one loop on connect, faster than any socket
+// takes it: with the byte bound (16 MiB here) the client is cut as a slow
+// consumer before it could read it, and again at every reconnect. Before,
+// the cut also needed --max-outbound (1024) packets, which --max-queued
+// (1000) never reaches. (Found by review of the byte bound: the session's
+// backlog, held by the session anyway, no longer counts.)
+func TestBacklogResentOnReconnectIsNotCut(t *testing.T) {
+	s := startServer(t, inMemory(), withLimits(server.Limits{MaxPacketSize: 256 << 10}))
+	sub := dialRaw(t, s, "backlog", rawOpts{cleanStart: true, sessionExpiry: 600, noSubscribe: true})
+	sub.subscribe("feed/#", 1)
+	sub.c.Disconnect(&paho.Disconnect{})
+	eventually(t, "the subscriber gone", func() bool { return s.Broker().ClientsConnected() == 0 })
+
+	pub := dialRaw(t, s, "publisher", rawOpts{cleanStart: true, noSubscribe: true})
+	const n = 600
+	payload := make([]byte, 48<<10)
+	for i := 0; i < n; i++ {
+		copy(payload, fmt.Sprintf("%06d", i))
+		if _, err := pub.c.Publish(ctxFor(t, 10*time.Second), &paho.Publish{Topic: "feed/x", QoS: 1, Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for attempt := 0; attempt < 2; attempt++ {
+		// A link of about 16 MiB/s: the 28 MiB take under two seconds.
+		conn := dialTCP(t, s.Addr())
+		conn.(*net.TCPConn).SetReadBuffer(64 << 10)
+		rc, ack, err := connectRaw(t, "backlog", rawOpts{conn: &throttledConn{Conn: conn, per: 32 << 10, every: 2 * time.Millisecond}, sessionExpiry: 600, noSubscribe: true})
+		if err != nil || !ack.SessionPresent {
+			t.Fatalf("resume: %v %+v", err, ack)
+		}
+		got := 0
+		for got < n {
+			if _, ok := rc.nextPublish(10 * time.Second); !ok {
+				break
+			}
+			got++
+		}
+		if got == n {
+			return
+		}
+		select {
+		case d := <-rc.disc:
+			t.Errorf("attempt %d: %d of %d queued messages received, then DISCONNECT 0x%02x (slow consumers: %d)", attempt, got, n, d.ReasonCode, s.Broker().Counters.SlowConsumers.Load())
+		default:
+			t.Errorf("attempt %d: %d of %d queued messages received (slow consumers: %d)", attempt, got, n, s.Broker().Counters.SlowConsumers.Load())
+		}
+		rc.c.Disconnect(&paho.Disconnect{})
+	}
+	t.Fatal("a reading client never gets its offline backlog")
+}
+
+// throttledConn reads at most per bytes every interval: a slow link.
+type throttledConn struct {
+	net.Conn
+	per   int
+	every time.Duration
+}
+
+func (c *throttledConn) Read(p []byte) (int, error) {
+	time.Sleep(c.every)
+	if len(p) > c.per {
+		p = p[:c.per]
+	}
+	return c.Conn.Read(p)
+}
+
+// pausedConn blocks reads while paused is set.
+type pausedConn struct {
+	net.Conn
+	paused atomic.Bool
+}
+
+func (c *pausedConn) Read(p []byte) (int, error) {
+	for c.paused.Load() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *pausedConn) Close() error {
+	c.paused.Store(false)
+	return c.Conn.Close()
+}
+
+// TestFailedTLSSendDoesNotStallPublishers: a TLS subscriber stops
+// reading; the server's send to it fails at the write timeout, and
+// failLocked closes the connection under the connection's write lock.
+// tls.Conn.Close first sends a close_notify alert with a write deadline of
+// its own (5 s) to a peer that reads nothing: for those seconds every
+// writer to that connection, the publishers' readers among them, waits on
+// the lock, and a publisher's PUBACKs stop (found by review). The TLS
+// connection is now closed underneath, without the alert.
+func TestFailedTLSSendDoesNotStallPublishers(t *testing.T) {
+	t.Parallel()
+	p := newPKI(t)
+	s := startServer(t, inMemory(), withTLS(p, false))
+	raw := dialTCP(t, s.Addrs()["tls"])
+	raw.(*net.TCPConn).SetReadBuffer(4096)
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	tc := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: "localhost"})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	pc := &pausedConn{Conn: tc}
+	sub := dialRaw(t, s, "tls-sub", rawOpts{cleanStart: true, noSubscribe: true, conn: pc})
+	sub.subscribe("feed/#", 0)
+	pc.paused.Store(true)
+
+	pub := dialRaw(t, s, "publisher", rawOpts{cleanStart: true, noSubscribe: true})
+	filler := make([]byte, 32<<10)
+	for i := 0; i < 600; i++ { // enough to block the server's send, far below the slow-consumer bounds
+		if _, err := pub.c.Publish(ctxFor(t, 10*time.Second), &paho.Publish{Topic: "feed/x", QoS: 0, Payload: filler}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	var worst time.Duration
+	for time.Since(start) < 18*time.Second {
+		t0 := time.Now()
+		if _, err := pub.c.Publish(ctxFor(t, 20*time.Second), &paho.Publish{Topic: "feed/x", QoS: 1, Payload: []byte("tick")}); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d > worst {
+			worst = d
+			t.Logf("PUBACK after %v, %v into the test", d.Round(time.Millisecond), time.Since(start).Round(100*time.Millisecond))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("clients connected at the end: %d", s.Broker().ClientsConnected())
+	if worst > 2*time.Second {
+		t.Fatalf("a publisher waited %v for a PUBACK while the server gave up on a TLS subscriber that does not read", worst.Round(time.Millisecond))
 	}
 }
