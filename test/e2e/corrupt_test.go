@@ -62,7 +62,7 @@ func TestCorruptLogEntryRefusesToStart(t *testing.T) {
 	if !errors.As(err, &damaged) {
 		t.Fatalf("start on a damaged log: %v, want a DamagedError", err)
 	}
-	for _, want := range []string{"raft log entry", "checksum", "mqkv restore", "rejoin"} {
+	for _, want := range []string{"raft log entry", "checksum", "mqkv restore", "mqkv cluster remove"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Fatalf("error %q does not mention %q", err, want)
 		}
