@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/meta"
 	"github.com/mqkv/mqkv/internal/peer"
 )
@@ -192,7 +193,7 @@ func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
 	// join was committed; it never heard back.
 	dir := t.TempDir()
 	inc := randomID()
-	if err := writeFileSync(dir, incarnationFile, inc); err != nil {
+	if err := journal.WriteFileSync(dir, incarnationFile, []byte(inc+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := leader.applyMeta(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true,

@@ -629,7 +629,7 @@ func (n *Node) recordClusterID(id string) error {
 	if n.cfg.Dir == "" || id == "" || n.named.Load() {
 		return nil
 	}
-	if err := writeFileSync(n.cfg.Dir, clusterIDFile, id); err != nil {
+	if err := journal.WriteFileSync(n.cfg.Dir, clusterIDFile, []byte(id+"\n"), 0o644); err != nil {
 		return err
 	}
 	n.named.Store(true)
@@ -661,29 +661,7 @@ func (n *Node) keepIncarnation() error {
 	if err := os.MkdirAll(n.cfg.Dir, 0o755); err != nil {
 		return err
 	}
-	return writeFileSync(n.cfg.Dir, incarnationFile, n.inc)
-}
-
-// writeFileSync writes name in dir durably: a temporary file synced, then
-// renamed over it, and the directory synced.
-func writeFileSync(dir, name, content string) error {
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path+".tmp", []byte(content+"\n"), 0o644); err != nil {
-		return err
-	}
-	f, err := os.Open(path + ".tmp")
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		return err
-	}
-	return journal.SyncDir(dir)
+	return journal.WriteFileSync(n.cfg.Dir, incarnationFile, []byte(n.inc+"\n"), 0o644)
 }
 
 // recordedClusterID returns the id recordClusterID wrote, or "" for data

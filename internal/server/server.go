@@ -465,24 +465,9 @@ func loadNodeID(dir, want string) (string, error) {
 	if want != "" {
 		id = want
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := journal.WriteFileSync(dir, filepath.Base(path), []byte(id+"\n"), 0o600); err != nil {
 		return "", err
 	}
-	if _, err := f.WriteString(id + "\n"); err != nil {
-		f.Close()
-		return "", err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return "", err
-	}
-	f.Close()
-	if err := os.Rename(tmp, path); err != nil {
-		return "", err
-	}
-	journal.SyncDir(dir)
 	return id, nil
 }
 
