@@ -200,6 +200,8 @@ type Group struct {
 	fsm   *fsm
 	raft  *raft.Raft
 	wal   io.Closer // nil in memory
+	// memLog is the log in memory (nil on disk): compactMemLog bounds it.
+	memLog *memLog
 
 	in       chan Proposal
 	slots    chan struct{} // one token per log entry in flight
@@ -309,6 +311,10 @@ func Open(cfg Config) (*Group, error) {
 	go g.propose()
 	go g.complete()
 	go g.expireLoop()
+	if g.memLog != nil {
+		g.wg.Add(1)
+		go g.compactMemLog(g.memLog)
+	}
 	return g, nil
 }
 
@@ -337,6 +343,11 @@ func raftConfig(cfg Config) *raft.Config {
 		rc.SnapshotThreshold = 4096
 	}
 	rc.TrailingLogs = 1024
+	if cfg.Dir == "" && cfg.Transport == nil {
+		// A group of one in memory: no member catches up from its log, so
+		// a snapshot may take all of it (memLog).
+		rc.TrailingLogs = 0
+	}
 	rc.Logger = raftLogger()
 	if cfg.Logger != nil {
 		rc.Logger = RaftLogger("raft", cfg.Logger)
@@ -363,7 +374,8 @@ const (
 // verified entry by entry either way), or in memory.
 func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.StableStore, raft.SnapshotStore, error) {
 	if cfg.Dir == "" {
-		mem := raft.NewInmemStore()
+		mem := newMemLog()
+		g.memLog = mem
 		return mem, mem, raft.NewInmemSnapshotStore(), nil
 	}
 	var logs raft.LogStore
