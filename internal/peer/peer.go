@@ -1,6 +1,7 @@
 // Package peer is the node link: the one TCP port a node listens on for
-// all traffic from the other nodes. Each connection is authenticated (a
-// shared secret, or TLS with a cluster CA), then carries a yamux session
+// all traffic from the other nodes. Each connection runs TLS 1.3 and is
+// authenticated (a shared secret bound to the TLS session, or certificates
+// of a cluster CA, or both), then carries a yamux session
 // whose streams are opened with a small header naming what they are for:
 // the raft traffic of one replica group (a raft.StreamLayer per group, so
 // each group keeps hashicorp/raft's stock NetworkTransport), or a call to
@@ -15,15 +16,18 @@ package peer
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -75,11 +79,31 @@ type Link struct {
 	calls   atomic.Pointer[func(from string, body []byte) []byte]
 	muxes   map[string]*mux // call streams, by address
 
+	// The TLS every connection runs: the configured one, or with only a
+	// secret an ephemeral certificate of this process (see handshake).
+	tlsServer, tlsClient *tls.Config
+
+	// Connections not yet authenticated, with when they came: at most
+	// maxHandshakes (past it the oldest is closed), closed by Close.
+	handshaking map[net.Conn]time.Time
+	dialing     map[string]chan struct{} // closed when the dial to an address ends
+
 	// isolated drops every connection and refuses new ones: the fault a
 	// test uses to cut this node off the network.
 	isolated atomic.Bool
 	wg       sync.WaitGroup
 }
+
+// maxHandshakes bounds the connections a node authenticates at once, and
+// handshakeTimeout how long each may take: strangers that connect and say
+// nothing hold no more than that. A new connection past the bound closes
+// the oldest one still in its handshake, which a member's (a few
+// milliseconds long) hardly ever is: strangers cannot keep members out by
+// holding every place.
+const (
+	maxHandshakes    = 64
+	handshakeTimeout = 5 * time.Second
+)
 
 // ErrClosed is returned once the link is closed.
 var ErrClosed = errors.New("peer: link closed")
@@ -97,7 +121,14 @@ func Listen(cfg Config) (*Link, error) {
 		return nil, fmt.Errorf("cluster listener: %w", err)
 	}
 	l := &Link{cfg: cfg, ln: ln, addr: cfg.Advertise, log: cfg.Logger,
-		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}, muxes: map[string]*mux{}}
+		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}, muxes: map[string]*mux{},
+		tlsServer: cfg.TLSServer, tlsClient: cfg.TLSClient, handshaking: map[net.Conn]time.Time{}, dialing: map[string]chan struct{}{}}
+	if l.tlsServer == nil {
+		if l.tlsServer, l.tlsClient, err = ephemeralTLS(); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	if l.addr == "" {
 		l.addr = ln.Addr().String()
 	}
@@ -136,7 +167,7 @@ func (l *Link) acceptLoop() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		if l.isolated.Load() {
+		if l.isolated.Load() || !l.startHandshake(c) {
 			c.Close()
 			continue
 		}
@@ -148,25 +179,71 @@ func (l *Link) acceptLoop() {
 	}
 }
 
+// startHandshake counts c among the connections being authenticated,
+// closing the oldest of them if there are maxHandshakes already; false
+// once the link is closed.
+func (l *Link) startHandshake(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	if len(l.handshaking) >= maxHandshakes {
+		var oldest net.Conn
+		var at time.Time
+		for o, t := range l.handshaking {
+			if oldest == nil || t.Before(at) {
+				oldest, at = o, t
+			}
+		}
+		oldest.Close() // its serveConn fails and forgets it
+		delete(l.handshaking, oldest)
+	}
+	l.handshaking[c] = time.Now()
+	return true
+}
+
+func (l *Link) endHandshake(c net.Conn) {
+	l.mu.Lock()
+	delete(l.handshaking, c)
+	l.mu.Unlock()
+}
+
+// refused logs a connection the link would not take. The line carries the
+// remote host as its "client", so that the server's log throttle writes
+// one a window per host: whoever can reach the port does not decide how
+// much the node logs.
+func (l *Link) refused(c net.Conn, msg string, err error) {
+	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+	l.log.Warn(msg, "client", host, "remote", c.RemoteAddr(), "error", err)
+}
+
 // serveConn authenticates an incoming connection and serves its streams.
-func (l *Link) serveConn(c net.Conn) {
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if l.cfg.TLSServer != nil {
-		tc := tls.Server(c, l.cfg.TLSServer)
-		if err := tc.Handshake(); err != nil {
-			l.log.Warn("node link: TLS handshake refused", "remote", c.RemoteAddr(), "error", err)
-			c.Close()
+func (l *Link) serveConn(raw net.Conn) {
+	raw.SetDeadline(time.Now().Add(handshakeTimeout))
+	c := tls.Server(raw, l.tlsServer)
+	err := c.Handshake()
+	var from string
+	if err == nil {
+		from, err = l.answerHandshake(c)
+	}
+	l.endHandshake(raw)
+	if err != nil {
+		l.mu.Lock()
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			raw.Close()
 			return
 		}
-		c = tc
-	}
-	from, err := l.answerHandshake(c)
-	if err != nil {
-		l.log.Warn("node link: connection refused", "remote", c.RemoteAddr(), "error", err)
-		c.Close()
+		if errors.As(err, new(tls.RecordHeaderError)) {
+			err = errors.New("not TLS: a node of a release before 2026-11-26 (its link was unencrypted; upgrade every node), or not an mqkv node")
+		}
+		l.refused(raw, "node link: connection refused", err)
+		raw.Close()
 		return
 	}
-	c.SetDeadline(time.Time{})
+	raw.SetDeadline(time.Time{})
 	sess, err := yamux.Server(c, yamuxConfig())
 	if err != nil {
 		c.Close()
@@ -270,18 +347,44 @@ func (l *Link) Open(ctx context.Context, addr string, kind byte, header []byte) 
 	return s, nil
 }
 
-// session returns the outgoing session to addr, dialing it if needed.
+// session returns the outgoing session to addr, dialing it if needed: one
+// dial at a time per address, the other callers waiting for its session
+// (a burst of calls to a peer would otherwise open a connection each, and
+// the peer takes only so many handshakes at once).
 func (l *Link) session(ctx context.Context, addr string) (*yamux.Session, error) {
-	l.mu.Lock()
-	if l.closed {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if s := l.sessions[addr]; s != nil && !s.IsClosed() {
+			l.mu.Unlock()
+			return s, nil
+		}
+		wait, busy := l.dialing[addr]
+		if !busy {
+			done := make(chan struct{})
+			l.dialing[addr] = done
+			l.mu.Unlock()
+			s, err := l.dial(ctx, addr)
+			l.mu.Lock()
+			delete(l.dialing, addr)
+			l.mu.Unlock()
+			close(done)
+			return s, err
+		}
 		l.mu.Unlock()
-		return nil, ErrClosed
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("peer: dial %s: %w", addr, ctx.Err())
+		}
 	}
-	if s := l.sessions[addr]; s != nil && !s.IsClosed() {
-		l.mu.Unlock()
-		return s, nil
-	}
-	l.mu.Unlock()
+}
+
+// dial connects to addr, authenticates, and records the session.
+func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -290,22 +393,19 @@ func (l *Link) session(ctx context.Context, addr string) (*yamux.Session, error)
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.SetDeadline(time.Now().Add(handshakeTimeout))
 	}
-	if l.cfg.TLSClient != nil {
-		tc := tls.Client(c, l.cfg.TLSClient)
-		if err := tc.Handshake(); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("peer: TLS to %s: %w", addr, err)
-		}
-		c = tc
+	tc := tls.Client(c, l.tlsClient)
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("peer: TLS to %s: %w", addr, err)
 	}
-	if err := l.handshake(c); err != nil {
+	if err := l.handshake(tc); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("peer: %s: %w", addr, err)
 	}
 	c.SetDeadline(time.Time{})
-	sess, err := yamux.Client(c, yamuxConfig())
+	sess, err := yamux.Client(tc, yamuxConfig())
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -333,24 +433,40 @@ func (l *Link) dropSession(addr string, s *yamux.Session) {
 	s.Close()
 }
 
-// The handshake proves that both ends know the secret without sending it:
-// each side sends a random challenge and answers the other's with
-// HMAC-SHA256(secret, role | its challenge | the other's | node id). With
-// TLS and no secret, the certificates did the proving and the handshake
-// only exchanges node ids.
-const handshakeMagic = "MQKV-LINK-1"
+// The handshake proves that both ends know the secret without sending it,
+// and binds the proof to the TLS session it runs in: each side sends a
+// random challenge and answers the other's with HMAC-SHA256(secret, role |
+// its challenge | the other's | node id | the session's exported keying
+// material). A proof made for one TLS session is worth nothing in another,
+// so whoever relays a member's handshake to another member (listening on a
+// down member's address, say) cannot finish it, and everything after it
+// is encrypted. With a secret only, the TLS certificates are ephemeral and
+// not checked: the secret authenticates. With TLS and no secret, the
+// certificates did the proving and the handshake only exchanges node ids.
+const handshakeMagic = "MQKV-LINK-2"
 
-func (l *Link) mac(role string, a, b []byte, id string) []byte {
+// binding is the TLS session's keying material the proofs are bound to.
+func binding(c *tls.Conn) ([]byte, error) {
+	cs := c.ConnectionState()
+	return cs.ExportKeyingMaterial("mqkv node link handshake", nil, 32)
+}
+
+func (l *Link) mac(role string, a, b []byte, id string, session []byte) []byte {
 	m := hmac.New(sha256.New, l.cfg.Secret)
 	m.Write([]byte(role))
 	m.Write(a)
 	m.Write(b)
 	m.Write([]byte(id))
+	m.Write(session)
 	return m.Sum(nil)
 }
 
 // handshake is the dialing side.
-func (l *Link) handshake(c net.Conn) error {
+func (l *Link) handshake(c *tls.Conn) error {
+	session, err := binding(c)
+	if err != nil {
+		return err
+	}
 	// Reads are unbuffered: the yamux session starts right after the
 	// handshake, and a buffered reader would swallow its first bytes.
 	w, r := bufio.NewWriter(c), c
@@ -374,19 +490,23 @@ func (l *Link) handshake(c net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("refused by the peer (wrong cluster secret?): %w", err)
 	}
-	if !hmac.Equal(proof, l.mac("server", mine, theirs, string(theirID))) {
+	if !hmac.Equal(proof, l.mac("server", mine, theirs, string(theirID), session)) {
 		return errors.New("the peer does not know the cluster secret")
 	}
-	writeFrame(w, l.mac("client", theirs, mine, l.cfg.NodeID))
+	writeFrame(w, l.mac("client", theirs, mine, l.cfg.NodeID, session))
 	return w.Flush()
 }
 
 // answerHandshake is the accepting side; it returns the peer's node id.
-func (l *Link) answerHandshake(c net.Conn) (string, error) {
+func (l *Link) answerHandshake(c *tls.Conn) (string, error) {
+	session, err := binding(c)
+	if err != nil {
+		return "", err
+	}
 	w, r := bufio.NewWriter(c), c // unbuffered reads: see handshake
 	magic, err := readFrame(r, 64)
 	if err != nil || string(magic) != handshakeMagic {
-		return "", errors.New("not an mqkv node")
+		return "", errors.New("not an mqkv node of this release")
 	}
 	theirs, err := readFrame(r, 64)
 	if err != nil {
@@ -400,7 +520,7 @@ func (l *Link) answerHandshake(c net.Conn) (string, error) {
 	rand.Read(mine)
 	writeFrame(w, mine)
 	writeFrame(w, []byte(l.cfg.NodeID))
-	writeFrame(w, l.mac("server", theirs, mine, l.cfg.NodeID))
+	writeFrame(w, l.mac("server", theirs, mine, l.cfg.NodeID, session))
 	if err := w.Flush(); err != nil {
 		return "", err
 	}
@@ -408,10 +528,29 @@ func (l *Link) answerHandshake(c net.Conn) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !hmac.Equal(proof, l.mac("client", mine, theirs, string(id))) {
+	if !hmac.Equal(proof, l.mac("client", mine, theirs, string(id), session)) {
 		return "", errors.New("wrong cluster secret")
 	}
 	return string(id), nil
+}
+
+// ephemeralTLS returns the TLS configurations of a link with a secret
+// only: a certificate made for this process, which nobody checks (the
+// handshake's secret, bound to the session, authenticates both ends).
+func ephemeralTLS() (server, client *tls.Config, err error) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(100, 0, 0)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	server = &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	client = &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}
+	return server, client, nil
 }
 
 // writeFrame writes a length-prefixed frame (errors surface at Flush).
@@ -474,6 +613,9 @@ func (l *Link) Close() error {
 	}
 	for s := range l.inbound {
 		all = append(all, s)
+	}
+	for c := range l.handshaking {
+		c.Close() // a stranger's silence does not hold the shutdown
 	}
 	l.mu.Unlock()
 	err := l.ln.Close()
