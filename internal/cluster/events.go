@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -215,7 +216,7 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 			return
 		default:
 		}
-		if r := f.ringOf(g); r != nil && f.fromRing(r, g, &cursor, mark) {
+		if r := f.ringOf(g); r != nil && f.current(g) && f.fromRing(r, g, &cursor, mark) {
 			continue
 		}
 		f.fromPeers(g, &cursor, mark, &behind)
@@ -248,12 +249,37 @@ func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) b
 		case <-wake:
 		case <-f.stop:
 			return true
-		case <-time.After(time.Second):
-			if f.ringOf(g) != r {
-				return true // the replica is gone: go on elsewhere
+		case <-time.After(ringCheck):
+			if f.ringOf(g) != r || !f.current(g) {
+				return true // the replica is gone or stale: go on elsewhere
 			}
 		}
 	}
+}
+
+// ringCheck is how often a follower on its own replica's ring, with no
+// change coming, checks that the replica is still current. A replica
+// removed from its group stays open a few seconds (until its removal is
+// confirmed), and one cut off applies nothing: on either, a follower that
+// stayed on its ring delayed notifications by seconds (found by review:
+// 2–11 s), or lost them once the group wrote more than the other rings
+// keep meanwhile.
+const ringCheck = 250 * time.Millisecond
+
+// current reports whether this node's replica of g keeps up with the group:
+// the group is still placed here and the replica leads or hears a leader.
+func (f *follower) current(g int) bool {
+	n := f.n
+	st := n.state.Load()
+	if st == nil {
+		return false
+	}
+	t := st.Placement()
+	if g >= len(t) || !slices.Contains(t[g], n.cfg.NodeID) {
+		return false
+	}
+	r := n.local(g)
+	return r != nil && r.Current(2*time.Second)
 }
 
 // fromPeers follows g from another replica's ring over the link, until the
@@ -383,7 +409,7 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) (
 			n.clock.Observe(resp.MaxVersion) // before the position is marked (see serve)
 		}
 		mark(resp.Last)
-		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) {
+		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) && f.current(g) {
 			if _, _, _, ok := r.since(*cursor); ok {
 				return true, 0 // this node's replica has caught up: use it
 			}

@@ -716,6 +716,26 @@ func (g *Group) ReadReady(timeout time.Duration) error {
 	return g.VerifyLeader()
 }
 
+// Current reports whether this replica keeps up with its group: it leads,
+// or it is in the group's latest configuration and heard from a leader
+// within silence. A replica removed from its group, or cut off from it,
+// applies nothing more, though it may stay open for a while.
+func (g *Group) Current(silence time.Duration) bool {
+	if g.raft.State() == raft.Leader {
+		return true
+	}
+	if time.Since(g.raft.LastContact()) > silence {
+		return false
+	}
+	self := raft.ServerID(g.cfg.NodeID)
+	for _, s := range g.raft.GetConfiguration().Configuration().Servers {
+		if s.ID == self {
+			return true
+		}
+	}
+	return false
+}
+
 // Replicated reports whether the group may have replicas on other nodes,
 // so that its leadership can move: false for a single node's group, made
 // without a transport.
