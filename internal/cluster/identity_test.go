@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"io/fs"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/meta"
 	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/replica"
 )
 
 // startAt starts node id on dir with a link at listen, joining through
@@ -247,4 +249,33 @@ func (h *harness) metaLeader() *Node {
 	}
 	h.t.Fatal("no metadata leader")
 	return nil
+}
+
+// TestLostJournalDoesNotMakeANewCluster: a member whose journal is gone
+// (the metadata and every group's log with it) but whose directory still
+// names its cluster is refused with the damage error; it created a new
+// cluster over its data before, and groups without a snapshot came back
+// empty (found by review).
+func TestLostJournalDoesNotMakeANewCluster(t *testing.T) {
+	dir := t.TempDir()
+	x, err := startAt(t, "x1", dir, "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := set(t, x, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	id := x.state.Load().ID
+	x.Close()
+	if err := os.RemoveAll(filepath.Join(dir, "journal")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = startAt(t, "x1", dir, "127.0.0.1:0", nil)
+	var damaged *replica.DamagedError
+	if !errors.As(err, &damaged) || !strings.Contains(err.Error(), id) {
+		t.Fatalf("started over a member's data without its journal: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, clusterIDFile)); strings.TrimSpace(string(b)) != id {
+		t.Fatalf("the recorded cluster id is now %q, was %q", b, id)
+	}
 }

@@ -512,6 +512,9 @@ func (n *Node) startMeta() error {
 	}
 	creating := !exists && len(n.cfg.Join) == 0
 	if creating {
+		if err := n.checkNothingLeft(); err != nil {
+			return err
+		}
 		n.creating.Store(true)
 		if err := n.markCreating(); err != nil {
 			return err
@@ -729,6 +732,34 @@ func redoCreation(dir string, log *slog.Logger) error {
 		}
 	}
 	return journal.SyncDir(dir)
+}
+
+// checkNothingLeft refuses to create a cluster over a member's data whose
+// metadata log is gone (its journal lost or damaged): it would have made a
+// new cluster there, and the groups without a snapshot came back empty
+// (found by review). A creation that did not complete is started again
+// (redoCreation), not refused.
+func (n *Node) checkNothingLeft() error {
+	if n.cfg.Dir == "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(n.cfg.Dir, creationMarker)); err == nil {
+		return nil
+	}
+	what := ""
+	if id, err := n.recordedClusterID(); err != nil {
+		return err
+	} else if id != "" {
+		what = "it belongs to cluster " + id
+	} else if groups, _ := os.ReadDir(filepath.Join(n.cfg.Dir, "groups")); len(groups) > 0 {
+		what = "it holds replicas of a cluster's groups"
+	}
+	if what == "" {
+		return nil
+	}
+	journalDir := filepath.Join(n.cfg.Dir, "journal")
+	return &replica.DamagedError{Path: journalDir, What: "the node's journal",
+		Err: fmt.Errorf("the cluster metadata is missing from this node's data (%s); a new cluster is not created over it", what)}
 }
 
 // creationStep runs the test hook, if any, at a step of create.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,5 +227,71 @@ func TestTornWriteEndingLikeACommitIsTorn(t *testing.T) {
 	defer g.Close()
 	if _, ok := g.Get([]byte("c")); !ok {
 		t.Fatal("acknowledged c is gone")
+	}
+}
+
+// TestMissingNewestSnapshotIsDamage: the newest snapshot's directory is
+// gone, an older one is left, and the log was compacted past the older one:
+// the group is refused with the damage error (raft panicked on the missing
+// entries; found by review).
+func TestMissingNewestSnapshotIsDamage(t *testing.T) {
+	dir := t.TempDir()
+	g := open(t, dir, nil)
+	for round := 0; round < 2; round++ {
+		for i := 0; i < 3000; i++ {
+			write(t, g, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint(i % 50)), Value: []byte(fmt.Sprint(round, i))}, hlc.Timestamp{})
+		}
+		if err := g.Snapshot(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.Close()
+	snaps, err := os.ReadDir(filepath.Join(dir, "snapshots"))
+	if err != nil || len(snaps) != 2 {
+		t.Fatalf("snapshots: %v %v", snaps, err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "snapshots", snaps[1].Name())); err != nil { // names sort by term, index
+		t.Fatal(err)
+	}
+	g, err = Open(Config{NodeID: "n1", Dir: dir})
+	if err == nil {
+		g.Close()
+	}
+	var damaged *DamagedError
+	if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "newest snapshot") {
+		t.Fatalf("opened with the newest snapshot gone: %v", err)
+	}
+}
+
+// TestMissingWALMetadataIsDamage: a log whose segments are there but whose
+// metadata database is removed or emptied is refused with the damage
+// error: raft-wal made a new one, and the group started on an empty log
+// after its snapshot (removed), or crashed (emptied) (found by review).
+func TestMissingWALMetadataIsDamage(t *testing.T) {
+	for _, damage := range []string{"removed", "emptied"} {
+		t.Run(damage, func(t *testing.T) {
+			dir := t.TempDir()
+			g := open(t, dir, nil)
+			write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v")}, hlc.Timestamp{})
+			g.Close()
+			meta := filepath.Join(dir, "wal", "wal-meta.db")
+			var err error
+			if damage == "removed" {
+				err = os.Remove(meta)
+			} else {
+				err = os.Truncate(meta, 0)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err = Open(Config{NodeID: "n1", Dir: dir})
+			if err == nil {
+				g.Close()
+			}
+			var damaged *DamagedError
+			if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "wal-meta.db") {
+				t.Fatalf("opened with wal-meta.db %s: %v", damage, err)
+			}
+		})
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 	walsegment "github.com/hashicorp/raft-wal/segment"
 	waltypes "github.com/hashicorp/raft-wal/types"
 
@@ -402,15 +403,53 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 	// A log compacted behind a snapshot needs that snapshot (raft itself
 	// panics without it).
 	if first, err := logs.FirstIndex(); err == nil && first > 1 {
-		if snaps, err := fss.List(); err != nil || len(snaps) == 0 {
+		snaps, err := fss.List()
+		switch {
+		case err != nil:
+		case len(snaps) == 0:
+			err = fmt.Errorf("the log in %s starts at entry %d and no snapshot holds the entries before it", where, first)
+		case first > snaps[0].Index+1:
+			// The newest snapshot is gone and the log was compacted past
+			// the one left (raft panicked on the missing entries).
+			err = fmt.Errorf("the log in %s starts at entry %d and the newest snapshot holds entries up to %d only", where, first, snaps[0].Index)
+		}
+		if err != nil {
 			g.closeWAL()
-			if err == nil {
-				err = fmt.Errorf("the log in %s starts at entry %d and no snapshot holds the entries before it", where, first)
-			}
 			return nil, nil, nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "the snapshot the log continues", Err: err}
 		}
 	}
 	return logs, stable, CheckedSnapshots(cfg.Dir, fss, logs), nil
+}
+
+// checkWALMeta refuses a log whose segments are there but whose metadata
+// database (which says which segments make the log, and holds raft's term
+// and vote) is missing or empty: raft-wal would make a new one, and start
+// on an empty log after the last snapshot (or, empty, crash; found by
+// review).
+func checkWALMeta(walDir string) error {
+	entries, err := os.ReadDir(walDir)
+	if err != nil {
+		return nil // openWAL made it; raft-wal says what is wrong
+	}
+	segments := false
+	for _, e := range entries {
+		segments = segments || strings.HasSuffix(e.Name(), ".wal")
+	}
+	if !segments {
+		return nil
+	}
+	meta := filepath.Join(walDir, metadb.FileName)
+	fi, err := os.Stat(meta)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		err = fmt.Errorf("%s is missing, and the log's segments are there", metadb.FileName)
+	case err == nil && fi.Size() == 0:
+		err = fmt.Errorf("%s is empty, and the log's segments are there", metadb.FileName)
+	}
+	if err != nil {
+		return &DamagedError{Path: walDir, What: "the raft log", Err: err}
+	}
+	return nil
 }
 
 // openWAL opens a group's own log in walDir, creating it, and verifies it
@@ -420,6 +459,9 @@ func openWAL(walDir string, batches bool) (*raftwal.WAL, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	if err := checkTail(walDir); err != nil {
+		return nil, err
+	}
+	if err := checkWALMeta(walDir); err != nil {
 		return nil, err
 	}
 	w, err := raftwal.Open(walDir, raftwal.WithSegmentFiler(walsegment.NewFiler(walDir, newWALFS())))
