@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -277,5 +279,64 @@ func TestLostJournalDoesNotMakeANewCluster(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, clusterIDFile)); strings.TrimSpace(string(b)) != id {
 		t.Fatalf("the recorded cluster id is now %q, was %q", b, id)
+	}
+}
+
+// TestMembersRestartedFarApartFormTheirCluster: after the whole cluster
+// stopped, a member started alone waits for the others however long they
+// take, and goes on once a quorum is up. Each gave up after 30 s, so
+// members restarted more than 30 s apart never formed a quorum (found by
+// review); here the wait's period is cut to 100 ms and the first member
+// waits ten of them alone.
+func TestMembersRestartedFarApartFormTheirCluster(t *testing.T) {
+	defer func(d time.Duration) { reopenWait = d }(reopenWait)
+	reopenWait = 100 * time.Millisecond
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	var addrs []string
+	var nodes []*Node
+	for i, dir := range dirs {
+		var join []string
+		if i > 0 {
+			join = addrs[:1]
+		}
+		n, err := startAt(t, fmt.Sprintf("n%d", i+1), dir, "127.0.0.1:0", join)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes, addrs = append(nodes, n), append(addrs, n.link.Addr())
+	}
+	for len(nodes[0].state.Load().Placement()[0]) < 3 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := set(t, nodes[0], "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		n.Close()
+		n.link.Close()
+	}
+	type started struct {
+		n   *Node
+		err error
+	}
+	first := make(chan started, 1)
+	go func() {
+		n, err := startAt(t, "n1", dirs[0], addrs[0], nil)
+		first <- started{n, err}
+	}()
+	select {
+	case s := <-first:
+		t.Fatalf("n1, alone, did not wait for its cluster: %v", s.err)
+	case <-time.After(10 * reopenWait):
+	}
+	if _, err := startAt(t, "n2", dirs[1], addrs[1], addrs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	s := <-first
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if e, ok, err := s.n.Get(ctx(t), []byte("k")); err != nil || !ok || string(e.Value) != "v" {
+		t.Fatalf("k after the restarts: %q %v %v", e.Value, ok, err)
 	}
 }

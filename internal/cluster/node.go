@@ -773,24 +773,50 @@ func (n *Node) creationStep(g int) error {
 // reopen restarts a member: its replicas are where it left them. If it was
 // given members to join through, it tells them its address, which may
 // have changed (the others could not reach it to say so otherwise).
+//
+// It waits for its cluster as long as it takes, saying so every
+// reopenWait: after the whole cluster stopped, members come back one by
+// one, and none can go on before a quorum of the metadata's members is up
+// (each gave up after 30 s, so members started more than 30 s apart never
+// formed a quorum; found by review).
 func (n *Node) reopen() error {
 	if len(n.cfg.Join) > 0 {
 		cluster, err := n.recordedClusterID()
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Cluster: cluster, Node: n.self()}, n.cfg.Join)
-		cancel()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), reopenWait)
+			go func() { // a Close ends the wait
+				select {
+				case <-n.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			err = n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Cluster: cluster, Node: n.self()}, n.cfg.Join)
+			cancel()
+			if !errors.Is(err, errNoMetaLeader) {
+				break
+			}
+			if n.stopped() {
+				return errors.New("cluster: node closed")
+			}
+			n.log.Warn("waiting for the cluster: no metadata leader answered through the members given with --join; a quorum of the cluster's members must be up", "join", n.cfg.Join)
+		}
 		if err != nil {
 			return err
 		}
 	}
-	if err := n.awaitState(30*time.Second, func(st *meta.State) bool { return st.Groups > 0 }); err != nil {
-		if len(n.cfg.Join) == 0 {
-			return fmt.Errorf("%w: no member of this node's cluster answered; a node removed from its cluster (mqkv cluster remove) learns nothing more: start it with --join MEMBER to join again", err)
+	for {
+		err := n.awaitState(reopenWait, func(st *meta.State) bool { return st.Groups > 0 })
+		if err == nil {
+			break
 		}
-		return err
+		if n.stopped() {
+			return err
+		}
+		n.log.Warn("waiting for the cluster: the metadata is not yet committed; a quorum of the cluster's members must be up (a node removed from its cluster with `mqkv cluster remove` learns nothing more: start it with --join MEMBER to join again)")
 	}
 	entries, _ := os.ReadDir(filepath.Join(n.cfg.Dir, "groups"))
 	for _, e := range entries {
@@ -804,6 +830,20 @@ func (n *Node) reopen() error {
 	}
 	n.wakeReconciler()
 	return nil
+}
+
+// reopenWait is how often a restarting member says it is still waiting for
+// its cluster.
+var reopenWait = 30 * time.Second // a variable for tests
+
+// stopped reports whether the node was closed.
+func (n *Node) stopped() bool {
+	select {
+	case <-n.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // awaitState waits until the metadata this node has applied satisfies ok.

@@ -364,11 +364,14 @@ func (n *Node) proposeMeta(ctx context.Context, op meta.Op, addrs []string) erro
 		}
 		select {
 		case <-ctx.Done():
-			return errors.New("cluster: no metadata leader answered: is a quorum of the first members up?")
+			return errNoMetaLeader
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
+
+// errNoMetaLeader: no member answered as the metadata leader in time.
+var errNoMetaLeader = errors.New("cluster: no metadata leader answered: is a quorum of the first members up?")
 
 // join adds this node to the cluster through the members in cfg.Join and
 // waits until the metadata reached it.
