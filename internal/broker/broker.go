@@ -237,10 +237,16 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		return nil, err
 	}
 	if cfg.DataDir != "" {
+		_, err := os.Stat(cfg.DataDir)
+		existed := err == nil // the directory of an earlier start
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, err
 		}
-		s, err := openSessions(filepath.Join(cfg.DataDir, "sessions.db"), cfg.Logger)
+		path := filepath.Join(cfg.DataDir, "sessions.db")
+		if err := checkSessionsFile(path, existed, cfg.Logger); err != nil {
+			return nil, err
+		}
+		s, err := openSessions(path, cfg.Logger)
 		if err != nil {
 			return nil, err
 		}

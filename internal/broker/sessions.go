@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -56,6 +57,22 @@ var (
 	// stopped has none; its clock starts at the restart.
 	bucketLeft = []byte("left")
 )
+
+// checkSessionsFile refuses a session store emptied to 0 bytes (bbolt
+// makes a new database of it, and every persistent session, subscription
+// and retained message is gone without a word; found by review), and
+// warns when the store of an earlier start is gone (someone removed it: a
+// new one is made, as they likely meant).
+func checkSessionsFile(path string, dirExisted bool, log *slog.Logger) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.Size() == 0:
+		return fmt.Errorf("the MQTT session store %s is empty (0 bytes): it is damaged, and its persistent sessions, subscriptions and retained messages are lost; move it aside to start without them", path)
+	case errors.Is(err, os.ErrNotExist) && dirExisted:
+		log.Warn("the MQTT session store of an earlier start is missing: starting with no persistent sessions, subscriptions or retained messages", "path", path)
+	}
+	return nil
+}
 
 func openSessions(path string, log *slog.Logger) (*sessions, error) {
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
