@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,6 +316,9 @@ func Open(cfg Config) (*Group, error) {
 	if g.memLog != nil {
 		g.wg.Add(1)
 		go g.compactMemLog(g.memLog)
+	} else {
+		g.wg.Add(1)
+		go g.snapshotIfLong(rc.SnapshotThreshold)
 	}
 	return g, nil
 }
@@ -923,6 +927,28 @@ func (t timedLogs) StoreLogs(logs []*raft.Log) error {
 	err := t.LogStore.StoreLogs(logs)
 	t.observe(time.Since(start))
 	return err
+}
+
+// snapshotIfLong takes a snapshot soon after the group opens if its log
+// already holds threshold entries past the last one. raft considers a
+// snapshot only every two to four minutes of a process's life, so a node
+// restarted more often than that (a crash loop) never compacted its log,
+// and each start replayed more of it: 1.2 GB after 12 kills 3 s apart
+// (found by review).
+func (g *Group) snapshotIfLong(threshold uint64) {
+	defer g.wg.Done()
+	select { // let the replay and the first election settle
+	case <-g.closing:
+		return
+	case <-time.After(time.Second):
+	}
+	last, err := strconv.ParseUint(g.raft.Stats()["last_snapshot_index"], 10, 64)
+	if err != nil || g.raft.LastIndex() < last+threshold {
+		return
+	}
+	if err := g.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) && g.cfg.Logger != nil {
+		g.cfg.Logger.Warn("snapshot after start failed", "error", err)
+	}
 }
 
 // Snapshot takes a snapshot now and compacts the log behind it.
