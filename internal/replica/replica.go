@@ -406,8 +406,9 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 	}
 	// A log compacted behind a snapshot needs that snapshot (raft itself
 	// panics without it).
+	checked := CheckedSnapshots(cfg.Dir, fss, logs)
 	if first, err := logs.FirstIndex(); err == nil && first > 1 {
-		snaps, err := fss.List()
+		snaps, err := checked.List() // a newest one that does not read is named as such
 		switch {
 		case err != nil:
 		case len(snaps) == 0:
@@ -422,7 +423,7 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 			return nil, nil, nil, &DamagedError{Path: filepath.Join(cfg.Dir, "snapshots"), What: "the snapshot the log continues", Err: err}
 		}
 	}
-	return logs, stable, CheckedSnapshots(cfg.Dir, fss, logs), nil
+	return logs, stable, checked, nil
 }
 
 // checkWALMeta refuses a log whose segments are there but whose metadata
