@@ -253,14 +253,24 @@ func TestMissingNewestSnapshotIsDamage(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "snapshots", snaps[1].Name())); err != nil { // names sort by term, index
 		t.Fatal(err)
 	}
-	g, err = Open(Config{NodeID: "n1", Dir: dir})
+	if err := reopenErr(dir); !isDamage(err, "newest snapshot") {
+		t.Fatalf("opened with the newest snapshot gone: %v", err)
+	}
+}
+
+// reopenErr opens the group in dir again and returns why it did not.
+func reopenErr(dir string) error {
+	g, err := Open(Config{NodeID: "n1", Dir: dir})
 	if err == nil {
 		g.Close()
 	}
+	return err
+}
+
+// isDamage reports whether err is the damage error and names what.
+func isDamage(err error, what string) bool {
 	var damaged *DamagedError
-	if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "newest snapshot") {
-		t.Fatalf("opened with the newest snapshot gone: %v", err)
-	}
+	return errors.As(err, &damaged) && strings.Contains(err.Error(), what)
 }
 
 // TestMissingWALMetadataIsDamage: a log whose segments are there but whose
@@ -284,12 +294,7 @@ func TestMissingWALMetadataIsDamage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err = Open(Config{NodeID: "n1", Dir: dir})
-			if err == nil {
-				g.Close()
-			}
-			var damaged *DamagedError
-			if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "wal-meta.db") {
+			if err := reopenErr(dir); !isDamage(err, "wal-meta.db") {
 				t.Fatalf("opened with wal-meta.db %s: %v", damage, err)
 			}
 		})
