@@ -267,19 +267,25 @@ func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) b
 const ringCheck = 250 * time.Millisecond
 
 // current reports whether this node's replica of g keeps up with the group:
-// the group is still placed here and the replica leads or hears a leader.
+// it leads (whatever the placement says: a group waiting to move is still
+// led from here, and this node's clients hear of its changes from here;
+// found by review), or the group is still placed here and the replica is
+// in its configuration and hears a leader.
 func (f *follower) current(g int) bool {
 	n := f.n
+	r := n.local(g)
+	if r == nil {
+		return false
+	}
+	if _, leads := r.Leader(); leads {
+		return true
+	}
 	st := n.state.Load()
 	if st == nil {
 		return false
 	}
 	t := st.Placement()
-	if g >= len(t) || !slices.Contains(t[g], n.cfg.NodeID) {
-		return false
-	}
-	r := n.local(g)
-	return r != nil && r.Current(2*time.Second)
+	return g < len(t) && slices.Contains(t[g], n.cfg.NodeID) && r.Current(2*time.Second)
 }
 
 // fromPeers follows g from another replica's ring over the link, until the

@@ -340,3 +340,27 @@ func TestMembersRestartedFarApartFormTheirCluster(t *testing.T) {
 		t.Fatalf("k after the restarts: %q %v %v", e.Value, ok, err)
 	}
 }
+
+// TestRestartWithStaleJoinWhileClusterIsUp: n3 restarts on its data with
+// --join naming an address where no member listens any more (a member
+// since removed, the flag kept in a unit file) while its cluster is up: it
+// comes back through the members its own metadata knows. It waited for
+// ever, asking only the --join address (found by review).
+func TestRestartWithStaleJoinWhileClusterIsUp(t *testing.T) {
+	h := newHarness(t, 3, 2)
+	addr := h.links[2].Addr()
+	h.stop(2)
+	done := make(chan error, 1)
+	go func() {
+		_, err := startAt(t, "n3", h.dirs[2], addr, []string{"127.0.0.1:1"})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("n3 still waiting after 20 s although its cluster is up")
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -778,44 +779,34 @@ func (n *Node) creationStep(g int) error {
 // reopenWait: after the whole cluster stopped, members come back one by
 // one, and none can go on before a quorum of the metadata's members is up
 // (each gave up after 30 s, so members started more than 30 s apart never
-// formed a quorum; found by review).
+// formed a quorum; found by review). It cannot be closed meanwhile (Start
+// has not returned it): the process is stopped by its signal's default.
 func (n *Node) reopen() error {
 	if len(n.cfg.Join) > 0 {
 		cluster, err := n.recordedClusterID()
 		if err != nil {
 			return err
 		}
+		op := meta.Op{Kind: meta.OpJoin, Checked: true, Cluster: cluster, Node: n.self()}
+		warned := time.Now()
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), reopenWait)
-			go func() { // a Close ends the wait
-				select {
-				case <-n.stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			err = n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Cluster: cluster, Node: n.self()}, n.cfg.Join)
+			// A round a second: the members known may change meanwhile.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err = n.proposeMeta(ctx, op, n.reopenAddrs())
 			cancel()
 			if !errors.Is(err, errNoMetaLeader) {
 				break
 			}
-			if n.stopped() {
-				return errors.New("cluster: node closed")
+			if time.Since(warned) >= reopenWait {
+				warned = time.Now()
+				n.log.Warn("waiting for the cluster: no metadata leader answered, through the members given with --join nor those this node knows; a quorum of the cluster's members must be up", "join", n.cfg.Join)
 			}
-			n.log.Warn("waiting for the cluster: no metadata leader answered through the members given with --join; a quorum of the cluster's members must be up", "join", n.cfg.Join)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	for {
-		err := n.awaitState(reopenWait, func(st *meta.State) bool { return st.Groups > 0 })
-		if err == nil {
-			break
-		}
-		if n.stopped() {
-			return err
-		}
+	for n.awaitState(reopenWait, func(st *meta.State) bool { return st.Groups > 0 }) != nil {
 		n.log.Warn("waiting for the cluster: the metadata is not yet committed; a quorum of the cluster's members must be up (a node removed from its cluster with `mqkv cluster remove` learns nothing more: start it with --join MEMBER to join again)")
 	}
 	entries, _ := os.ReadDir(filepath.Join(n.cfg.Dir, "groups"))
@@ -835,16 +826,6 @@ func (n *Node) reopen() error {
 // reopenWait is how often a restarting member says it is still waiting for
 // its cluster.
 var reopenWait = 30 * time.Second // a variable for tests
-
-// stopped reports whether the node was closed.
-func (n *Node) stopped() bool {
-	select {
-	case <-n.stop:
-		return true
-	default:
-		return false
-	}
-}
 
 // awaitState waits until the metadata this node has applied satisfies ok.
 func (n *Node) awaitState(timeout time.Duration, ok func(*meta.State) bool) error {
@@ -874,6 +855,26 @@ func (n *Node) applyMeta(op meta.Op) error {
 		return err
 	}
 	return nil
+}
+
+// reopenAddrs is where a restarting member asks to be let back in: the
+// members given with --join, and the metadata leader and members its own
+// metadata replica knows of (a --join address may be stale: a member since
+// removed; found by review).
+func (n *Node) reopenAddrs() []string {
+	addrs := slices.Clone(n.cfg.Join)
+	if l := n.metaLeader(); l != "" {
+		addrs = append(addrs, l)
+	}
+	if st := n.state.Load(); st != nil {
+		for _, m := range st.Nodes {
+			if m.ID != n.cfg.NodeID {
+				addrs = append(addrs, m.Addr)
+			}
+		}
+	}
+	slices.Sort(addrs)
+	return slices.Compact(addrs)
 }
 
 // metaLeader returns the link address of the metadata leader, if known.

@@ -83,9 +83,9 @@ type Link struct {
 	// secret an ephemeral certificate of this process (see handshake).
 	tlsServer, tlsClient *tls.Config
 
-	// Connections not yet authenticated, with when they came: at most
-	// maxHandshakes (past it the oldest is closed), closed by Close.
-	handshaking map[net.Conn]time.Time
+	// Connections not yet authenticated, with their remote host (see
+	// maxHandshakes); Close closes them.
+	handshaking map[net.Conn]string
 	dialing     map[string]chan struct{} // closed when the dial to an address ends
 
 	// isolated drops every connection and refuses new ones: the fault a
@@ -95,14 +95,17 @@ type Link struct {
 }
 
 // maxHandshakes bounds the connections a node authenticates at once, and
-// handshakeTimeout how long each may take: strangers that connect and say
-// nothing hold no more than that. A new connection past the bound closes
-// the oldest one still in its handshake, which a member's (a few
-// milliseconds long) hardly ever is: strangers cannot keep members out by
-// holding every place.
+// maxHostHandshakes those from one host; handshakeTimeout is how long each
+// may take. A connection past either bound is closed at once: nobody's
+// handshake is cut short for it (a first version closed the oldest one,
+// and strangers opening connections in a loop kept members out; found by
+// review). Strangers on one host hold at most that host's places, for
+// handshakeTimeout each; members elsewhere are not kept out, and a node
+// dials each peer once at a time.
 const (
-	maxHandshakes    = 64
-	handshakeTimeout = 5 * time.Second
+	maxHandshakes     = 256
+	maxHostHandshakes = 16
+	handshakeTimeout  = 5 * time.Second
 )
 
 // ErrClosed is returned once the link is closed.
@@ -122,7 +125,7 @@ func Listen(cfg Config) (*Link, error) {
 	}
 	l := &Link{cfg: cfg, ln: ln, addr: cfg.Advertise, log: cfg.Logger,
 		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}, muxes: map[string]*mux{},
-		tlsServer: cfg.TLSServer, tlsClient: cfg.TLSClient, handshaking: map[net.Conn]time.Time{}, dialing: map[string]chan struct{}{}}
+		tlsServer: cfg.TLSServer, tlsClient: cfg.TLSClient, handshaking: map[net.Conn]string{}, dialing: map[string]chan struct{}{}}
 	if l.tlsServer == nil {
 		if l.tlsServer, l.tlsClient, err = ephemeralTLS(); err != nil {
 			ln.Close()
@@ -179,28 +182,31 @@ func (l *Link) acceptLoop() {
 	}
 }
 
-// startHandshake counts c among the connections being authenticated,
-// closing the oldest of them if there are maxHandshakes already; false
-// once the link is closed.
+// startHandshake counts c among the connections being authenticated, if
+// the bounds leave room; false once the link is closed.
 func (l *Link) startHandshake(c net.Conn) bool {
+	host := remoteHost(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
+	if l.closed || len(l.handshaking) >= maxHandshakes {
 		return false
 	}
-	if len(l.handshaking) >= maxHandshakes {
-		var oldest net.Conn
-		var at time.Time
-		for o, t := range l.handshaking {
-			if oldest == nil || t.Before(at) {
-				oldest, at = o, t
-			}
+	n := 0
+	for _, h := range l.handshaking {
+		if h == host {
+			n++
 		}
-		oldest.Close() // its serveConn fails and forgets it
-		delete(l.handshaking, oldest)
 	}
-	l.handshaking[c] = time.Now()
+	if n >= maxHostHandshakes {
+		return false
+	}
+	l.handshaking[c] = host
 	return true
+}
+
+func remoteHost(c net.Conn) string {
+	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+	return host
 }
 
 func (l *Link) endHandshake(c net.Conn) {
@@ -214,8 +220,7 @@ func (l *Link) endHandshake(c net.Conn) {
 // one a window per host: whoever can reach the port does not decide how
 // much the node logs.
 func (l *Link) refused(c net.Conn, msg string, err error) {
-	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-	l.log.Warn(msg, "client", host, "remote", c.RemoteAddr(), "error", err)
+	l.log.Warn(msg, "client", remoteHost(c), "remote", c.RemoteAddr(), "error", err)
 }
 
 // serveConn authenticates an incoming connection and serves its streams.
@@ -390,11 +395,13 @@ func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer: dial %s: %w", addr, err)
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
-	} else {
-		c.SetDeadline(time.Now().Add(handshakeTimeout))
+	// A peer that accepts and says nothing holds the dial, and every
+	// caller waiting on it, no longer than a handshake may take.
+	dl := time.Now().Add(handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
 	}
+	c.SetDeadline(dl)
 	tc := tls.Client(c, l.tlsClient)
 	if err := tc.Handshake(); err != nil {
 		c.Close()
@@ -415,6 +422,10 @@ func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 	if l.closed {
 		sess.Close()
 		return nil, ErrClosed
+	}
+	if l.isolated.Load() { // isolated while this dial ran
+		sess.Close()
+		return nil, errors.New("peer: isolated")
 	}
 	if old := l.sessions[addr]; old != nil && !old.IsClosed() {
 		sess.Close() // another dial won
