@@ -351,3 +351,30 @@ func TestGarbageAfterHandshake(t *testing.T) {
 		t.Fatalf("b stopped serving: %v %+v", err, resp)
 	}
 }
+
+// TestIsolateRacingDial: a dial in its handshake when Isolate(true) runs
+// does not leave the isolated link a live session to its peer (it did, so
+// a partition test could keep talking; found by review).
+func TestIsolateRacingDial(t *testing.T) {
+	b := listen(t, "b", "s3cret-s3cret-s3cret")
+	for i := 0; i < 100; i++ {
+		a := listen(t, "a", "s3cret-s3cret-s3cret")
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			a.session(c, b.Addr())
+		}()
+		time.Sleep(time.Duration(i*20) * time.Microsecond)
+		a.Isolate(true)
+		<-done
+		a.mu.Lock()
+		s := a.sessions[b.Addr()]
+		a.mu.Unlock()
+		if s != nil && !s.IsClosed() {
+			t.Fatalf("after %d tries: an isolated link holds a live session to its peer", i+1)
+		}
+		a.Close()
+	}
+}
