@@ -237,8 +237,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		return nil, err
 	}
 	if cfg.DataDir != "" {
-		_, err := os.Stat(cfg.DataDir)
-		existed := err == nil // the directory of an earlier start
+		existed := startedBefore(cfg.DataDir)
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, err
 		}

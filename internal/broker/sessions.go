@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +16,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"go.etcd.io/bbolt"
+
+	"github.com/mqkv/mqkv/internal/journal"
 )
 
 // sessions persists MQTT session state in a bbolt file: client records,
@@ -63,18 +67,56 @@ var (
 // and retained message is gone without a word; found by review), and
 // warns when the store of an earlier start is gone (someone removed it: a
 // new one is made, as they likely meant).
-func checkSessionsFile(path string, dirExisted bool, log *slog.Logger) error {
+func checkSessionsFile(path string, startedBefore bool, log *slog.Logger) error {
 	fi, err := os.Stat(path)
 	switch {
 	case err == nil && fi.Size() == 0:
 		return fmt.Errorf("the MQTT session store %s is empty (0 bytes): it is damaged, and its persistent sessions, subscriptions and retained messages are lost; move it aside to start without them", path)
-	case errors.Is(err, os.ErrNotExist) && dirExisted:
+	case errors.Is(err, os.ErrNotExist) && startedBefore:
 		log.Warn("the MQTT session store of an earlier start is missing: starting with no persistent sessions, subscriptions or retained messages", "path", path)
 	}
 	return nil
 }
 
+// startedBefore reports whether dir holds what an earlier start left
+// (more than a session store that was never finished).
+func startedBefore(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".tmp") {
+			return true
+		}
+	}
+	return false
+}
+
+// initSessionsFile makes a new, empty session store at path: under another
+// name first, renamed once bbolt has written it, so that a crash or a full
+// disk while it is made leaves no sessions.db of 0 bytes, which
+// checkSessionsFile takes for damage (found by review).
+func initSessionsFile(path string) error {
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	tmp := path + ".tmp"
+	os.Remove(tmp) // left by a crash
+	db, err := bbolt.Open(tmp, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return fmt.Errorf("make session store %s: %w", path, err)
+	}
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("make session store %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("make session store %s: %w", path, err)
+	}
+	return journal.SyncDir(filepath.Dir(path))
+}
+
 func openSessions(path string, log *slog.Logger) (*sessions, error) {
+	if err := initSessionsFile(path); err != nil {
+		return nil, err
+	}
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("open session store %s: %w", path, err)

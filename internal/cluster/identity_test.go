@@ -209,6 +209,12 @@ func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
 func TestRefusedJoinIsNotLogged(t *testing.T) {
 	h := newHarness(t, 1, 2)
 	n := h.nodes[0]
+	// The leader's first change of a term appends a barrier (see
+	// metaHere): counted before.
+	if err := n.meta.Barrier(5 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	n.metaReadyTerm.Store(n.meta.CurrentTerm())
 	before := n.meta.LastIndex()
 	resp := n.metaHere(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: meta.Node{ID: "n9", Addr: h.links[0].Addr(), Inc: "x"}})
 	if resp.Kind != errOther || !strings.Contains(resp.Err, "address") {

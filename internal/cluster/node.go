@@ -136,9 +136,12 @@ type Node struct {
 	copies    copies   // held for backups being read
 	forwarded sync.Map // group → *forwarding: writes forwarded to its leader
 
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	closeOnce sync.Once
+	stop chan struct{}
+	// metaReadyTerm is the term in which this node, leading the metadata,
+	// applied every entry before it (see metaHere).
+	metaReadyTerm atomic.Uint64
+	wg            sync.WaitGroup
+	closeOnce     sync.Once
 	// The node cannot go on once a group's log could not be applied:
 	// Failed is closed, Err says why.
 	*replica.Fault

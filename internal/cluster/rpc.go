@@ -233,6 +233,17 @@ func (n *Node) metaHere(op meta.Op) callResp {
 		// Not a member to join yet (see create): the caller tries again.
 		return callResp{Kind: errNotLeader}
 	}
+	// A leader just elected may not have applied the entries before its
+	// term: judged on that state, a member's join was refused as "the
+	// cluster does not exist yet", and a restarted member exited (found
+	// by review). Until it has (a barrier, once a term), the caller tries
+	// again.
+	if term := n.meta.CurrentTerm(); n.metaReadyTerm.Load() != term {
+		if n.meta.Barrier(5*time.Second).Error() != nil {
+			return callResp{Kind: errNotLeader}
+		}
+		n.metaReadyTerm.Store(term)
+	}
 	if err := n.stillRunning(op); err != nil {
 		return callResp{Kind: errOther, Err: err.Error()}
 	}

@@ -113,3 +113,29 @@ func TestMemLogIsBoundedByBytes(t *testing.T) {
 		t.Fatalf("the key after the snapshots: %v", ok)
 	}
 }
+
+// TestMemLogWithTransportIsBounded: a group in memory with other members
+// (an in-memory cluster) keeps entries behind each snapshot for them to
+// catch up from: those are bounded by bytes too. With raft's 1,024, 600
+// overwrites of one key with 128 KiB values left all 75 MiB in the log
+// (found by review).
+func TestMemLogWithTransportIsBounded(t *testing.T) {
+	addr, trans := raft.NewInmemTransport("")
+	g, err := Open(Config{NodeID: "n1", Transport: trans, Bootstrap: &raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: addr}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.AwaitLeader(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	value := bytes.Repeat([]byte{'v'}, 128<<10)
+	for i := 0; i < 600; i++ {
+		write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: value}, hlc.Timestamp{})
+	}
+	for deadline := time.Now().Add(10 * time.Second); g.memLog.bytes.Load() > memLogBytes+8<<20; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the store holds %d KiB, the in-memory log %d MiB", g.fsm.st.Bytes()>>10, g.memLog.bytes.Load()>>20)
+		}
+	}
+}

@@ -13,9 +13,9 @@ import (
 // a node taking 18,000 SETs a second of 1 KiB values over 10,000 keys grew
 // to 5.7 GB in 90 s while its store held 10 MiB. This log counts the bytes
 // it holds and asks for a snapshot once they pass a limit that grows with
-// the store, so that memory stays within about twice the store plus
-// memLogBytes, and a snapshot (a copy of the store) is taken at most once
-// per store's worth of writes.
+// the store, so that memory stays within about three times the store (the
+// store, the snapshot's copy, the log) plus memLogBytes, and a snapshot is
+// taken at most once per store's worth of writes.
 //
 // It also keeps copies of the entries it is given: on a leader raft hands
 // the log a pointer into its apply future, which holds the entry's result
@@ -98,10 +98,33 @@ func (g *Group) compactMemLog(m *memLog) {
 			m.limit.Store(grow) // the store grew: so may the log
 			continue
 		}
+		if g.cfg.Transport != nil {
+			g.boundTrailing(m)
+		}
 		err := g.raft.Snapshot().Error()
 		if err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) && g.cfg.Logger != nil {
 			g.cfg.Logger.Warn("in-memory log: snapshot failed", "error", err)
 		}
 		m.limit.Store(m.bytes.Load() + grow)
+	}
+}
+
+// boundTrailing sets how many entries a snapshot leaves behind (for other
+// members that catch up from the log) so that they hold about half of
+// memLogBytes at the log's mean entry size: raft's count alone, 1,024
+// entries of up to 4 MiB, let a group in memory keep 136 MiB for a store
+// of 128 KiB (found by review).
+func (g *Group) boundTrailing(m *memLog) {
+	first, _ := m.FirstIndex()
+	last, _ := m.LastIndex()
+	if first == 0 || last < first {
+		return
+	}
+	mean := m.bytes.Load() / int64(last-first+1)
+	keep := uint64(min(max(memLogBytes/2/max(mean, 1), 16), 1024))
+	rc := g.raft.ReloadableConfig()
+	if rc.TrailingLogs != keep {
+		rc.TrailingLogs = keep
+		g.raft.ReloadConfig(rc)
 	}
 }
