@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -930,18 +931,21 @@ func (t timedLogs) StoreLogs(logs []*raft.Log) error {
 	return err
 }
 
-// snapshotIfLong takes a snapshot soon after the group opens if its log
-// already holds threshold entries past the last one. raft considers a
+// snapshotIfLong takes a snapshot soon after the group opens (within three
+// seconds) if its log already holds threshold entries past the last one.
+// raft considers a
 // snapshot only every two to four minutes of a process's life, so a node
 // restarted more often than that (a crash loop) never compacted its log,
 // and each start replayed more of it: 1.2 GB after 12 kills 3 s apart
 // (found by review).
 func (g *Group) snapshotIfLong(threshold uint64) {
 	defer g.wg.Done()
-	select { // let the replay and the first election settle
+	// Let the replay and the first election settle; the groups of a node
+	// spread over two seconds, not all snapshotting at once.
+	select {
 	case <-g.closing:
 		return
-	case <-time.After(time.Second):
+	case <-time.After(time.Second + rand.N(2*time.Second)):
 	}
 	last, err := strconv.ParseUint(g.raft.Stats()["last_snapshot_index"], 10, 64)
 	if err != nil || g.raft.LastIndex() < last+threshold {
