@@ -933,11 +933,10 @@ func (t timedLogs) StoreLogs(logs []*raft.Log) error {
 
 // snapshotIfLong takes a snapshot soon after the group opens (within three
 // seconds) if its log already holds threshold entries past the last one.
-// raft considers a
-// snapshot only every two to four minutes of a process's life, so a node
-// restarted more often than that (a crash loop) never compacted its log,
-// and each start replayed more of it: 1.2 GB after 12 kills 3 s apart
-// (found by review).
+// raft considers a snapshot only every two to four minutes of a process's
+// life, so a node restarted more often than that (a crash loop) never
+// compacted its log, and each start replayed more of it: 1.2 GB after 12
+// kills 3 s apart (found by review).
 func (g *Group) snapshotIfLong(threshold uint64) {
 	defer g.wg.Done()
 	// Let the replay and the first election settle; the groups of a node
