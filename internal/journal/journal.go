@@ -66,6 +66,8 @@ type Journal struct {
 
 	buf   []byte        // the writer's batch
 	syncs atomic.Uint64 // batches made durable
+
+	seals seals // how finished segments end (see sealsFile); the writer's
 }
 
 // Stats are a journal's figures for metrics.
@@ -190,10 +192,23 @@ func (j *Journal) recover() error {
 			return &DamagedError{Path: filepath.Join(j.dir, segName(seqs[i-1]+1)), Err: errors.New("segment missing")}
 		}
 	}
+	if j.seals, err = readSeals(j.dir); err != nil {
+		return err
+	}
 	idx := map[uint32]map[uint64]loc{}
 	for i, seq := range seqs {
 		last := i == len(seqs)-1
 		if err := j.scan(seq, last, idx); err != nil {
+			return err
+		}
+	}
+	if err := j.checkSeals(); err != nil {
+		return err
+	}
+	if j.seals.floor == 0 && len(j.segs) > 0 {
+		// A journal of a release before seals: its oldest segment now.
+		j.seals.floor = j.segs[0].seq
+		if err := writeSeals(j.dir, j.seals); err != nil {
 			return err
 		}
 	}
@@ -777,6 +792,17 @@ func (j *Journal) rotate() error {
 		os.Remove(path)
 		return fmt.Errorf("journal: begin segment: %w", err)
 	}
+	// The new segment is durable: the previous one is finished, or this
+	// is the journal's first.
+	if n := len(j.segs); n > 0 {
+		j.seals.size[j.segs[n-1].seq] = j.segs[n-1].size
+	} else if j.seals.floor == 0 {
+		j.seals.floor = seq
+	}
+	if err := writeSeals(j.dir, j.seals); err != nil {
+		f.Close()
+		return err
+	}
 	j.mu.Lock()
 	if n := len(j.segs); n > 0 {
 		// The zeros ahead of a finished segment's records are not
@@ -816,6 +842,12 @@ func (j *Journal) collect() error {
 			j.segs = j.segs[1:]
 			j.mu.Unlock()
 			old.f.Close()
+			// The journal removes it: said first (see sealsFile).
+			j.seals.floor = old.seq + 1
+			delete(j.seals.size, old.seq)
+			if err := writeSeals(j.dir, j.seals); err != nil {
+				return err
+			}
 			if err := os.Remove(filepath.Join(j.dir, segName(old.seq))); err != nil {
 				return fmt.Errorf("journal: %w", err)
 			}
