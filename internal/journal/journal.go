@@ -205,13 +205,6 @@ func (j *Journal) recover() error {
 	if err := j.checkSeals(); err != nil {
 		return err
 	}
-	if j.seals.floor == 0 && len(j.segs) > 0 {
-		// A journal of a release before seals: its oldest segment now.
-		j.seals.floor = j.segs[0].seq
-		if err := writeSeals(j.dir, j.seals); err != nil {
-			return err
-		}
-	}
 	// A group's live entries are the contiguous run ending at its newest
 	// one; anything older, left by a segment that could not be removed
 	// yet, was compacted away before.
@@ -792,16 +785,13 @@ func (j *Journal) rotate() error {
 		os.Remove(path)
 		return fmt.Errorf("journal: begin segment: %w", err)
 	}
-	// The new segment is durable: the previous one is finished, or this
-	// is the journal's first.
 	if n := len(j.segs); n > 0 {
+		// The new segment is durable: the previous one is finished.
 		j.seals.size[j.segs[n-1].seq] = j.segs[n-1].size
-	} else if j.seals.floor == 0 {
-		j.seals.floor = seq
-	}
-	if err := writeSeals(j.dir, j.seals); err != nil {
-		f.Close()
-		return err
+		if err := writeSeals(j.dir, j.seals); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	j.mu.Lock()
 	if n := len(j.segs); n > 0 {
@@ -842,12 +832,7 @@ func (j *Journal) collect() error {
 			j.segs = j.segs[1:]
 			j.mu.Unlock()
 			old.f.Close()
-			// The journal removes it: said first (see sealsFile).
-			j.seals.floor = old.seq + 1
-			delete(j.seals.size, old.seq)
-			if err := writeSeals(j.dir, j.seals); err != nil {
-				return err
-			}
+			delete(j.seals.size, old.seq) // written with the next seal
 			if err := os.Remove(filepath.Join(j.dir, segName(old.seq))); err != nil {
 				return fmt.Errorf("journal: %w", err)
 			}

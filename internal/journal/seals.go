@@ -10,25 +10,28 @@ import (
 	"strconv"
 )
 
-// sealsFile, beside the segments, records how each finished segment ends
-// and which is the oldest the journal still keeps. A segment reads the
-// same whether it was cut by a crash or by damage exactly at the end of a
-// batch, and the journal removes old segments itself: without the file,
-// an old segment cut short, zeroed from a batch on, or removed (the oldest)
-// opened without a word, and a quiet group's acknowledged entries were gone
-// (found by review). Only the newest segment, still written, is not
-// sealed: a cut there cannot be told from a torn write.
+// sealsFile, beside the segments, records how each finished segment ends.
+// A segment reads the same whether it was cut by a crash or by damage
+// exactly at the end of a batch: without the file, an old segment cut
+// short or zeroed from a batch on opened without a word, and a quiet
+// group's acknowledged entries were gone (found by review). Only the
+// newest segment, still written, is not sealed: a cut there cannot be told
+// from a torn write.
 //
 // It is a file of its own rather than records in the segments, so that a
-// release before it reads the segments as ever and ignores it. Lines:
-// "floor SEQ" (segments before SEQ were removed by the journal; SEQ is
-// there) and "seg SEQ SIZE" (segment SEQ ends at byte SIZE).
+// release before it reads the segments as ever and ignores it; and it
+// holds only what such a release cannot make untrue (it never writes a
+// finished segment again). That is why it does not record which segment
+// is the oldest kept: a release before it removes old segments without
+// saying so, and a floor it left behind refused a journal after going back
+// one release and forth again (found by review); an oldest segment
+// removed by hand is not detected. Lines: "seg SEQ SIZE" (segment SEQ ends
+// at byte SIZE).
 const sealsFile = "seals"
 
-// seals is what sealsFile holds.
+// seals is what sealsFile holds: the size of each finished segment.
 type seals struct {
-	floor uint64
-	size  map[uint64]int64
+	size map[uint64]int64
 }
 
 // readSeals reads dir's seals; none if there is no file (a journal of a
@@ -48,7 +51,7 @@ func readSeals(dir string) (seals, error) {
 		var err error
 		switch {
 		case len(f) == 2 && string(f[0]) == "floor":
-			s.floor, err = strconv.ParseUint(string(f[1]), 10, 64)
+			// Written by a version of this file for a while: ignored.
 		case len(f) == 3 && string(f[0]) == "seg":
 			var seq uint64
 			var size int64
@@ -69,7 +72,6 @@ func readSeals(dir string) (seals, error) {
 // writeSeals replaces dir's seals, durably.
 func writeSeals(dir string, s seals) error {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "floor %d\n", s.floor)
 	seqs := make([]uint64, 0, len(s.size))
 	for seq := range s.size {
 		seqs = append(seqs, seq)
@@ -89,10 +91,6 @@ func writeSeals(dir string, s seals) error {
 func (j *Journal) checkSeals() error {
 	if len(j.segs) == 0 {
 		return nil
-	}
-	if oldest := j.segs[0].seq; j.seals.floor > 0 && oldest > j.seals.floor {
-		return &DamagedError{Path: filepath.Join(j.dir, segName(j.seals.floor)),
-			Err: fmt.Errorf("segment missing: the journal keeps segments from %d on, and the oldest here is %d", j.seals.floor, oldest)}
 	}
 	for _, s := range j.segs[:len(j.segs)-1] {
 		if size, ok := j.seals.size[s.seq]; ok && s.size != size {
