@@ -787,7 +787,7 @@ func (j *Journal) rotate() error {
 	}
 	if n := len(j.segs); n > 0 {
 		// The new segment is durable: the previous one is finished.
-		j.seals.size[j.segs[n-1].seq] = j.segs[n-1].size
+		j.seals[j.segs[n-1].seq] = j.segs[n-1].size
 		if err := writeSeals(j.dir, j.seals); err != nil {
 			f.Close()
 			return err
@@ -832,7 +832,7 @@ func (j *Journal) collect() error {
 			j.segs = j.segs[1:]
 			j.mu.Unlock()
 			old.f.Close()
-			delete(j.seals.size, old.seq) // written with the next seal
+			delete(j.seals, old.seq) // written with the next seal
 			if err := os.Remove(filepath.Join(j.dir, segName(old.seq))); err != nil {
 				return fmt.Errorf("journal: %w", err)
 			}

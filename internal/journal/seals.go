@@ -30,14 +30,12 @@ import (
 const sealsFile = "seals"
 
 // seals is what sealsFile holds: the size of each finished segment.
-type seals struct {
-	size map[uint64]int64
-}
+type seals map[uint64]int64
 
 // readSeals reads dir's seals; none if there is no file (a journal of a
 // release before it, or one that has finished no segment yet).
 func readSeals(dir string) (seals, error) {
-	s := seals{size: map[uint64]int64{}}
+	s := seals{}
 	path := filepath.Join(dir, sealsFile)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -57,7 +55,7 @@ func readSeals(dir string) (seals, error) {
 			var size int64
 			if seq, err = strconv.ParseUint(string(f[1]), 10, 64); err == nil {
 				size, err = strconv.ParseInt(string(f[2]), 10, 64)
-				s.size[seq] = size
+				s[seq] = size
 			}
 		default:
 			err = errors.New("not a seal")
@@ -72,13 +70,13 @@ func readSeals(dir string) (seals, error) {
 // writeSeals replaces dir's seals, durably.
 func writeSeals(dir string, s seals) error {
 	var b bytes.Buffer
-	seqs := make([]uint64, 0, len(s.size))
-	for seq := range s.size {
+	seqs := make([]uint64, 0, len(s))
+	for seq := range s {
 		seqs = append(seqs, seq)
 	}
 	slices.Sort(seqs)
 	for _, seq := range seqs {
-		fmt.Fprintf(&b, "seg %d %d\n", seq, s.size[seq])
+		fmt.Fprintf(&b, "seg %d %d\n", seq, s[seq])
 	}
 	if err := WriteFileSync(dir, sealsFile, b.Bytes(), 0o600); err != nil {
 		return fmt.Errorf("journal: seals: %w", err)
@@ -93,7 +91,7 @@ func (j *Journal) checkSeals() error {
 		return nil
 	}
 	for _, s := range j.segs[:len(j.segs)-1] {
-		if size, ok := j.seals.size[s.seq]; ok && s.size != size {
+		if size, ok := j.seals[s.seq]; ok && s.size != size {
 			return &DamagedError{Path: filepath.Join(j.dir, segName(s.seq)), Off: s.size,
 				Err: fmt.Errorf("its records end at byte %d; it was finished at byte %d", s.size, size)}
 		}

@@ -83,7 +83,7 @@ func TestJournalBeforeSealsOpens(t *testing.T) {
 	}
 	j.Close()
 	s, err := readSeals(dir)
-	if err != nil || len(s.size) != 1 {
+	if err != nil || len(s) != 1 {
 		t.Fatalf("seals after one more segment: %+v %v", s, err)
 	}
 }
