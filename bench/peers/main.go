@@ -52,6 +52,7 @@ func main() {
 	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
 	only := flag.String("only", "set,get,pubsub", "workloads to run")
+	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
 	cpuProfile := flag.String("cpuprofile", "", "write the load generator's CPU profile to this `file` (what the clients cost)")
@@ -98,7 +99,7 @@ func main() {
 			pair[1] = func(addr string) workload { return &etcdKV{addr: addr, get: get, keys: *keys, value: value} }
 			peer = startEtcd
 		case "pubsub":
-			pair[0] = func(addr string) workload { return &pubsub{addr: addr, payload: value} }
+			pair[0] = func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
 			pair[1] = pair[0]
 			peer = startMosquitto
 		default:

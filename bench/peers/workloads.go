@@ -120,6 +120,7 @@ func (w *etcdKV) close() {
 type pubsub struct {
 	addr    string
 	payload []byte
+	aliases uint16 // Topic Alias Maximum the clients give in CONNECT
 	cs      []*paho.Client
 	inbox   []chan struct{}
 }
@@ -141,7 +142,11 @@ func (w *pubsub) prepare(ctx context.Context, n int) error {
 			}},
 		})
 		id := fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i)
-		if _, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30}); err != nil {
+		cp := &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30}
+		if w.aliases > 0 {
+			cp.Properties = &paho.ConnectProperties{TopicAliasMaximum: &w.aliases}
+		}
+		if _, err := c.Connect(ctx, cp); err != nil {
 			return err
 		}
 		if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topicOf(i), QoS: 1}}}); err != nil {

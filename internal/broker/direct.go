@@ -12,6 +12,8 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/route"
 )
 
 // Messages written straight to their subscribers.
@@ -27,7 +29,7 @@ import (
 // subscriber's connection, which never waits on its socket for another
 // client (see clientConn.Write). mochi routes everything else: shared and
 // inline subscriptions, retained messages, QoS 2, offline sessions,
-// clients that take topic aliases, and a subscriber whose connection is
+// and a subscriber whose connection is
 // backed up or who has messages queued in mochi, which a later message
 // must not overtake (MQTT-4.6.0-6). Replies to state store requests take
 // the same way (see replies.go).
@@ -44,10 +46,26 @@ type routes struct {
 }
 
 // fanout is a topic's subscribers. direct is false when some are shared
-// or inline subscriptions, which only mochi routes.
+// or inline subscriptions, which only mochi routes. own holds the clients
+// whose merged subscription says No Local (mochi merges a client's
+// matching subscriptions into one, No Local if any of them has it) while
+// another of their matching subscriptions does not: their own messages
+// still reach them (MQTT-3.8.3-3 keeps a message from a connection only
+// on account of a No Local subscription).
 type fanout struct {
 	direct bool
 	subs   []target
+	own    map[string]struct{}
+}
+
+// skipsOwn reports whether a message the client itself published is kept
+// from it under sub, its merged subscription to the topic.
+func (f *fanout) skipsOwn(client string, sub packets.Subscription) bool {
+	if !sub.NoLocal {
+		return false
+	}
+	_, ok := f.own[client]
+	return !ok
 }
 
 // target is one client's subscriptions matching a topic, merged. ids are
@@ -112,15 +130,53 @@ func (rr *routes) lookup(topic string, find func() fanout) fanout {
 func (b *Broker) fanoutOf(topic string) fanout {
 	return b.routes.lookup(topic, func() fanout {
 		subs := b.srv.Topics.Subscribers(topic)
-		if len(subs.Shared) > 0 || len(subs.InlineSubscriptions) > 0 {
-			return fanout{}
+		f := fanout{}
+		for id, sub := range subs.Subscriptions {
+			if sub.NoLocal && b.receivesOwn(id, topic) {
+				if f.own == nil {
+					f.own = map[string]struct{}{}
+				}
+				f.own[id] = struct{}{}
+			}
 		}
-		f := fanout{direct: true, subs: make([]target, 0, len(subs.Subscriptions))}
+		if len(subs.Shared) > 0 || len(subs.InlineSubscriptions) > 0 {
+			return f
+		}
+		f.direct, f.subs = true, make([]target, 0, len(subs.Subscriptions))
 		for id, sub := range subs.Subscriptions {
 			f.subs = append(f.subs, newTarget(id, sub))
 		}
 		return f
 	})
+}
+
+// receivesOwn reports whether the client holds a subscription without No
+// Local that matches topic. Asked only of a client whose merged
+// subscription to the topic has No Local, once per topic until the topic
+// index changes.
+func (b *Broker) receivesOwn(client, topic string) bool {
+	cl, ok := b.srv.Clients.Get(client)
+	if !ok {
+		return false
+	}
+	for filter, sub := range cl.State.Subscriptions.GetAll() {
+		if !sub.NoLocal && !mqtt.IsSharedFilter(filter) && route.Match(filter, topic) {
+			return true
+		}
+	}
+	return false
+}
+
+// ownCopyDue prepares a message that mochi routes (see publishDirect) for
+// its publisher's own subscriptions: mochi keeps it from the publisher
+// whenever the publisher's merged subscription has No Local, so where
+// another of its subscriptions lacks it, the message is given no origin
+// (mochi uses the origin for nothing else).
+func (b *Broker) ownCopyDue(from *mqtt.Client, pk *packets.Packet) {
+	f := b.fanoutOf(pk.TopicName)
+	if _, ok := f.own[from.ID]; ok {
+		pk.Origin = ""
+	}
 }
 
 // publishDirect writes a client's message to the topic's subscribers, as
@@ -146,7 +202,7 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	}
 	for _, t := range f.subs {
 		var cl *mqtt.Client
-		if !t.sub.NoLocal || t.client != from.ID { // MQTT-3.8.3-3
+		if t.client != from.ID || !f.skipsOwn(t.client, t.sub) { // MQTT-3.8.3-3
 			cl, _ = b.srv.Clients.Get(t.client)
 		}
 		if cl != nil && !b.allowed(cl, pk.TopicName, false) {
@@ -189,7 +245,7 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 // the message to mochi, behind whose queue it would wait the same.
 func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, qos byte) bool {
 	cc, ok := cl.Net.Conn.(*clientConn)
-	if !ok || cl.Closed() { // (topic aliases: the server sends none, see hook.OnConnect)
+	if !ok || cl.Closed() {
 		return false
 	}
 	if !own && cc.backedUp() || mochiQueued(cl) {

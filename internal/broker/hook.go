@@ -56,15 +56,19 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		// (MQTT-3.2.2-21: the client must use it instead of its own).
 		cl.State.ServerKeepalive, cl.State.Keepalive = true, h.b.serverKeepAlive
 	}
-	// The server never sends topic aliases (a client's Topic Alias
-	// Maximum allows them, MQTT-3.2.2-17, it does not ask for them).
-	// mochi's choice of them was wrong twice: it stored messages with the
-	// alias in place of the topic and resent them so on the next
-	// connection, where the alias means nothing (MQTT-3.3.2-10), and a
-	// message held for the Receive Maximum could carry the alias's only
-	// definition while later ones that use it went ahead.
+	// Topic aliases to the client are chosen as its packets are sent
+	// (see outAliases). mochi's choice of them was wrong twice: it stored
+	// messages with the alias in place of the topic and resent them so
+	// on the next connection, where the alias means nothing
+	// (MQTT-3.3.2-10), and a message held for the Receive Maximum could
+	// carry the alias's only definition while later ones that use it
+	// went ahead.
+	aliases := cl.Properties.Props.TopicAliasMaximum
 	cl.Properties.Props.TopicAliasMaximum = 0
 	if cc, ok := cl.Net.Conn.(*clientConn); ok {
+		if aliases > 0 && cl.Properties.ProtocolVersion == 5 {
+			cc.SetAliases(aliases, cl.Properties.Props.MaximumPacketSize)
+		}
 		cc.client = cl
 		cc.onSlow(func() { h.b.slowConsumer(cl) })
 		h.b.countWindow(cl, cc)
@@ -296,12 +300,17 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			cc.AwaitNoReply()
 		}
 		h.b.seq.stamp(&pk)
-		if !cl.Net.Inline && h.b.publishDirect(cl, pk) {
-			// Delivered, and acknowledged if QoS 1: mochi is to do
-			// nothing more. As QoS 0 to be ignored, it does just that;
-			// ErrRejectPacket would too, but mochi logs each rejection
-			// at debug level, a heap copy of the packet even when off.
-			pk.FixedHeader.Qos, pk.Ignore = 0, true
+		if !cl.Net.Inline {
+			if h.b.publishDirect(cl, pk) {
+				// Delivered, and acknowledged if QoS 1: mochi is to do
+				// nothing more. As QoS 0 to be ignored, it does just
+				// that; ErrRejectPacket would too, but mochi logs each
+				// rejection at debug level, a heap copy of the packet
+				// even when off.
+				pk.FixedHeader.Qos, pk.Ignore = 0, true
+			} else {
+				h.b.ownCopyDue(cl, &pk)
+			}
 		}
 		return pk, nil
 	}

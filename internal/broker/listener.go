@@ -196,7 +196,8 @@ type clientConn struct {
 	readArmed atomic.Int64 // the one set on the connection
 	stalling  bool         // the deadline set is a stall's (see Read); the reader's
 
-	win window // the client's Receive Maximum; under wmu
+	win     window     // the client's Receive Maximum; under wmu
+	aliases outAliases // topic aliases the client takes; under wmu
 
 	// Until the CONNACK is written (see holdUntilConnack), under wmu.
 	beforeConnack bool
@@ -456,6 +457,14 @@ func (c *clientConn) holdUntilConnack(p []byte) []byte {
 	return nil
 }
 
+// SetAliases has the PUBLISH packets to the client use up to max topic
+// aliases (see outAliases); maxSize is the client's Maximum Packet Size.
+func (c *clientConn) SetAliases(max uint16, maxSize uint32) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.aliases = outAliases{max: max, maxSize: maxSize}
+}
+
 // SetWindow starts counting the client's Receive Maximum (see window);
 // record finds a message's record in the session.
 func (c *clientConn) SetWindow(max int, record func(id uint16) (packets.Packet, bool)) {
@@ -511,8 +520,13 @@ func (c *clientConn) Established() {
 
 // writeLocked is write past the window.
 func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
-	c.pending = append(c.pending, p...)
-	c.written += int64(len(p))
+	before, aliased := len(c.pending), len(c.aliases.order)
+	if c.aliases.max > 0 && hasPublish(p) {
+		c.pending = c.aliases.appendFrames(c.pending, p)
+	} else {
+		c.pending = append(c.pending, p...)
+	}
+	c.written += int64(len(c.pending) - before)
 	if c.replyDue.Load() != 0 && hasPublish(p) {
 		// Most likely the awaited reply: what is pending waits no more
 		// for one.
@@ -528,7 +542,9 @@ func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 		// large values), is a slow consumer.
 		c.queued++
 		if c.maxQueued > 0 && c.queued > c.maxQueued && len(c.pending) >= slowBytes || c.overBytes() {
-			c.pending = c.pending[:len(c.pending)-len(p)]
+			c.written -= int64(len(c.pending) - before)
+			c.pending = c.pending[:before]
+			c.aliases.undo(aliased)
 			if c.slow != nil {
 				c.slow()
 				c.slow = nil

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/mqkv/mqkv/internal/glob"
+	"github.com/mqkv/mqkv/internal/route"
 )
 
 // Grant is what one principal may do under a policy, with every variable
@@ -81,7 +82,7 @@ func (g *Grant) CanPublish(topic string) bool {
 		return true
 	}
 	for _, f := range g.publish {
-		if topicMatches(f, topic) {
+		if route.Match(f, topic) {
 			return true
 		}
 	}
@@ -96,7 +97,7 @@ func (g *Grant) CanSubscribe(filter string) bool {
 	}
 	filter = unshare(filter)
 	for _, f := range g.subscribe {
-		if filterCovers(f, filter) {
+		if route.Covers(f, filter) {
 			return true
 		}
 	}

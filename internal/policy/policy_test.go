@@ -5,53 +5,6 @@ import (
 	"testing"
 )
 
-func TestTopicMatches(t *testing.T) {
-	cases := []struct {
-		filter, topic string
-		want          bool
-	}{
-		{"a/b", "a/b", true},
-		{"a/b", "a/c", false},
-		{"a/+", "a/b", true},
-		{"a/+", "a/b/c", false},
-		{"a/#", "a", true},
-		{"a/#", "a/b/c", true},
-		{"#", "a/b", true},
-		{"#", "$SYS/x", false},
-		{"+/b", "$x/b", false},
-		{"+/+", "/b", true},
-		{"a/+/c", "a//c", true},
-	}
-	for _, c := range cases {
-		if got := topicMatches(c.filter, c.topic); got != c.want {
-			t.Errorf("topicMatches(%q, %q) = %v", c.filter, c.topic, got)
-		}
-	}
-}
-
-func TestFilterCovers(t *testing.T) {
-	cases := []struct {
-		granted, requested string
-		want               bool
-	}{
-		{"a/#", "a/b/+", true},
-		{"a/#", "a/#", true},
-		{"a/+", "a/b", true},
-		{"a/+", "a/+", true},
-		{"a/+", "a/#", false},
-		{"a/b", "a/+", false},
-		{"a/+/c", "a/x/c", true},
-		{"#", "anything/#", true},
-		{"a/b", "a/b/c", false},
-		{"a/b/#", "a/b", true},
-	}
-	for _, c := range cases {
-		if got := filterCovers(c.granted, c.requested); got != c.want {
-			t.Errorf("filterCovers(%q, %q) = %v", c.granted, c.requested, got)
-		}
-	}
-}
-
 // An AIO BrokerAuthorization resource, as an operator has it.
 const aioPolicy = `
 apiVersion: connectivity.iotoperations.azure.com/v1

@@ -246,60 +246,6 @@ func (rc *rawClient) expectMessage(topic, payload string) *paho.Publish {
 	return p
 }
 
-// MQTT-3.3.1-9, -10, -11: Retain Handling 0 sends retained messages at
-// every subscribe, 1 only when the subscription is new, 2 never.
-func TestMQTT_3_3_1_9to11_RetainHandling(t *testing.T) {
-	s := startServer(t, inMemory())
-	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
-	pub.publish("retained/t", 1, true, "kept")
-	for _, tc := range []struct {
-		handling     byte
-		first, again bool
-	}{{0, true, true}, {1, true, false}, {2, false, false}} {
-		c := dialRaw(t, s, fmt.Sprintf("rh%d", tc.handling), rawOpts{cleanStart: true, noSubscribe: true})
-		for i, want := range []bool{tc.first, tc.again} {
-			c.subscribeWith(paho.SubscribeOptions{Topic: "retained/#", QoS: 1, RetainHandling: tc.handling}, 0)
-			if want {
-				if p := c.expectMessage("retained/t", "kept"); !p.Retain {
-					t.Fatalf("handling %d: retained message without the retain flag", tc.handling)
-				}
-			} else {
-				c.expectNone(200*time.Millisecond, fmt.Sprintf("Retain Handling %d, subscribe #%d", tc.handling, i+1))
-			}
-		}
-	}
-}
-
-// MQTT-3.3.1-12, -13: Retain As Published keeps the retain flag of a
-// live message; without it the flag is cleared.
-func TestMQTT_3_3_1_12and13_RetainAsPublished(t *testing.T) {
-	s := startServer(t, inMemory())
-	keep := dialRaw(t, s, "keep", rawOpts{cleanStart: true, noSubscribe: true})
-	keep.subscribeWith(paho.SubscribeOptions{Topic: "rap/#", QoS: 1, RetainAsPublished: true}, 0)
-	clear := dialRaw(t, s, "clear", rawOpts{cleanStart: true, noSubscribe: true})
-	clear.subscribeWith(paho.SubscribeOptions{Topic: "rap/#", QoS: 1}, 0)
-	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
-	pub.publish("rap/t", 1, true, "live")
-	if p := keep.expectMessage("rap/t", "live"); !p.Retain {
-		t.Fatal("MQTT-3.3.1-13: Retain As Published lost the retain flag")
-	}
-	if p := clear.expectMessage("rap/t", "live"); p.Retain {
-		t.Fatal("MQTT-3.3.1-12: retain flag kept without Retain As Published")
-	}
-}
-
-// MQTT-3.8.3-3: with No Local a client does not receive its own messages.
-func TestMQTT_3_8_3_3_NoLocal(t *testing.T) {
-	s := startServer(t, inMemory())
-	c := dialRaw(t, s, "self", rawOpts{cleanStart: true, noSubscribe: true})
-	c.subscribeWith(paho.SubscribeOptions{Topic: "nl/#", QoS: 1, NoLocal: true}, 0)
-	other := dialRaw(t, s, "other", rawOpts{cleanStart: true, noSubscribe: true})
-	c.publish("nl/t", 1, false, "own")
-	other.publish("nl/t", 1, false, "theirs")
-	c.expectMessage("nl/t", "theirs")
-	c.expectNone(200*time.Millisecond, "No Local")
-}
-
 // MQTT-3.8.3-4: No Local on a shared subscription is a protocol error
 // (mochi answers it in the SUBACK, 0xA2... or refuses the filter).
 // MQTT 4.8.2: each message of a shared subscription goes to one member.
@@ -337,25 +283,6 @@ func TestMQTT_4_8_2_SharedSubscriptions(t *testing.T) {
 	b.expectNone(100*time.Millisecond, "shared")
 	if code := a.subscribeWith(paho.SubscribeOptions{Topic: "$share/g/nl/#", QoS: 1, NoLocal: true}, 0); code < 0x80 {
 		t.Fatalf("MQTT-3.8.3-4: No Local on a shared subscription granted (%#x)", code)
-	}
-}
-
-// MQTT-3.3.4-3: a message matching a subscription made with a
-// Subscription Identifier carries it.
-func TestMQTT_3_3_4_3_SubscriptionIdentifier(t *testing.T) {
-	s := startServer(t, inMemory())
-	c := dialRaw(t, s, "ids", rawOpts{cleanStart: true, noSubscribe: true})
-	c.subscribeWith(paho.SubscribeOptions{Topic: "sid/#", QoS: 1}, 42)
-	c.subscribeWith(paho.SubscribeOptions{Topic: "other/#", QoS: 1}, 0)
-	pub := dialRaw(t, s, "pub", rawOpts{cleanStart: true, noSubscribe: true})
-	pub.publish("sid/t", 1, false, "x")
-	p := c.expectMessage("sid/t", "x")
-	if p.Properties == nil || p.Properties.SubscriptionIdentifier == nil || *p.Properties.SubscriptionIdentifier != 42 {
-		t.Fatalf("subscription identifier %+v, want 42", p.Properties)
-	}
-	pub.publish("other/t", 1, false, "y")
-	if p := c.expectMessage("other/t", "y"); p.Properties != nil && p.Properties.SubscriptionIdentifier != nil {
-		t.Fatalf("MQTT-3.3.4-3: identifier %d on a subscription made without one", *p.Properties.SubscriptionIdentifier)
 	}
 }
 
@@ -425,44 +352,6 @@ func TestMQTT_3_2_2_3_6_ServerMaximumPacketSize(t *testing.T) {
 	if err != nil || p.typ != 0xE0 || len(p.body) < 1 || p.body[0] != 0x95 {
 		t.Fatalf("after an oversized PUBLISH: %v, packet %#x % x; want DISCONNECT 0x95", err, p.typ, p.body)
 	}
-}
-
-// MQTT-3.3.2-8 (alias 0), MQTT-3.3.2-9 (alias above Topic Alias Maximum)
-// are protocol errors: DISCONNECT 0x94. A valid alias stands for the topic
-// it was set with (MQTT-3.3.2-12).
-func TestMQTT_3_3_2_TopicAliases(t *testing.T) {
-	s := startServer(t, inMemory())
-	sub := dialRaw(t, s, "sub", rawOpts{cleanStart: true, noSubscribe: true})
-	sub.subscribe("alias/#", 0)
-	conn, r, props := connectRawV5(t, s.Addr(), "aliaser", 60, nil)
-	max := 0
-	if v, ok := props[0x22]; ok {
-		max = int(binary.BigEndian.Uint16(v))
-	}
-	if max == 0 {
-		t.Skip("the server takes no topic aliases")
-	}
-	aliased := func(topic string, alias int, payload string) []byte {
-		body := append(mqttString(topic), 3, 0x23, byte(alias>>8), byte(alias)) // properties: Topic Alias
-		return packet(0x30, append(body, payload...))
-	}
-	conn.Write(aliased("alias/long/topic", 1, "set"))
-	conn.Write(aliased("", 1, "used"))
-	sub.expectMessage("alias/long/topic", "set")
-	sub.expectMessage("alias/long/topic", "used")
-	for _, alias := range []int{0, max + 1} {
-		if alias > 0xFFFF {
-			continue
-		}
-		conn, r, _ = connectRawV5(t, s.Addr(), fmt.Sprintf("bad-alias-%d", alias), 60, nil)
-		conn.Write(aliased("alias/x", alias, "bad"))
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		p, err := readPacket(r)
-		if err != nil || p.typ != 0xE0 || len(p.body) < 1 || p.body[0] != 0x94 {
-			t.Fatalf("alias %d (maximum %d): %v, packet %#x % x; want DISCONNECT 0x94", alias, max, err, p.typ, p.body)
-		}
-	}
-	_ = r
 }
 
 // MQTT-3.1.2-23 with MQTT-3.2.2-2: a session with an expiry interval is

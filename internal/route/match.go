@@ -1,18 +1,20 @@
-package policy
+// Package route decides where an MQTT message goes: which topic filters
+// match a topic name, and, in a cluster, which nodes hold subscribers for
+// it.
+package route
 
 import "strings"
 
-// MQTT topic matching for broker resources.
+// Match reports whether a topic name matches a topic filter, as an MQTT
+// broker routes (§4.7): '+' one level, '#' the rest, the parent level
+// included ("a/#" matches "a"). Topics starting with '$' are not matched
+// by a leading wildcard (MQTT-4.7.2-1).
+func Match(filter, topic string) bool { return covers(filter, topic, false) }
 
-// topicMatches reports whether a topic name matches a topic filter, as an
-// MQTT broker routes: '+' one level, '#' the rest (including the parent).
-// Topics starting with '$' are not matched by a leading wildcard.
-func topicMatches(filter, topic string) bool { return covers(filter, topic, false) }
-
-// filterCovers reports whether every topic the requested filter can match
-// is matched by the granted filter, so a subscription to requested may be
-// allowed by a grant for granted.
-func filterCovers(granted, requested string) bool { return covers(granted, requested, true) }
+// Covers reports whether every topic the filter requested can match is
+// matched by the filter granted, so that a subscription to requested may
+// be allowed by a grant for granted.
+func Covers(granted, requested string) bool { return covers(granted, requested, true) }
 
 // covers walks filter and requested level by level. requested is a topic
 // name or, with isFilter, a filter, whose '#' only a '#' covers (its '+'
@@ -34,7 +36,6 @@ func covers(filter, requested string, isFilter bool) bool {
 			return false
 		}
 		if !fMore || !rMore {
-			// "a/#" also matches "a".
 			return fMore == rMore || (fMore && fRest == "#")
 		}
 		filter, requested = fRest, rRest
