@@ -33,7 +33,7 @@ const maxConnectSize = 64 << 10
 // writeTimeout bounds every write to a client, so a client that stops
 // reading cannot hold a connection's write lock (and with it disconnects,
 // policy reloads and shutdown) for long.
-const writeTimeout = 10 * time.Second
+var writeTimeout = 10 * time.Second // a variable for tests
 
 // listener serves MQTT connections from a net.Listener: plain TCP, TLS, or
 // WebSocket (over either). mochi's own TCP listener cannot report the port
@@ -177,7 +177,7 @@ type clientConn struct {
 	// reply to a state store request read just before it (see ExpectReply).
 	replyDue atomic.Int64
 
-	writeBy time.Time // the write deadline set on the connection (see sendLocked)
+	writeBy time.Time // the write deadline set on the connection (see sendChunks)
 
 	// The connection's client, once mochi made it (see hook.OnConnect);
 	// its goroutine's alone.
@@ -713,32 +713,18 @@ func (c *clientConn) sendLocked() error {
 }
 
 // drainLocked makes the caller the connection's sender: it writes what is
-// pending until nothing is, with a deadline (about writeTimeout, or a
-// second once the connection is being ended: see Hurry). The lock is let
-// go during each system call, so writers add to pending meanwhile, for
-// the next round.
+// pending until nothing is, with a deadline (see sendChunks). The lock is
+// let go during the system calls, so writers add to pending meanwhile,
+// for the next round.
 func (c *clientConn) drainLocked() {
 	c.sending = true
 	for len(c.pending) > 0 && c.werr == nil {
 		c.stopTimer()
-		if _, ws := c.Conn.(*wsConn); !ws { // wsConn sets its own, under its lock
-			// Moved only once half of it is used: a write that stalls
-			// gets between writeTimeout/2 and writeTimeout, and a busy
-			// connection does not change a timer on every send.
-			now := time.Now()
-			switch {
-			case c.hurry.Load():
-				_ = c.Conn.SetWriteDeadline(now.Add(endTimeout))
-			case c.writeBy.Sub(now) < writeTimeout/2:
-				c.writeBy = now.Add(writeTimeout)
-				_ = c.Conn.SetWriteDeadline(c.writeBy)
-			}
-		}
 		buf := c.pending
 		c.pending, c.queued = c.spare[:0], 0
 		c.flushed += int64(len(buf))
 		c.wmu.Unlock()
-		_, err := c.Conn.Write(buf)
+		err := c.sendChunks(buf)
 		c.wmu.Lock()
 		c.spare = nil
 		if cap(buf) <= 4*coalesceBytes { // a burst's buffer is not kept
@@ -750,6 +736,48 @@ func (c *clientConn) drainLocked() {
 	}
 	c.sending = false
 	c.sent.Broadcast()
+}
+
+// sendChunk is the most one system call of the sender writes: the write
+// deadline is moved between them, so that it bounds the time without
+// progress, not the time a large backlog takes a slow link. A client is
+// cut off once it reads less than a chunk in writeTimeout/2 (13 KB/s).
+const sendChunk = 64 << 10
+
+// sendChunks writes buf, the sender's, without the lock: in chunks, each
+// with a deadline of about writeTimeout (a second once the connection is
+// being ended: see Hurry). A client that reads, however slowly, is never
+// cut off; one that stops reading is, within writeTimeout. (Before, one
+// deadline covered the whole of what was pending: a resumed session's
+// 28 MB backlog to a client reading 3 MB/s on a loaded machine was cut
+// after 10 s.)
+func (c *clientConn) sendChunks(buf []byte) error {
+	_, ws := c.Conn.(*wsConn) // it sets its own, under its lock
+	for len(buf) > 0 {
+		if !ws {
+			// Moved only once half of it is used: a write that stalls
+			// gets between writeTimeout/2 and writeTimeout, and a busy
+			// connection does not change a timer on every send. (The
+			// sender alone touches writeBy.)
+			now := time.Now()
+			switch {
+			case c.hurry.Load():
+				_ = c.Conn.SetWriteDeadline(now.Add(endTimeout))
+			case c.writeBy.Sub(now) < writeTimeout/2:
+				c.writeBy = now.Add(writeTimeout)
+				_ = c.Conn.SetWriteDeadline(c.writeBy)
+				if c.hurry.Load() { // Hurry's deadline was set just before: it holds
+					_ = c.Conn.SetWriteDeadline(now.Add(endTimeout))
+				}
+			}
+		}
+		chunk := buf[:min(len(buf), sendChunk)]
+		if _, err := c.Conn.Write(chunk); err != nil {
+			return err
+		}
+		buf = buf[len(chunk):]
+	}
+	return nil
 }
 
 // failLocked ends a connection a send failed on (a write that timed out,

@@ -3,6 +3,8 @@ package broker
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -111,5 +113,41 @@ func TestStalledLargePacketEndsTheConnection(t *testing.T) {
 	case <-time.After(10 * stallTime):
 		server.Close()
 		t.Fatal("a stalled packet holds its connection")
+	}
+}
+
+// TestSlowReaderIsNotCutOff: a client that reads what it is sent, however
+// slowly, keeps its connection whatever the size of what waits for it;
+// the write deadline bounds the time without progress. One deadline for
+// the whole of what was pending cut off a resumed session's backlog to a
+// slow link.
+func TestSlowReaderIsNotCutOff(t *testing.T) {
+	defer func(d time.Duration) { writeTimeout = d }(writeTimeout)
+	writeTimeout = 300 * time.Millisecond
+	server, client := tcpPair(t)
+	server.(*net.TCPConn).SetWriteBuffer(32 << 10)
+	client.(*net.TCPConn).SetReadBuffer(32 << 10)
+	c := &clientConn{Conn: server, r: server, max: 1 << 30}
+	const total = 2 << 20 // at 32 KiB (the socket buffer) each 40 ms: about 2.5 s, 8 write timeouts
+	payload := bytes.Repeat([]byte("slow"), total/4)
+	if _, err := c.Write(payload); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	got := 0
+	for got < total {
+		time.Sleep(40 * time.Millisecond)
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := io.ReadAtLeast(client, buf, 1)
+		if err != nil {
+			t.Fatalf("after %d of %d bytes: %v (cut off)", got, total, err)
+		}
+		got += n
+	}
+	c.wmu.Lock()
+	err := c.werr
+	c.wmu.Unlock()
+	if err != nil {
+		t.Fatalf("the send failed: %v", err)
 	}
 }
