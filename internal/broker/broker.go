@@ -152,8 +152,9 @@ type Broker struct {
 	// handovers: a connection whose session another is taking over →
 	// its *handover, from mochi's OnSessionEstablish to
 	// OnSessionEstablished (see hook.OnQosDropped).
-	handovers sync.Map
-	nextConn  atomic.Uint64
+	handovers    sync.Map
+	establishing establishing
+	nextConn     atomic.Uint64
 
 	mu         sync.Mutex
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription

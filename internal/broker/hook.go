@@ -83,6 +83,7 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // OnSessionEstablish: cl is about to take over its client id's session
 // from the connection that holds it, if any (see OnQosDropped).
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
+	h.b.establishing.acquire(cl) // released once established, or at connEnded
 	if prev, ok := h.b.srv.Clients.Get(cl.ID); ok && prev != cl && resumes(pk, prev) {
 		if c := h.b.connOf(cl); c != nil {
 			ho := &handover{next: cl}
@@ -118,6 +119,7 @@ func (b *Broker) endHandover(cl *mqtt.Client, c *conn) {
 // connection were never sent, and both connections were kept for ever),
 // and the connection forgotten.
 func (b *Broker) connEnded(cl *mqtt.Client) {
+	b.establishing.release(cl)
 	c := b.connOf(cl)
 	if c == nil {
 		return // forgotten at OnDisconnect
@@ -188,6 +190,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		h.b.countWindow(cl, cc) // again: mochi set its own count when it took the session over
 		cc.Established()
 	}
+	h.b.establishing.release(cl)
 }
 
 func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {

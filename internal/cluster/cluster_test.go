@@ -139,6 +139,7 @@ func set(t *testing.T, n *Node, key, value string) (store.Result, error) {
 }
 
 func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 6)
 	// Leadership is spread: no node leads everything.
 	leads := map[string]int{}
@@ -181,6 +182,7 @@ func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {
 }
 
 func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 4)
 	acked := map[string]string{}
 	var mu sync.Mutex
@@ -219,6 +221,7 @@ func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {
 // TestEventsReachEveryFollowingNode: a node that follows gets every change
 // made through any node, once, in order per key, across a leader change.
 func TestEventsReachEveryFollowingNode(t *testing.T) {
+	t.Parallel()
 	// Four nodes, RF 3: the follower (n4) holds some groups and streams
 	// the others from other nodes.
 	h := newHarness(t, 4, 4)
@@ -279,6 +282,7 @@ func TestEventsReachEveryFollowingNode(t *testing.T) {
 // that stops answering is removed by the metadata leader and its
 // replicas are rebuilt on the others; writes go on throughout.
 func TestDeadNodeIsRemovedAfterTimeout(t *testing.T) {
+	t.Parallel()
 	h := &harness{t: t, groups: 4, deadTimeout: 2 * time.Second}
 	for i := range 4 {
 		h.start(i)
@@ -317,6 +321,7 @@ func TestDeadNodeIsRemovedAfterTimeout(t *testing.T) {
 // group as migrating, without replicas, for as long as its hint was
 // stale).
 func TestStatusIsTheSameFromEveryNode(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 5, 5)
 	want := h.any().Status().Groups
 	for i, n := range h.nodes {
@@ -362,6 +367,7 @@ func sameSet(a, b []string) bool {
 // every write and read of the group through that node failed after the
 // request's deadline, and its status showed the group without a leader.
 func TestStaleHintNamingItselfIsIgnored(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 4, 4)
 	var n *Node
 	g := -1
@@ -398,6 +404,7 @@ func TestStaleHintNamingItselfIsIgnored(t *testing.T) {
 // leader; the survivor's status says so and still lists each group's
 // replicas as its own replica knows them (not "migrating" with none).
 func TestStatusWithoutQuorum(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	h.stop(1)
 	h.stop(2)
@@ -414,6 +421,7 @@ func TestStatusWithoutQuorum(t *testing.T) {
 // log) is sent on to the next leader, not answered with an error. The
 // placement moves leaders this way in normal operation.
 func TestWritesFollowALeadershipTransfer(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 1)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

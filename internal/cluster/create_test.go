@@ -13,6 +13,7 @@ import (
 // others not) must not leave groups that never elect a leader: the
 // restart makes the cluster again. It never served, so nothing is lost.
 func TestCreationInterruptedIsRedone(t *testing.T) {
+	t.Parallel()
 	const groups = 4
 	// -1: the metadata made, no group yet; groups: every group made and
 	// the cluster recorded, the creation not yet marked complete.
@@ -66,6 +67,7 @@ func TestCreationInterruptedIsRedone(t *testing.T) {
 // waits for it, instead of giving up (nodes started together, as by a
 // compose file, do this).
 func TestJoinWaitsForTheCreation(t *testing.T) {
+	t.Parallel()
 	l1, l2 := listenLink(t, "n1"), listenLink(t, "n2")
 	joined := make(chan error, 1)
 	var n2 *Node
@@ -106,6 +108,7 @@ func TestJoinWaitsForTheCreation(t *testing.T) {
 // reach the first node before its metadata group exists. It must wait,
 // not give up ("not a cluster member").
 func TestNodesStartedTogether(t *testing.T) {
+	t.Parallel()
 	for i := 0; i < 3; i++ {
 		l1, l2 := listenLink(t, "n1"), listenLink(t, "n2")
 		joined := make(chan error, 1)

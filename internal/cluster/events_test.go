@@ -20,6 +20,7 @@ import (
 // for ever: the group's notifications stopped on that node until it
 // restarted.
 func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 4, 1)
 	f := -1
 	for i, n := range h.nodes {

@@ -11,6 +11,7 @@ import (
 // maxForwardedBytes are out (one larger than that too, then nothing
 // more); a write waits for room, and a wait ends with its context.
 func TestForwardingIsBounded(t *testing.T) {
+	t.Parallel()
 	var f forwarding
 	bg := context.Background()
 	for i := 0; i < maxForwarded; i++ {

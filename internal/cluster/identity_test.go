@@ -49,6 +49,7 @@ func members(n *Node) []string {
 // error before anything changes: before, it was taken in, its groups took
 // the numbers of the other cluster's and the two mixed, losing keys.
 func TestJoinRefusesAnotherClustersData(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 2)
 	before := members(h.nodes[0])
 	dir := t.TempDir()
@@ -76,6 +77,7 @@ func TestJoinRefusesAnotherClustersData(t *testing.T) {
 // only after the member was recorded: the node crashed, and the cluster
 // kept a phantom member). After `cluster remove` of the old id it joins.
 func TestWipedMemberIsRefusedUntilRemoved(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	addr := h.links[2].Addr()
 	h.stop(2)
@@ -104,6 +106,7 @@ func TestWipedMemberIsRefusedUntilRemoved(t *testing.T) {
 // refused: before, it took the member's place (its address) while the
 // original went on, and groups lost their quorum.
 func TestCopiedMemberIsRefusedWhileTheOriginalRuns(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	h.stop(2)
 	copyDir(t, h.dirs[2], filepath.Join(t.TempDir(), "copy"))
@@ -149,6 +152,7 @@ func copyDir(t *testing.T, from, to string) {
 // copy of its data directory": the node could not start (found by
 // review). The probe now compares incarnations.
 func TestMemberChangesItsAdvertisedAddress(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	old := h.links[2].Addr() // 127.0.0.1:P
 	h.stop(2)
@@ -177,6 +181,7 @@ func TestMemberChangesItsAdvertisedAddress(t *testing.T) {
 // metadata leader, then the node starts. (Found by review; a node keeps
 // its incarnation on disk until it knows its cluster.)
 func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	leader := h.metaLeader()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -207,6 +212,7 @@ func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
 // and a node of a release before the checks (during an upgrade) applied
 // it, so the memberships differed (found by review).
 func TestRefusedJoinIsNotLogged(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 2)
 	n := h.nodes[0]
 	// The leader's first change of a term appends a barrier (see
@@ -230,6 +236,7 @@ func TestRefusedJoinIsNotLogged(t *testing.T) {
 // member of the earlier release would ignore the name, and its metadata
 // snapshots would bring the cluster back without one.
 func TestLegacyClusterIsNamedOnceEveryMemberCan(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	leader := h.metaLeader()
 	st := leader.metaFSM.State()
@@ -265,6 +272,7 @@ func (h *harness) metaLeader() *Node {
 // cluster over its data before, and groups without a snapshot came back
 // empty (found by review).
 func TestLostJournalDoesNotMakeANewCluster(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	x, err := startAt(t, "x1", dir, "127.0.0.1:0", nil)
 	if err != nil {
@@ -353,6 +361,7 @@ func TestMembersRestartedFarApartFormTheirCluster(t *testing.T) {
 // comes back through the members its own metadata knows. It waited for
 // ever, asking only the --join address (found by review).
 func TestRestartWithStaleJoinWhileClusterIsUp(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	addr := h.links[2].Addr()
 	h.stop(2)

@@ -19,6 +19,7 @@ import (
 // per group (groups/N/wal, meta/wal) starts with everything in it, moved
 // into the node's journal.
 func TestLogsOfEarlierReleaseMoveIntoJournal(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 4)
 	for i := 0; i < 50; i++ {
 		if res, err := set(t, h.nodes[0], fmt.Sprintf("k%d", i), "v"); err != nil || res.Outcome != store.Applied {
@@ -100,6 +101,7 @@ func toOldLayout(t *testing.T, dir string) {
 // leaves part of it there; the next start moves it again, whole, and only
 // then lets the old log go.
 func TestInterruptedMoveIsRedone(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	gdir := filepath.Join(dir, "meta")
 	wdir := filepath.Join(gdir, "wal")

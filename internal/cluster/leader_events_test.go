@@ -20,6 +20,7 @@ import (
 // the placement alone, and n1 stopped following its own ring; found by
 // review).
 func TestLeaderDeliversWhileItsGroupCannotMove(t *testing.T) {
+	t.Parallel()
 	link, err := peer.Listen(peer.Config{NodeID: "n1", Listen: "127.0.0.1:0", Secret: []byte("test-secret-0123456789"), Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 // failure held it until the node stopped: one group's data more for each
 // replica moved away.
 func TestDroppedReplicaIsReleased(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 1)
 	n := h.nodes[0]
 	val := bytes.Repeat([]byte("v"), 64<<10)
@@ -45,6 +46,7 @@ func TestDroppedReplicaIsReleased(t *testing.T) {
 // node link), and the router goes on after a short page: a SCAN over big
 // values neither copies them all at once nor misses any.
 func TestAscendPagesAreBoundedByBytes(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 2)
 	val := bytes.Repeat([]byte("v"), 1<<20)
 	const n = 12

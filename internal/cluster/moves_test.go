@@ -15,6 +15,7 @@ import (
 // the reconciler removed a voter as soon as the newcomer was added as a
 // non-voter, and one more node down then left the group without a quorum.
 func TestMovesKeepTheGroupsVoters(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 4)
 	h.start(3)
 	h.links[3].Isolate(true) // n4 joined, then became unreachable

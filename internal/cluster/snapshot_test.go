@@ -17,6 +17,7 @@ import (
 // follow them, and the follower never took an entry again: the group ran
 // on two of three replicas.
 func TestFollowerWithALogCatchesUpBySnapshot(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 1)
 	for i := 0; i < 20; i++ {
 		if _, err := set(t, h.nodes[0], fmt.Sprint("a", i), "v"); err != nil {

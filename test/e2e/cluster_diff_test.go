@@ -211,6 +211,7 @@ func diffScript() []diffStep {
 }
 
 func TestDiffClusterVsSingle(t *testing.T) {
+	t.Parallel()
 	steps := diffScript()
 	// The first fenced SET takes the __ts of a fresh lease-like SET.
 	for i := range steps {
@@ -291,6 +292,7 @@ func transferAll(nodes []*server.Server) int {
 // server's (the protocol accepts up to 60 s; the AIO SDKs' HLCs run ahead
 // after any reply from a node whose clock is ahead).
 func TestDiffSinceOnNodeWithoutTheGroup(t *testing.T) {
+	t.Parallel()
 	ahead := func() *string {
 		s := fmt.Sprintf("%015d:%05d:%s", time.Now().Add(5*time.Second).UnixMilli(), 0, "fast-client")
 		return &s
@@ -368,6 +370,7 @@ func asTestServer(s *server.Server) *testServer {
 // increment one counter with Lock.Edit (the lock's fencing token guards
 // the write) while the groups' leaders move: no increment is lost.
 func TestDiffSDKLockEditAcrossNodes(t *testing.T) {
+	t.Parallel()
 	nodes := startNodes(t, "le", 3, nil)
 	const per = 8
 	stop := make(chan struct{})

@@ -298,6 +298,7 @@ func worker(id int, addr string, h *history, stop <-chan struct{}, wg *sync.Wait
 // acknowledged write lost, no stale read from a deposed leader, no write
 // acknowledged by one.
 func TestClusterLinearizableUnderFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts three processes and kills them")
 	}
@@ -368,6 +369,7 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 // TestKVModelCatchesViolations: the checker the cluster test relies on
 // rejects a lost acknowledged write and a stale read.
 func TestKVModelCatchesViolations(t *testing.T) {
+	t.Parallel()
 	op := func(in kvInput, out kvOutput, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{Input: in, Output: out, Call: call, Return: ret}
 	}
@@ -398,6 +400,7 @@ func TestKVModelCatchesViolations(t *testing.T) {
 // own becomes the first node of a cluster with its data (values, versions,
 // expiries, fencing tokens), and a second node that joins serves it too.
 func TestSingleNodeGrowsIntoCluster(t *testing.T) {
+	t.Parallel()
 	skipInCluster(t, "starts its own nodes")
 	dir := t.TempDir()
 	s := startServerIn(t, dir)
@@ -446,6 +449,7 @@ func TestSingleNodeGrowsIntoCluster(t *testing.T) {
 // leader must neither acknowledge a write nor serve a stale read: the
 // history stays linearizable.
 func TestClusterPartitionIsolatingALeader(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("several seconds of faults")
 	}
@@ -480,6 +484,7 @@ func TestClusterPartitionIsolatingALeader(t *testing.T) {
 // The history stays linearizable, and the leaving node ends up holding
 // nothing.
 func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("moves replicas under load")
 	}
@@ -525,6 +530,7 @@ func TestClusterJoinAndLeaveUnderLoad(t *testing.T) {
 // metrics carry the per-group figures; leave and remove refuse unknown
 // nodes with a clear error.
 func TestClusterStatusAndMetrics(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
@@ -689,6 +695,7 @@ func addrsOf(nodes []*server.Server) []string {
 // cluster CA form a cluster and serve through any node; a process with a
 // certificate from another CA, or none, gets no TLS session on the link.
 func TestClusterMutualTLS(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts three nodes")
 	}
@@ -740,6 +747,7 @@ func TestClusterMutualTLS(t *testing.T) {
 // holds every key of every group, with its version, expiry and fencing
 // token; restored, it serves on a node of its own.
 func TestClusterBackupRestore(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}

@@ -57,6 +57,7 @@ func removedReplicaWindow(t *testing.T) (x, leader *server.Server) {
 // late, or, when the rings moved past it meanwhile, never (found by
 // review).
 func TestNotifyOnNodeWithRemovedReplica(t *testing.T) {
+	t.Parallel()
 	x, leader := removedReplicaWindow(t)
 	obs := dialRaw(t, x, "rs-obs", rawOpts{cleanStart: true})
 	expectPayload(t, obs.call("KEYNOTIFY", "rs/k"), "+OK\r\n")
