@@ -165,20 +165,29 @@ func clusterLeaveCmd() *cobra.Command {
 }
 
 func clusterRemoveCmd() *cobra.Command {
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "remove NODE-ID",
 		Short: "Forget a dead node: its replicas are rebuilt on the survivors",
 		Long: `Forgets a node that will not come back. Its replicas are replaced from the
-surviving replicas of each group. Use 'mqkv cluster leave' for a node that is
-still running: it hands its data over first.`,
-		Example: `  mqkv cluster remove n3`,
-		Args:    cobra.ExactArgs(1),
+surviving replicas of each group. A node that still answers is not removed:
+'mqkv cluster leave' hands its data over first; --force removes it as it is.
+A removed node is not let back in with its data: restarted, it is refused
+(start it with an empty data directory, or with --rejoin).`,
+		Example: `  mqkv cluster remove n3
+  mqkv cluster remove --force n3     # even though n3 still answers`,
+		Args: cobra.ExactArgs(1),
 	}
 	base := adminURL(cmd.Flags())
+	cmd.Flags().BoolVar(&force, "force", false, "remove the node even if it answers (its data is not moved off it first)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx, cancel := context.WithTimeout(cmd.Context(), 60*time.Second)
 		defer cancel()
-		if err := adminPost(ctx, *base, "/v1/cluster/remove?node="+url.QueryEscape(args[0])); err != nil {
+		path := "/v1/cluster/remove?node=" + url.QueryEscape(args[0])
+		if force {
+			path += "&force=1"
+		}
+		if err := adminPost(ctx, *base, path); err != nil {
 			return fmt.Errorf("remove: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "%s removed; its replicas are being rebuilt on the other nodes\n", args[0])

@@ -156,6 +156,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cc.Listen, "cluster-listen", "", "node link `address` (host:port): makes this node a cluster member; one port carries all node-to-node traffic")
 	fs.StringVar(&cc.Advertise, "cluster-advertise", "", "the node link `address` other nodes dial, if not --cluster-listen's")
 	fs.StringSliceVar(&cc.Join, "join", nil, "node link `addresses` (comma-separated) of members to join through; without it a new node creates a cluster")
+	fs.BoolVar(&cc.Rejoin, "rejoin", false, "make a node that was removed from its cluster (or left it) a member again: its stale replicas and metadata are dropped once a member confirms the removal, and it joins through --join without data")
 	fs.IntVar(&cc.Replicas, "replicas", cluster.DefaultRF, "replicas per group in a new cluster (fewer while there are fewer nodes)")
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "replica groups the 4,096 partitions are spread over, in a new cluster (fixed for its life)")
 	fs.StringVar(&cc.SecretFile, "cluster-secret-file", "", "`file` holding the secret nodes authenticate each other with (at least 16 characters)")

@@ -65,7 +65,8 @@ type Keyspace interface {
 	Clustered() bool
 	Status() cluster.Status
 	Leave(ctx context.Context, id string) error
-	Remove(ctx context.Context, id string) error
+	// Remove refuses a member that answers unless force.
+	Remove(ctx context.Context, id string, force bool) error
 }
 
 // Server serves the admin endpoint.
@@ -153,8 +154,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/cluster", s.clusterStatus)
 	mux.HandleFunc("GET /v1/mqtt", s.mqtt)
 	mux.HandleFunc("GET /v1/activity", s.activity)
-	mux.HandleFunc("POST /v1/cluster/leave", s.clusterChange(Keyspace.Leave))
-	mux.HandleFunc("POST /v1/cluster/remove", s.clusterChange(Keyspace.Remove))
+	mux.HandleFunc("POST /v1/cluster/leave", s.clusterChange(func(k Keyspace, ctx context.Context, r *http.Request) error {
+		return k.Leave(ctx, r.URL.Query().Get("node"))
+	}))
+	mux.HandleFunc("POST /v1/cluster/remove", s.clusterChange(func(k Keyspace, ctx context.Context, r *http.Request) error {
+		return k.Remove(ctx, r.URL.Query().Get("node"), r.URL.Query().Get("force") == "1")
+	}))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'")
@@ -601,7 +606,7 @@ func (s *Server) clusterStatus(w http.ResponseWriter, _ *http.Request) {
 
 // clusterChange drains (leave) or forgets (remove) the member ?node; leave
 // without ?node means this node.
-func (s *Server) clusterChange(change func(Keyspace, context.Context, string) error) http.HandlerFunc {
+func (s *Server) clusterChange(change func(Keyspace, context.Context, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.node.Data.Clustered() {
 			httpError(w, http.StatusNotFound, "this node is not a cluster member")
@@ -609,7 +614,7 @@ func (s *Server) clusterChange(change func(Keyspace, context.Context, string) er
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 		defer cancel()
-		if err := change(s.node.Data, ctx, r.URL.Query().Get("node")); err != nil {
+		if err := change(s.node.Data, ctx, r); err != nil {
 			httpError(w, http.StatusConflict, "%v", err)
 			return
 		}

@@ -49,6 +49,15 @@ func newHarness(t *testing.T, n, groups int) *harness {
 // start starts node i (again, on its directory, if it ran before).
 func (h *harness) start(i int) {
 	h.t.Helper()
+	if err := h.tryStart(i, nil); err != nil {
+		h.t.Fatalf("start n%d: %v", i+1, err)
+	}
+}
+
+// tryStart starts node i, its configuration changed by edit (if not nil),
+// and returns why it could not.
+func (h *harness) tryStart(i int, edit func(*Config)) error {
+	h.t.Helper()
 	for len(h.nodes) <= i {
 		h.nodes = append(h.nodes, nil)
 		h.links = append(h.links, nil)
@@ -73,14 +82,20 @@ func (h *harness) start(i int) {
 		}
 	}
 	ev, gaps := h.events[i], h.gaps[i]
-	node, err := Start(Config{NodeID: id, Dir: h.dirs[i], Link: link, Join: join, Groups: h.groups, RF: 3, Logger: quiet(), DeadNodeTimeout: h.deadTimeout,
+	cfg := Config{NodeID: id, Dir: h.dirs[i], Link: link, Join: join, Groups: h.groups, RF: 3, Logger: quiet(), DeadNodeTimeout: h.deadTimeout,
 		OnEvents:    func(e []store.Event) { ev <- append([]store.Event(nil), e...) },
-		OnEventsGap: func(v hlc.Timestamp) { gaps <- v }})
+		OnEventsGap: func(v hlc.Timestamp) { gaps <- v }}
+	if edit != nil {
+		edit(&cfg)
+	}
+	node, err := Start(cfg)
 	if err != nil {
 		link.Close()
-		h.t.Fatalf("start %s: %v", id, err)
+		h.links[i] = link // its address, for the next start
+		return err
 	}
 	h.nodes[i], h.links[i] = node, link
+	return nil
 }
 
 func (h *harness) stop(i int) {

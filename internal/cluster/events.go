@@ -175,6 +175,9 @@ func (n *Node) Follow(ctx context.Context) error {
 	if n.link == nil {
 		return nil
 	}
+	if n.removed.Load() {
+		return &NotMemberError{n.cfg.NodeID}
+	}
 	f := n.events
 	var waits []chan struct{}
 	f.mu.Lock()

@@ -93,7 +93,7 @@ func TestWipedMemberIsRefusedUntilRemoved(t *testing.T) {
 	if now := members(h.nodes[0]); !slicesEqual(now, before) {
 		t.Fatalf("members %v, were %v", now, before)
 	}
-	if err := h.nodes[0].Remove(ctx(t), "n3"); err != nil {
+	if err := h.nodes[0].Remove(ctx(t), "n3", false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := startAt(t, "n9", t.TempDir(), addr, []string{h.links[0].Addr()}); err != nil {

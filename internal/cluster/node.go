@@ -93,6 +93,13 @@ type Config struct {
 	// change lost has a lower one.
 	OnEventsGap func(resume hlc.Timestamp)
 
+	// Rejoin makes a node that was removed from its cluster (its data
+	// stale: see meta.ErrRemoved) a member again: once a member confirms
+	// the removal, its replicas and metadata are dropped and it joins
+	// through Join as a node without data, under its id. A node that is
+	// still a member is refused, and keeps its data.
+	Rejoin bool
+
 	// createHook, in tests, runs as a new cluster is made: with -1 once
 	// the metadata group leads, with g once group g is open, and with
 	// Groups once the metadata records the cluster. An error stops Start
@@ -121,11 +128,19 @@ type Node struct {
 	// durable, no other node may join (see create).
 	creating atomic.Bool
 	started  atomic.Bool // meta is set: calls may be answered
+	// opened says the node has created, joined or reopened its cluster,
+	// its replicas opened: until then it does not say which it holds.
+	opened atomic.Bool
 	// inc is this process's incarnation (see meta.Node.Inc); named says
 	// the data directory records the cluster's id (see recordClusterID).
 	inc     string
 	named   atomic.Bool
 	changed chan struct{} // the metadata changed: reconcile now
+	// removed says the metadata this node applied no longer has it as a
+	// member: it left, or was removed (see noteRemoval).
+	removed   atomic.Bool
+	wasMember atomic.Bool // the metadata had this node as a member
+	health    *health
 
 	mu     sync.Mutex
 	groups map[int]*replica.Group // the replicas held here
@@ -168,7 +183,7 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, clock: clock, link: cfg.Link, groups: map[int]*replica.Group{},
-		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault(), inc: randomID()}
+		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault(), inc: randomID(), health: newHealth()}
 	n.events = newFollower(n)
 	if n.link == nil {
 		return n, n.startAlone()
@@ -176,6 +191,11 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Dir != "" {
 		if err := redoCreation(cfg.Dir, n.log); err != nil {
 			return nil, err
+		}
+		if cfg.Rejoin {
+			if err := n.dropIfGone(); err != nil {
+				return nil, err
+			}
 		}
 		if err := n.keepIncarnation(); err != nil {
 			return nil, err
@@ -194,6 +214,7 @@ func Start(cfg Config) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
+	n.opened.Store(true)
 	n.wg.Add(1)
 	go n.reconcileLoop()
 	return n, nil
@@ -477,6 +498,7 @@ const metaSnapshot = "a snapshot of the cluster metadata"
 func (n *Node) startMeta() error {
 	n.metaFSM = meta.NewFSM(func(st *meta.State) {
 		n.state.Store(st)
+		n.noteRemoval(st)
 		select {
 		case n.changed <- struct{}{}:
 		default:
@@ -614,6 +636,50 @@ func (n *Node) create() error {
 	return nil
 }
 
+// noteRemoval marks this node removed once the metadata says so: it
+// left, or `mqkv cluster remove` forgot it. It then answers no state
+// store request (its replicas are going, and nothing tells it about the
+// cluster any more), gives up leading its groups, and says so; coming
+// back is an explicit step (see meta.ErrRemoved).
+//
+// Only a removal seen after the node was a member counts: a node joining
+// anew replays the metadata's history, its earlier removal included.
+func (n *Node) noteRemoval(st *meta.State) {
+	if _, member := st.Node(n.cfg.NodeID); member {
+		n.wasMember.Store(true)
+		if n.removed.Swap(false) {
+			n.log.Info("this node is a member of its cluster again", "node", n.cfg.NodeID)
+		}
+		return
+	}
+	if n.wasMember.Load() && st.IsGone(n.cfg.NodeID) {
+		n.markRemoved(st.ID)
+	}
+}
+
+// markRemoved marks this node removed from cluster, saying so once.
+func (n *Node) markRemoved(cluster string) {
+	if !n.removed.Swap(true) {
+		n.log.Error("this node is no longer a member of its cluster: it left, or was removed with `mqkv cluster remove`; "+
+			"it answers no state store request; stop it, or make it a member again with an empty data directory or --rejoin",
+			"node", n.cfg.NodeID, "cluster", cluster)
+	}
+}
+
+// NotMemberError answers requests on a node that is no longer a member
+// of its cluster.
+type NotMemberError struct{ Node string }
+
+func (e *NotMemberError) Error() string {
+	return "this node (" + e.Node + ") is no longer a member of its cluster; connect to another node"
+}
+
+// Reason is what a client is told (see statestore).
+func (e *NotMemberError) Reason() string { return e.Error() }
+
+// Removed reports whether this node is no longer a member of its cluster.
+func (n *Node) Removed() bool { return n.removed.Load() }
+
 // self is this node as a member.
 func (n *Node) self() meta.Node {
 	return meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr(), Inc: n.inc}
@@ -723,6 +789,49 @@ func (n *Node) unmarkCreating() error {
 	return journal.SyncDir(n.cfg.Dir)
 }
 
+// dropIfGone is --rejoin: it asks the members given with --join whether
+// this node was removed from the cluster and, if it was, drops its
+// replicas and metadata, so that it joins as a node without data.
+func (n *Node) dropIfGone() error {
+	if len(n.cfg.Join) == 0 {
+		return errors.New("cluster: --rejoin needs --join: the members to join through")
+	}
+	if _, err := os.Stat(filepath.Join(n.cfg.Dir, "journal")); errors.Is(err, os.ErrNotExist) {
+		return nil // no data: it joins as it is
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		for _, addr := range n.cfg.Join {
+			var resp callResp
+			err := n.link.Call(ctx, addr, callReq{Op: opMembership, Key: []byte(n.cfg.NodeID)}, &resp)
+			if err != nil || resp.Kind != errNone {
+				continue
+			}
+			switch {
+			case resp.Member:
+				return fmt.Errorf("cluster: --rejoin: %s is still a member of the cluster; its data is kept (start it without --rejoin)", n.cfg.NodeID)
+			case !resp.Gone:
+				n.log.Warn("--rejoin: the cluster does not know this node as removed; it restarts as it is", "node", n.cfg.NodeID)
+				return nil
+			}
+			n.log.Warn("--rejoin: this node was removed from its cluster; its replicas and metadata are dropped, and it joins again without data",
+				"node", n.cfg.NodeID, "dir", n.cfg.Dir)
+			for _, name := range []string{"journal", "meta", "groups", clusterIDFile, incarnationFile} {
+				if err := os.RemoveAll(filepath.Join(n.cfg.Dir, name)); err != nil {
+					return err
+				}
+			}
+			return journal.SyncDir(n.cfg.Dir)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: --rejoin: no member answered through %v", n.cfg.Join)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // redoCreation deletes what a creation that did not finish left in dir
 // (see create), so that it starts again from nothing.
 func redoCreation(dir string, log *slog.Logger) error {
@@ -785,7 +894,12 @@ func (n *Node) creationStep(g int) error {
 // formed a quorum; found by review). It cannot be closed meanwhile (Start
 // has not returned it): the process is stopped by its signal's default.
 func (n *Node) reopen() error {
-	if len(n.cfg.Join) > 0 {
+	// The member it was: asked of whoever it knows, so that a node
+	// removed since (or drained by a leave) is refused instead of taking
+	// replicas again with its stale data (found by trying it: a process
+	// supervisor's restart undid the leave). A node that knows nobody
+	// else is the only member.
+	if len(n.cfg.Join) > 0 || len(n.reopenAddrs()) > 0 {
 		cluster, err := n.recordedClusterID()
 		if err != nil {
 			return err

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -36,8 +38,9 @@ const (
 type reconciler struct {
 	leaderSince map[int]time.Time
 	checked     map[int]time.Time // last time a stray replica asked its leader
-	dead        *deadWatch
-	namingTried time.Time // see nameCluster
+	dead            *deadWatch
+	namingTried     time.Time // see nameCluster
+	membershipAsked time.Time // see checkMembership
 }
 
 // nameCluster names a cluster created by a release before cluster ids,
@@ -83,6 +86,12 @@ func (n *Node) reconcileLoop() {
 func (n *Node) reconcile(rc *reconciler) {
 	st := n.state.Load()
 	if st == nil || st.Groups == 0 {
+		return
+	}
+	n.probe(n.health, st)
+	n.checkMembership(rc, st)
+	if n.removed.Load() {
+		n.stepAside()
 		return
 	}
 	if n.meta.State() == raft.Leader {
@@ -214,9 +223,14 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 			continue
 		}
 		if id == n.cfg.NodeID {
-			if suffrage[want[0]] == raft.Voter {
-				n.log.Info("handing over leadership before leaving the group", "group", g, "to", want[0])
-				r.Raft().LeadershipTransferToServer(raft.ServerID(want[0]), addr(want[0])).Error()
+			// Only to a placed voter that answers and has caught up: a
+			// transfer to a node that is down fails, and was tried
+			// again every round while the group went without a leader
+			// for as long as the node stayed down (75 s; found by trying
+			// it). With none, the group is served here until one is.
+			if to := n.handoverTarget(g, want, suffrage, r.Raft().AppliedIndex()); to != "" {
+				n.log.Info("handing over leadership before leaving the group", "group", g, "to", to)
+				r.Raft().LeadershipTransferToServer(raft.ServerID(to), addr(to)).Error()
 				return true
 			}
 			continue
@@ -227,12 +241,79 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 	}
 	// 4. Balance leadership: the placement's preferred leader leads.
 	if pref := want[0]; pref != n.cfg.NodeID && suffrage[pref] == raft.Voter && time.Since(rc.leaderSince[g]) > balanceAfter {
-		if n.caughtUp(pref, g, r.Raft().AppliedIndex()) {
+		if n.alive(pref) && n.caughtUp(pref, g, r.Raft().AppliedIndex()) {
 			r.Raft().LeadershipTransferToServer(raft.ServerID(pref), addr(pref)).Error()
 			return true
 		}
 	}
 	return false
+}
+
+// membershipCheck is how often a node that no longer hears the metadata
+// leader asks the other members whether it is still one of them.
+const membershipCheck = 5 * time.Second
+
+// checkMembership asks the members this node knows whether it is still
+// one of them, when its metadata replica has not heard a leader for
+// membershipCheck: a member removed from the cluster may never get the
+// entry that removes it, since the metadata group drops it right after
+// (see fitMetaMembers), and it would go on as a member of a cluster that
+// no longer counts it (found by test: a drained node restarted mid-drain).
+func (n *Node) checkMembership(rc *reconciler, st *meta.State) {
+	if n.removed.Load() || !n.wasMember.Load() || n.meta.State() == raft.Leader ||
+		time.Since(n.meta.LastContact()) < membershipCheck || time.Since(rc.membershipAsked) < membershipCheck {
+		return
+	}
+	rc.membershipAsked = time.Now()
+	for _, m := range st.Nodes {
+		if m.ID == n.cfg.NodeID {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		var resp callResp
+		err := n.link.Call(ctx, m.Addr, callReq{Op: opMembership, Key: []byte(n.cfg.NodeID)}, &resp)
+		cancel()
+		if err != nil || resp.Kind != errNone {
+			continue
+		}
+		if resp.Gone && !resp.Member {
+			n.markRemoved(st.ID)
+		}
+		return // one answer is the metadata as it is
+	}
+}
+
+// handoverTarget picks who takes group g over from this node, its leader,
+// which is leaving it: the first of the placed replicas want that votes,
+// answers and has applied nearly everything; "" if none does.
+func (n *Node) handoverTarget(g int, want []string, suffrage map[string]raft.ServerSuffrage, applied uint64) string {
+	for _, id := range want {
+		if id != n.cfg.NodeID && suffrage[id] == raft.Voter && n.alive(id) && n.caughtUp(id, g, applied) {
+			return id
+		}
+	}
+	return ""
+}
+
+// stepAside is the reconciling of a node that is no longer a member: it
+// gives the leadership of the groups it leads to whichever voter is most
+// up to date (its metadata is frozen at its removal, so the placement it
+// knows may name nodes since gone), and of the metadata group; the
+// groups' leaders then remove its replicas, which it closes (see
+// dropIfRemoved). Nothing else: it moves nothing.
+func (n *Node) stepAside() {
+	for g, r := range n.Groups() {
+		if r.Raft().State() == raft.Leader {
+			if err := r.Raft().LeadershipTransfer().Error(); err != nil {
+				n.log.Debug("not a member: leadership not handed over yet", "group", g, "error", err)
+			}
+			continue
+		}
+		n.dropIfRemoved(g)
+	}
+	if n.meta.State() == raft.Leader {
+		n.meta.LeadershipTransfer()
+	}
 }
 
 // caughtUp asks a member whether its replica of g has applied nearly
@@ -305,10 +386,34 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 }
 
 // Remove forgets a member at once (a dead node): its replicas are replaced
-// from the survivors.
-func (n *Node) Remove(ctx context.Context, id string) error {
+// from the survivors. Unless force, a member that answers is not removed
+// (ErrMemberRunning): `mqkv cluster remove` of a live node that led groups
+// took their leaders away without a word, and the node went on serving
+// (found by trying it); leave drains it first.
+func (n *Node) Remove(ctx context.Context, id string, force bool) error {
+	st := n.state.Load()
+	if st == nil {
+		return errNoMetaLeader
+	}
+	m, ok := st.Node(id)
+	if !ok {
+		return fmt.Errorf("%w: %s", meta.ErrUnknownNode, id)
+	}
+	if !force {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		var resp callResp
+		err := n.link.Call(wctx, m.Addr, callReq{Op: opWho}, &resp)
+		cancel()
+		if id == n.cfg.NodeID || err == nil && resp.Holder == id {
+			return fmt.Errorf("%w: %s answers at %s; `mqkv cluster leave --node %s` moves its data off it first, "+
+				"and --force removes it as it is (its replicas are rebuilt from the others)", ErrMemberRunning, id, m.Addr, id)
+		}
+	}
 	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpRemove, Node: meta.Node{ID: id}}, n.memberAddrs())
 }
+
+// ErrMemberRunning refuses to remove a member that answers.
+var ErrMemberRunning = errors.New("cluster: the node is running")
 
 func (n *Node) memberAddrs() []string {
 	var out []string

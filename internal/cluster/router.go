@@ -25,6 +25,10 @@ const waitStep = 100 * time.Millisecond
 // Submit implements statestore.Router: the write goes to the leader of its
 // key's group, here or on another node.
 func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
+	if n.removed.Load() {
+		p.Done(store.Result{}, &NotMemberError{n.cfg.NodeID})
+		return
+	}
 	g := n.groupOf(p.Cmd.Key)
 	if r := n.local(g); r != nil && r.LeaderReady(readyTimeout(ctx)) == nil {
 		done := p.Done
@@ -216,6 +220,9 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 // Get implements statestore.Router: a linearizable read at the leader of
 // the key's group.
 func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
+	if n.removed.Load() {
+		return store.Entry{}, false, &NotMemberError{n.cfg.NodeID}
+	}
 	g := n.groupOf(key)
 	if r := n.local(g); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
 		e, ok := r.Get(key)
@@ -264,6 +271,9 @@ func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp,
 // entries; the merge is exact up to the smallest last key of the groups
 // that had more, and stops there.
 func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn func(*store.Entry) bool) (bool, error) {
+	if n.removed.Load() {
+		return false, &NotMemberError{n.cfg.NodeID}
+	}
 	count := n.groupCount()
 	if count == 1 {
 		if r := n.local(0); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {

@@ -32,11 +32,12 @@ const (
 	opCluster callOp = 8 // the cluster as this node sees it (mqkv cluster status)
 	opCopy    callOp = 9 // a whole group's copy, at its leader (backups by releases before opCopyBegin)
 
-	opCopyBegin callOp = 10 // copy a group at its leader and hold the copy for paging (backups)
-	opCopyPage  callOp = 11 // a page of a held copy
-	opCopyEnd   callOp = 12 // drop a held copy
-	opCopyKeep  callOp = 13 // a held copy is still being read
-	opWho       callOp = 14 // which node answers here (Holder)
+	opCopyBegin  callOp = 10 // copy a group at its leader and hold the copy for paging (backups)
+	opCopyPage   callOp = 11 // a page of a held copy
+	opCopyEnd    callOp = 12 // drop a held copy
+	opCopyKeep   callOp = 13 // a held copy is still being read
+	opWho        callOp = 14 // which node answers here (Holder)
+	opMembership callOp = 15 // whether node Key is a member, or was removed (Member, Gone)
 )
 
 // unknownCall answers an op this release does not know.
@@ -89,6 +90,8 @@ type callResp struct {
 	Keys       int           // opCopyBegin: its number of keys
 	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
 	DiskFull   *replica.DiskFullError
+	Member     bool // opMembership
+	Gone       bool // opMembership
 }
 
 type server struct {
@@ -185,6 +188,11 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 	case opMeta:
 		return n.metaHere(req.Meta)
 	case opStatus:
+		if !n.opened.Load() {
+			// Its replicas are not open yet: a leaving member restarting
+			// was taken for drained, and removed (found by test).
+			return callResp{Kind: errOther, Err: "the node is starting"}
+		}
 		resp.Applied = map[int]uint64{}
 		for g, r := range n.Groups() {
 			resp.Applied[g] = r.Raft().AppliedIndex()
@@ -194,6 +202,13 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		resp.Status = &st
 	case opWho:
 		resp.Holder, resp.Inc = n.cfg.NodeID, n.inc
+	case opMembership:
+		st := n.state.Load()
+		if st == nil || st.Groups == 0 {
+			return callResp{Kind: errNotLeader}
+		}
+		_, resp.Member = st.Node(string(req.Key))
+		resp.Gone = st.IsGone(string(req.Key))
 	default:
 		return callResp{Kind: errOther, Err: unknownCall}
 	}

@@ -13,9 +13,12 @@ import (
 
 // Status is the cluster as one node sees it (mqkv cluster status).
 type Status struct {
-	Node   string        `json:"node"`
-	Nodes  []NodeStatus  `json:"nodes"`
-	Groups []GroupStatus `json:"groups"`
+	Node string `json:"node"`
+	// NotMember says the node is no longer a member of its cluster (it
+	// left, or was removed): what follows is the cluster as it was then.
+	NotMember bool          `json:"not_member,omitempty"`
+	Nodes     []NodeStatus  `json:"nodes"`
+	Groups    []GroupStatus `json:"groups"`
 }
 
 // NodeStatus is one member. State is alive (answered just now), suspect
@@ -42,7 +45,7 @@ type GroupStatus struct {
 // replicas are, who leads them, and whether each member answers.
 func (n *Node) Status() Status {
 	st := n.state.Load()
-	out := Status{Node: n.cfg.NodeID}
+	out := Status{Node: n.cfg.NodeID, NotMember: n.removed.Load()}
 	if st == nil {
 		return out
 	}

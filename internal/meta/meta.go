@@ -59,7 +59,20 @@ type State struct {
 	Groups int // replica groups the 4096 partitions are spread over; fixed at creation
 	RF     int // replicas per group
 	Nodes  []Node
+	// Gone lists the members removed (after a leave, or by `mqkv cluster
+	// remove`), oldest first, at most maxGone: such a node's data is
+	// stale, and a restart with it must not make it a member again (it
+	// was let in and took replicas; found by trying it). It may join
+	// again without data (Op.Fresh).
+	Gone []string
 }
+
+// maxGone bounds State.Gone: the oldest are forgotten first.
+const maxGone = 1024
+
+// IsGone reports whether id was removed from the cluster (and has not
+// joined again since).
+func (s *State) IsGone(id string) bool { return slices.Contains(s.Gone, id) }
 
 // OpKind names an operation. Wire format: written into the metadata log;
 // new kinds take new numbers at the end, old ones keep their meaning.
@@ -106,6 +119,9 @@ var (
 	ErrIDTaken = errors.New("meta: the node id is a member's")
 	// ErrAddrTaken refuses a node at the address of another member.
 	ErrAddrTaken = errors.New("meta: the address is another member's")
+	// ErrRemoved refuses a node that was removed from the cluster and
+	// comes back with its data.
+	ErrRemoved = errors.New("meta: the node was removed from the cluster")
 )
 
 // Apply applies op.
@@ -144,6 +160,7 @@ func (s *State) Apply(op Op) error {
 			}
 			return nil
 		}
+		s.Gone = slices.DeleteFunc(s.Gone, func(id string) bool { return id == op.Node.ID }) // back without data
 		s.Nodes = append(s.Nodes, Node{ID: op.Node.ID, Addr: op.Node.Addr, State: Active, Inc: op.Node.Inc})
 		sort.Slice(s.Nodes, func(a, b int) bool { return s.Nodes[a].ID < s.Nodes[b].ID })
 	case OpLeave, OpRemove:
@@ -158,6 +175,10 @@ func (s *State) Apply(op Op) error {
 			s.Nodes[i].State = Leaving
 		} else {
 			s.Nodes = slices.Delete(s.Nodes, i, i+1)
+			s.Gone = append(slices.DeleteFunc(s.Gone, func(id string) bool { return id == op.Node.ID }), op.Node.ID)
+			if len(s.Gone) > maxGone {
+				s.Gone = slices.Delete(s.Gone, 0, len(s.Gone)-maxGone)
+			}
 		}
 	default:
 		return fmt.Errorf("meta: unknown op %d", op.Kind)
@@ -173,6 +194,11 @@ func (s *State) checkJoin(op Op, i int) error {
 	if op.Cluster != "" && s.ID != "" && op.Cluster != s.ID {
 		return fmt.Errorf("%w: this node's data directory is cluster %s's, the members it joins through are cluster %s's; "+
 			"to join them, start it with an empty data directory", ErrOtherCluster, op.Cluster, s.ID)
+	}
+	if i < 0 && !op.Fresh && s.IsGone(op.Node.ID) {
+		return fmt.Errorf("%w: %s was removed from the cluster (it left, or `mqkv cluster remove` forgot it), and its data "+
+			"is stale; to make it a member again, start it with an empty data directory, or with --rejoin, which drops its "+
+			"data and keeps its id", ErrRemoved, op.Node.ID)
 	}
 	if i >= 0 && op.Fresh && s.Nodes[i].Inc != op.Node.Inc {
 		return fmt.Errorf("%w: %s is already a member, and this node has no data: if the member's data is lost, "+
@@ -223,5 +249,6 @@ func (s *State) Placement() placement.Table {
 func (s *State) Clone() *State {
 	c := *s
 	c.Nodes = slices.Clone(s.Nodes)
+	c.Gone = slices.Clone(s.Gone)
 	return &c
 }

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -125,5 +126,49 @@ func TestJoinsAreChecked(t *testing.T) {
 	legacy.Apply(Op{Kind: OpName, Cluster: "c1"})
 	if legacy.ID != "c1" {
 		t.Fatalf("OpName left %q", legacy.ID)
+	}
+}
+
+// A removed member does not come back with its data: its checked join is
+// refused until it comes without (Fresh); a leave ends in the same place.
+func TestRemovedMemberStaysOut(t *testing.T) {
+	var s State
+	s.Apply(Op{Kind: OpInit, Groups: 8, RF: 3, Node: Node{ID: "n1", Addr: "a"}})
+	for _, id := range []string{"n2", "n3"} {
+		if err := s.Apply(Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: id, Addr: id}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Apply(Op{Kind: OpRemove, Node: Node{ID: "n2"}})
+	s.Apply(Op{Kind: OpLeave, Node: Node{ID: "n3"}})
+	s.Apply(Op{Kind: OpRemove, Node: Node{ID: "n3"}})
+	if !s.IsGone("n2") || !s.IsGone("n3") || s.IsGone("n1") {
+		t.Fatalf("gone: %v", s.Gone)
+	}
+	for _, id := range []string{"n2", "n3"} {
+		if err := s.Apply(Op{Kind: OpJoin, Checked: true, Node: Node{ID: id, Addr: id}}); !errors.Is(err, ErrRemoved) {
+			t.Fatalf("%s back with its data: %v, want ErrRemoved", id, err)
+		}
+	}
+	if len(s.Nodes) != 1 {
+		t.Fatalf("members %v", s.Nodes)
+	}
+	if err := s.Apply(Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "n2", Addr: "n2"}}); err != nil {
+		t.Fatalf("back without data: %v", err)
+	}
+	if s.IsGone("n2") || len(s.Active()) != 2 {
+		t.Fatalf("after the fresh join: gone %v, active %v", s.Gone, s.Active())
+	}
+	// A join of a release before the checks applies as it did.
+	if err := s.Apply(Op{Kind: OpJoin, Node: Node{ID: "n3", Addr: "n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxGone + 10 {
+		id := fmt.Sprint("x", i)
+		s.Apply(Op{Kind: OpJoin, Node: Node{ID: id, Addr: id}})
+		s.Apply(Op{Kind: OpRemove, Node: Node{ID: id}})
+	}
+	if len(s.Gone) != maxGone || s.Gone[len(s.Gone)-1] != fmt.Sprint("x", maxGone+9) {
+		t.Fatalf("gone: %d, last %s", len(s.Gone), s.Gone[len(s.Gone)-1])
 	}
 }

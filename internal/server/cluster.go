@@ -23,8 +23,11 @@ type ClusterConfig struct {
 	Listen    string   // node link address; empty: the node is on its own
 	Advertise string   // the address other nodes dial, if not Listen's
 	Join      []string // link addresses of members to join through; empty creates a cluster
-	Replicas  int      // replicas per group of a new cluster (default 3)
-	Groups    int      // replica groups of a new cluster (default cluster.DefaultGroups)
+	// Rejoin makes a node removed from its cluster a member again,
+	// dropping its stale data (see cluster.Config.Rejoin).
+	Rejoin   bool
+	Replicas int // replicas per group of a new cluster (default 3)
+	Groups   int // replica groups of a new cluster (default cluster.DefaultGroups)
 	// DeadNodeTimeout, if set, removes a member silent for that long and
 	// replaces its replicas (default off: mqkv cluster remove does it).
 	DeadNodeTimeout time.Duration

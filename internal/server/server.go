@@ -273,6 +273,7 @@ func Start(cfg Config) (*Server, error) {
 		Dir:      raftDir,
 		Link:     s.link,
 		Join:     cfg.Cluster.Join,
+		Rejoin:   cfg.Cluster.Rejoin,
 		Groups:   cfg.Cluster.Groups,
 		RF:       cfg.Cluster.Replicas,
 		Limits:   store.Limits{MaxKeys: cfg.Limits.MaxKeys, MaxBytes: cfg.Limits.MaxBytes},

@@ -99,7 +99,7 @@ func (s *Service) scan(r *Request, args [][]byte) {
 		return true
 	})
 	if err != nil {
-		s.fail(r, errUnavailable)
+		s.fail(r, unavailable(err))
 		return
 	}
 	if !exhausted && last != nil {

@@ -66,6 +66,17 @@ const ErrQoS0 resp.Error = "requests must be published with QoS 1"
 // or a node shutting down. Nothing was written.
 const errUnavailable resp.Error = "the state store is unavailable; retry the request"
 
+// unavailable is the answer to a request the router could not serve: err
+// may give the reason a client is told (a node no longer a member of its
+// cluster, say); else errUnavailable.
+func unavailable(err error) resp.Error {
+	var r interface{ Reason() string }
+	if errors.As(err, &r) {
+		return resp.Error("the state store is unavailable: " + r.Reason())
+	}
+	return errUnavailable
+}
+
 // errUnknownOutcome answers a write whose log entry was proposed but whose
 // leader was deposed before it committed: it may or may not take effect,
 // and saying "not applied" could be a lie.
@@ -430,7 +441,7 @@ func (s *Service) readKey(r *Request, args [][]byte) (e store.Entry, found, ok b
 	e, found, err := s.router.Get(ctx, args[1])
 	if err != nil {
 		s.log.Debug("state store read failed", "client", r.ClientID, "error", err)
-		s.fail(r, errUnavailable)
+		s.fail(r, unavailable(err))
 		return e, false, false
 	}
 	return e, found, true
@@ -583,7 +594,7 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 			s.fail(r, resp.Error(err.Error())) // the guard logs the condition once
 		default:
 			s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
-			s.fail(r, errUnavailable)
+			s.fail(r, unavailable(err))
 		}
 	}})
 }
@@ -680,7 +691,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		err := f.Follow(ctx)
 		cancel()
 		if err != nil {
-			s.fail(r, errUnavailable)
+			s.fail(r, unavailable(err))
 			return
 		}
 	}
