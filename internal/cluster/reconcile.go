@@ -36,8 +36,8 @@ const (
 
 // reconciler state, touched only by the reconcile goroutine.
 type reconciler struct {
-	leaderSince map[int]time.Time
-	checked     map[int]time.Time // last time a stray replica asked its leader
+	leaderSince     map[int]time.Time
+	checked         map[int]time.Time // last time a stray replica asked its leader
 	dead            *deadWatch
 	namingTried     time.Time // see nameCluster
 	membershipAsked time.Time // see checkMembership
