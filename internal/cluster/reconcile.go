@@ -382,7 +382,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	if id == "" {
 		id = n.cfg.NodeID
 	}
-	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpLeave, Node: meta.Node{ID: id}}, n.memberAddrs())
+	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpLeave, Node: meta.Node{ID: id}}, n.memberAddrs(), "")
 }
 
 // Remove forgets a member at once (a dead node): its replicas are replaced
@@ -409,7 +409,7 @@ func (n *Node) Remove(ctx context.Context, id string, force bool) error {
 				"and --force removes it as it is (its replicas are rebuilt from the others)", ErrMemberRunning, id, m.Addr, id)
 		}
 	}
-	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpRemove, Node: meta.Node{ID: id}}, n.memberAddrs())
+	return n.proposeMeta(ctx, meta.Op{Kind: meta.OpRemove, Node: meta.Node{ID: id}}, n.memberAddrs(), "")
 }
 
 // ErrMemberRunning refuses to remove a member that answers.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -369,31 +371,68 @@ func (n *Node) fitMetaMembers() error {
 }
 
 // proposeMeta sends a metadata change to the metadata leader, through any
-// of addrs (members' link addresses) until one answers.
-func (n *Node) proposeMeta(ctx context.Context, op meta.Op, addrs []string) error {
+// of addrs (members' link addresses) until one answers or ctx ends. A
+// member that does not let this node in for its credentials ends it at
+// once (peer.ErrAuth: no retry will fix that); otherwise, at the end, the
+// error says what each address answered last. If retries is set, every
+// round that fails is logged at info, with why, under that name.
+func (n *Node) proposeMeta(ctx context.Context, op meta.Op, addrs []string, retries string) error {
 	tried := map[string]bool{}
-	for {
+	last := map[string]string{} // address → what it answered last
+	for round := 1; ; round++ {
 		for _, addr := range addrs {
 			var resp callResp
-			resp = callResp{}
 			err := n.link.Call(ctx, addr, callReq{Op: opMeta, Meta: op}, &resp)
-			if err == nil && resp.Kind == errNone {
+			switch {
+			case err == nil && resp.Kind == errNone:
 				return nil
-			}
-			if err == nil && resp.Kind == errOther {
+			case err == nil && resp.Kind == errOther:
 				return errors.New(resp.Err)
+			case errors.Is(err, peer.ErrAuth):
+				return fmt.Errorf("cluster: %s did not let this node in: %w", addr, err)
+			case errors.Is(err, peer.ErrClosed):
+				return err
+			case err != nil:
+				last[addr] = err.Error()
+			case resp.LeaderAddr != "":
+				last[addr] = "not the metadata leader; it names " + resp.LeaderAddr
+				if !tried[resp.LeaderAddr] {
+					tried[resp.LeaderAddr] = true
+					addrs = append(addrs, resp.LeaderAddr)
+				}
+			default:
+				last[addr] = "no metadata leader known there (is a quorum of the members up?)"
 			}
-			if err == nil && resp.LeaderAddr != "" && !tried[resp.LeaderAddr] {
-				tried[resp.LeaderAddr] = true
-				addrs = append(addrs, resp.LeaderAddr)
-			}
+		}
+		if retries != "" {
+			n.log.Info(retries+": no metadata leader answered; retrying", "round", round, "answers", describeAnswers(last))
 		}
 		select {
 		case <-ctx.Done():
-			return errNoMetaLeader
+			if len(last) == 0 {
+				return errNoMetaLeader
+			}
+			return fmt.Errorf("%w (%s)", errNoMetaLeader, describeAnswers(last))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// describeAnswers lists what each address answered, in address order.
+func describeAnswers(last map[string]string) string {
+	addrs := make([]string, 0, len(last))
+	for a := range last {
+		addrs = append(addrs, a)
+	}
+	slices.Sort(addrs)
+	var b strings.Builder
+	for i, a := range addrs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(a + ": " + last[a])
+	}
+	return b.String()
 }
 
 // errNoMetaLeader: no member answered as the metadata leader in time.
@@ -404,7 +443,8 @@ var errNoMetaLeader = errors.New("cluster: no metadata leader answered: is a quo
 func (n *Node) join() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: n.self()}, n.cfg.Join); err != nil {
+	n.log.Info("joining the cluster", "node", n.cfg.NodeID, "through", n.cfg.Join)
+	if err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: n.self()}, n.cfg.Join, "joining the cluster"); err != nil {
 		return err
 	}
 	if err := n.awaitState(60*time.Second, func(st *meta.State) bool { _, ok := st.Node(n.cfg.NodeID); return ok }); err != nil {

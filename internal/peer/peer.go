@@ -31,6 +31,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -53,7 +54,12 @@ type Config struct {
 	// Secret authenticates nodes to each other (both must know it); TLS,
 	// if set, is used instead or as well: the config must verify peers
 	// (ClientAuth RequireAndVerifyClientCert, RootCAs for dialing).
-	Secret    []byte
+	Secret []byte
+	// Insecure, with neither Secret nor TLS, runs the link under a
+	// secret everybody knows (on loopback, or --cluster-insecure): no
+	// protection, but a node so configured is told apart from one with
+	// a wrong secret.
+	Insecure  bool
 	TLSServer *tls.Config
 	TLSClient *tls.Config
 	// Handler serves KindCall streams; it owns the stream. It may also be
@@ -111,8 +117,17 @@ const (
 // ErrClosed is returned once the link is closed.
 var ErrClosed = errors.New("peer: link closed")
 
+// ErrAuth is wrapped by the errors of a handshake that failed on the
+// other node's credentials (a secret that differs, or none, or a
+// certificate this node does not trust): retrying will not help until the
+// configuration changes.
+var ErrAuth = errors.New("peer: not authenticated")
+
 // Listen starts the link.
 func Listen(cfg Config) (*Link, error) {
+	if len(cfg.Secret) == 0 && cfg.TLSServer == nil && cfg.Insecure {
+		cfg.Secret = insecureSecret
+	}
 	if len(cfg.Secret) == 0 && cfg.TLSServer == nil {
 		return nil, errors.New("peer: no secret and no TLS: the node link would admit anyone")
 	}
@@ -244,7 +259,7 @@ func (l *Link) serveConn(raw net.Conn) {
 		if errors.As(err, new(tls.RecordHeaderError)) {
 			err = errors.New("not TLS: a node of a release before 2026-11-26 (its link was unencrypted; upgrade every node), or not an mqkv node")
 		}
-		l.refused(raw, "node link: connection refused", err)
+		l.refused(raw, "node link: a node was not let in", err)
 		raw.Close()
 		return
 	}
@@ -393,6 +408,9 @@ func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("peer: nothing listens at %s (connection refused): %w", addr, err)
+		}
 		return nil, fmt.Errorf("peer: dial %s: %w", addr, err)
 	}
 	// A peer that accepts and says nothing holds the dial, and every
@@ -405,6 +423,14 @@ func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 	tc := tls.Client(c, l.tlsClient)
 	if err := tc.Handshake(); err != nil {
 		c.Close()
+		var unknown x509.UnknownAuthorityError
+		var verify *tls.CertificateVerificationError
+		if errors.As(err, &unknown) || errors.As(err, &verify) {
+			return nil, fmt.Errorf("peer: %s's certificate is not signed by the cluster CA (--cluster-tls-ca), or it runs without one (a secret only): %w (%w)", addr, ErrAuth, err)
+		}
+		if errors.As(err, new(tls.AlertError)) {
+			return nil, fmt.Errorf("peer: %s refused this node's TLS (its certificate, or none: does the cluster use --cluster-tls-cert?): %w (%w)", addr, ErrAuth, err)
+		}
 		return nil, fmt.Errorf("peer: TLS to %s: %w", addr, err)
 	}
 	if err := l.handshake(tc); err != nil {
@@ -462,8 +488,26 @@ func binding(c *tls.Conn) ([]byte, error) {
 	return cs.ExportKeyingMaterial("mqkv node link handshake", nil, 32)
 }
 
+// What a dialing node sends in place of its proof when the other node's
+// did not match: words for the other's log.
+const (
+	saysNoSecret    = "no cluster secret here"
+	saysOtherSecret = "another cluster secret here"
+)
+
+// insecureSecret is the secret of a link configured without one (see
+// Config.Insecure).
+var insecureSecret = []byte("mqkv-insecure-link")
+
+// none reports whether the link runs without a secret of its own.
+func (l *Link) none() bool { return len(l.cfg.Secret) == 0 || hmac.Equal(l.cfg.Secret, insecureSecret) }
+
 func (l *Link) mac(role string, a, b []byte, id string, session []byte) []byte {
-	m := hmac.New(sha256.New, l.cfg.Secret)
+	return macWith(l.cfg.Secret, role, a, b, id, session)
+}
+
+func macWith(secret []byte, role string, a, b []byte, id string, session []byte) []byte {
+	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(role))
 	m.Write(a)
 	m.Write(b)
@@ -502,7 +546,17 @@ func (l *Link) handshake(c *tls.Conn) error {
 		return fmt.Errorf("refused by the peer (wrong cluster secret?): %w", err)
 	}
 	if !hmac.Equal(proof, l.mac("server", mine, theirs, string(theirID), session)) {
-		return errors.New("the peer does not know the cluster secret")
+		// The other node is told why, in words and not a proof (a
+		// proof made for a node not yet authenticated would let it try
+		// secrets offline), so that it can log it.
+		if l.none() {
+			writeFrame(w, []byte(saysNoSecret))
+			w.Flush()
+			return fmt.Errorf("the cluster requires a secret (--cluster-secret-file), and this node has none: %w", ErrAuth)
+		}
+		writeFrame(w, []byte(saysOtherSecret))
+		w.Flush()
+		return fmt.Errorf("wrong cluster secret: node %s proved another one (compare --cluster-secret-file): %w", theirID, ErrAuth)
 	}
 	writeFrame(w, l.mac("client", theirs, mine, l.cfg.NodeID, session))
 	return w.Flush()
@@ -537,10 +591,18 @@ func (l *Link) answerHandshake(c *tls.Conn) (string, error) {
 	}
 	proof, err := readFrame(r, 64)
 	if err != nil {
-		return "", err
+		// It hung up once it checked this node's proof: it found it
+		// wrong (a release before these words; the member
+		// logged "connection refused ... error=EOF", which said nothing).
+		return "", fmt.Errorf("node %q hung up after this node's proof: its cluster secret differs from this one's, or it has none (%v)", id, err)
 	}
-	if !hmac.Equal(proof, l.mac("client", mine, theirs, string(id), session)) {
-		return "", errors.New("wrong cluster secret")
+	switch {
+	case string(proof) == saysNoSecret:
+		return "", fmt.Errorf("node %q has no cluster secret, and this cluster requires one (--cluster-secret-file)", id)
+	case string(proof) == saysOtherSecret:
+		return "", fmt.Errorf("node %q has a wrong cluster secret (this node's proof did not match it)", id)
+	case !hmac.Equal(proof, l.mac("client", mine, theirs, string(id), session)):
+		return "", fmt.Errorf("node %q has a wrong cluster secret", id)
 	}
 	return string(id), nil
 }

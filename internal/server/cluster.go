@@ -82,7 +82,7 @@ func startLink(cfg Config, nodeID string) (*peer.Link, error) {
 			return nil, errors.New("cluster: the node link needs --cluster-secret-file or --cluster-tls-* (nodes must authenticate each other); on loopback, or with --cluster-insecure, it runs without")
 		}
 		cfg.Logger.Warn("the node link is not authenticated: any process that reaches it can join the cluster and read its data", "listen", cc.Listen)
-		pc.Secret = []byte("mqkv-insecure-link") // a well-known secret: no protection
+		pc.Insecure = true // a well-known secret: no protection
 	}
 	return peer.Listen(pc)
 }
