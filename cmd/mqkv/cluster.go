@@ -65,7 +65,11 @@ func printCluster(w io.Writer, st cluster.Status) {
 		perGroup = st.Groups[0].Partitions
 	}
 	for _, n := range st.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t~%d\n", n.ID, n.Addr, n.State, n.Leads, n.Replicas, n.Leads*perGroup)
+		state := n.State
+		if n.VolumeFull {
+			state += ", volume full"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t~%d\n", n.ID, n.Addr, state, n.Leads, n.Replicas, n.Leads*perGroup)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -82,6 +86,9 @@ func printCluster(w io.Writer, st cluster.Status) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d nodes, %d groups, %d migrating (as seen by %s)\n", len(st.Nodes), len(st.Groups), migrating, st.Node)
+	if st.NotMember {
+		fmt.Fprintf(w, "%s is not a member of the cluster any more (it left, or was removed): the above is the cluster as it was then\n", st.Node)
+	}
 }
 
 // adminPost sends a POST to the admin endpoint; any answer but 200 is an

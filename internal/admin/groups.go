@@ -15,10 +15,12 @@ var (
 	journalBytes    = prometheus.NewDesc("mqkv_journal_bytes", "Bytes of records in the node's journal.", nil, nil)
 	journalLive     = prometheus.NewDesc("mqkv_journal_live_bytes", "Bytes of the journal's entries some group still needs (the rest goes as segments are collected).", nil, nil)
 	journalSyncs    = prometheus.NewDesc("mqkv_journal_syncs_total", "fdatasyncs of the node's journal since start: each makes one batch of appends, from any groups, durable.", nil, nil)
+	journalRefused  = prometheus.NewDesc("mqkv_journal_refused_appends_total", "Appends of log entries the node's journal refused since start for want of room on the data volume (the groups went on with their other replicas).", nil, nil)
+	journalFull     = prometheus.NewDesc("mqkv_journal_volume_full", "1 while the node's journal refuses log entries for want of room on the data volume.", nil, nil)
 )
 
 func (m journalMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{journalSegments, journalBytes, journalLive, journalSyncs} {
+	for _, d := range []*prometheus.Desc{journalSegments, journalBytes, journalLive, journalSyncs, journalRefused, journalFull} {
 		ch <- d
 	}
 }
@@ -32,6 +34,12 @@ func (m journalMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(journalBytes, prometheus.GaugeValue, float64(st.Bytes))
 	ch <- prometheus.MustNewConstMetric(journalLive, prometheus.GaugeValue, float64(st.LiveBytes))
 	ch <- prometheus.MustNewConstMetric(journalSyncs, prometheus.CounterValue, float64(st.Syncs))
+	ch <- prometheus.MustNewConstMetric(journalRefused, prometheus.CounterValue, float64(st.Refused))
+	full := 0.0
+	if st.Full {
+		full = 1
+	}
+	ch <- prometheus.MustNewConstMetric(journalFull, prometheus.GaugeValue, full)
 }
 
 // groupMetrics exports the figures of each replica the node holds, labelled

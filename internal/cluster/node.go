@@ -202,7 +202,7 @@ func Start(cfg Config) (*Node, error) {
 		}
 		j, err := journal.Open(filepath.Join(cfg.Dir, "journal"), journal.Options{OnFail: func(err error) {
 			n.Fail(fmt.Errorf("%w: the node stops; restart it to recover from its journal (nothing acknowledged is lost)", err))
-		}})
+		}, Room: cfg.Disk.Room})
 		if err != nil {
 			return nil, &replica.DamagedError{Path: filepath.Join(cfg.Dir, "journal"), What: "the node's journal", Err: err}
 		}

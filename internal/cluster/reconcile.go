@@ -175,6 +175,16 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 			return false
 		}
 	}
+	// 0b. A leader whose volume is full takes no entries: its group goes
+	// to a replica that can, if one answers and has caught up (see
+	// handoverTarget); else it stays, refusing writes, until one can.
+	if n.volumeFull() {
+		if to := n.handoverTarget(g, want, suffrage, r.Raft().AppliedIndex()); to != "" {
+			n.log.Info("the data volume is full: handing the group's leadership over", "group", g, "to", to)
+			r.Raft().LeadershipTransferToServer(raft.ServerID(to), addr(to)).Error()
+			return true
+		}
+	}
 	// 1. A non-voter placed here that has caught up becomes a voter; one
 	// no longer placed here is dropped before it costs anything more.
 	for _, s := range cfg.Servers {
@@ -327,8 +337,8 @@ func (n *Node) caughtUp(id string, g int, index uint64) bool {
 		return false
 	}
 	applied, ok := resp.Applied[g]
-	n.log.Debug("catch-up", "group", g, "node", id, "applied", applied, "leader", index, "ok", ok)
-	return ok && applied+catchUpSlack >= index
+	n.log.Debug("catch-up", "group", g, "node", id, "applied", applied, "leader", index, "ok", ok, "volume_full", resp.VolumeFull)
+	return ok && applied+catchUpSlack >= index && !resp.VolumeFull
 }
 
 // dropIfRemoved closes this node's replica of g once the group's leader no

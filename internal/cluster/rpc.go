@@ -94,6 +94,9 @@ type callResp struct {
 	DiskFull   *replica.DiskFullError
 	Member     bool // opMembership
 	Gone       bool // opMembership
+	// opStatus: the node's volume is full; its replicas take no entries
+	// (see replica.DiskGuard.Room), so it is given no leadership.
+	VolumeFull bool
 }
 
 type server struct {
@@ -199,6 +202,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		for g, r := range n.Groups() {
 			resp.Applied[g] = r.Raft().AppliedIndex()
 		}
+		resp.VolumeFull = n.volumeFull()
 	case opCluster:
 		st := n.Status()
 		resp.Status = &st

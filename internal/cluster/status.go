@@ -29,6 +29,9 @@ type NodeStatus struct {
 	State    string `json:"state"`
 	Leads    int    `json:"leads"`
 	Replicas int    `json:"replicas"`
+	// VolumeFull says its data volume is full: its replicas take no log
+	// entries until space is freed.
+	VolumeFull bool `json:"volume_full,omitempty"`
 }
 
 // GroupStatus is one replica group.
@@ -95,7 +98,7 @@ func (n *Node) Status() Status {
 	for _, m := range st.Nodes {
 		ns := NodeStatus{ID: m.ID, Addr: m.Addr, State: m.State.String(), Leads: leads[m.ID], Replicas: holds[m.ID]}
 		if ns.State == "active" {
-			ns.State = n.liveness(m.ID)
+			ns.State, ns.VolumeFull = n.liveness(m.ID)
 		}
 		out.Nodes = append(out.Nodes, ns)
 	}
@@ -103,10 +106,11 @@ func (n *Node) Status() Status {
 	return out
 }
 
-// liveness asks a member whether it is there.
-func (n *Node) liveness(id string) string {
+// liveness asks a member whether it is there, and whether its volume is
+// full.
+func (n *Node) liveness(id string) (string, bool) {
 	if id == n.cfg.NodeID {
-		return "alive"
+		return "alive", n.volumeFull()
 	}
 	for i, wait := range []time.Duration{500 * time.Millisecond, 2 * time.Second} {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -115,12 +119,12 @@ func (n *Node) liveness(id string) string {
 		cancel()
 		if err == nil {
 			if i == 0 {
-				return "alive"
+				return "alive", resp.VolumeFull
 			}
-			return "suspect"
+			return "suspect", resp.VolumeFull
 		}
 	}
-	return "dead"
+	return "dead", false
 }
 
 // partitionsOf counts the partitions of group g.
@@ -190,4 +194,17 @@ func (n *Node) JournalStats() (journal.Stats, bool) {
 		return journal.Stats{}, false
 	}
 	return n.journal.Stats(), true
+}
+
+// volumeFull reports whether this node's replicas take no log entries for
+// want of room on the data volume: below half its reserve, or out of
+// space outright (a volume without a reserve, see journal.ErrNoSpace).
+func (n *Node) volumeFull() bool {
+	if n.cfg.Disk.Full() {
+		return true
+	}
+	if n.journal != nil {
+		return n.journal.Stats().Full
+	}
+	return false
 }

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/hashicorp/raft"
 )
@@ -42,8 +43,28 @@ type Options struct {
 	SegmentSize int64
 	// OnFail is called once if a write or fsync fails: what the kernel
 	// kept of the file after a failed fsync is not known, so the journal
-	// takes no more writes and the node must stop.
+	// takes no more writes and the node must stop. A volume without room
+	// is not such a failure (see Room).
 	OnFail func(error)
+	// Room, if set, is asked before a batch holding log entries is
+	// written, with their bytes: an error refuses the entries (their
+	// callers get it; nothing else changes), while the batch's other
+	// records (deletes, which free space, and raft's small stable
+	// values) are written. A follower whose volume fills then refuses
+	// appends, and its group goes on with its other replicas, until
+	// space is freed (a full volume on a follower stopped the node;
+	// found by trying it).
+	Room func(n int64) error
+}
+
+// ErrNoSpace is wrapped by the error of a write the volume had no room
+// for (ENOSPC, EDQUOT): the journal goes on, and the write may be tried
+// again once space is freed.
+var ErrNoSpace = errors.New("journal: no space left on the data volume")
+
+// noSpace reports whether err is the volume's being full.
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, ErrNoSpace)
 }
 
 // Journal is the shared log of one node.
@@ -64,8 +85,10 @@ type Journal struct {
 	done   chan struct{}
 	closed bool
 
-	buf   []byte        // the writer's batch
-	syncs atomic.Uint64 // batches made durable
+	buf     []byte        // the writer's batch
+	syncs   atomic.Uint64 // batches made durable
+	refused atomic.Uint64 // appends refused for want of room (see Options.Room)
+	full    atomic.Bool   // the last batch with entries had no room for them
 
 	seals seals // how finished segments end (see sealsFile); the writer's
 }
@@ -76,13 +99,15 @@ type Stats struct {
 	Bytes     int64  // records in all segments
 	LiveBytes int64  // of them, entries some group still needs
 	Syncs     uint64 // fdatasyncs since open
+	Refused   uint64 // appends refused since open for want of room on the volume
+	Full      bool   // the last appends were refused so
 }
 
 // Stats reports the journal's figures.
 func (j *Journal) Stats() Stats {
 	j.mu.RLock()
 	defer j.mu.RUnlock()
-	st := Stats{Segments: len(j.segs), Syncs: j.syncs.Load()}
+	st := Stats{Segments: len(j.segs), Syncs: j.syncs.Load(), Refused: j.refused.Load(), Full: j.full.Load()}
 	for _, s := range j.segs {
 		st.Bytes += s.size
 		st.LiveBytes += s.liveBytes
@@ -522,6 +547,21 @@ func (j *Journal) writer() {
 		}
 		if err == nil {
 			err = j.write(ops)
+			if noSpace(err) {
+				// Nothing of the batch is durable, or visible: its
+				// callers get the error, and later batches are tried.
+				j.refused.Add(uint64(len(ops)))
+				j.full.Store(true)
+				err = fmt.Errorf("%w: %w", ErrNoSpace, err)
+				for _, o := range ops {
+					if o.err == nil {
+						o.err = err
+					}
+					close(o.done)
+				}
+				clear(ops)
+				continue
+			}
 		}
 		if err != nil {
 			j.fail(err)
@@ -534,9 +574,10 @@ func (j *Journal) writer() {
 		}
 		clear(ops)
 		// The batch is acknowledged first: a failure to begin the next
-		// segment fails what comes after it, not what is durable.
+		// segment fails what comes after it, not what is durable. One
+		// for want of room is tried again after the next batch.
 		if err == nil && j.segs[len(j.segs)-1].size >= j.opts.SegmentSize {
-			if err := j.rotate(); err != nil {
+			if err := j.rotate(); err != nil && !noSpace(err) {
 				j.fail(err)
 			}
 		}
@@ -571,8 +612,26 @@ func (j *Journal) write(ops []*op) error {
 	base := s.size
 	b := j.buf[:0]
 	projs := map[uint32]*proj{}
+	var room error
+	if j.opts.Room != nil {
+		var entries int64
+		for _, o := range ops {
+			if o.kind == kindEntry {
+				entries += int64(len(o.recs))
+			}
+		}
+		if entries > 0 {
+			room = j.opts.Room(entries)
+			j.full.Store(room != nil)
+		}
+	}
 	j.mu.RLock()
 	for _, o := range ops {
+		if room != nil && o.kind == kindEntry {
+			o.err = fmt.Errorf("%w: %w", ErrNoSpace, room)
+			j.refused.Add(1)
+			continue
+		}
 		p := projs[o.g]
 		if p == nil {
 			p = &proj{}
@@ -620,7 +679,9 @@ func (j *Journal) flush(s *segment, b []byte, base int64) (end int64, err error)
 		return 0, fmt.Errorf("journal: write: %w", err)
 	}
 	if err := Datasync(s.f); err != nil {
-		return 0, fmt.Errorf("journal: fsync: %w", err)
+		// Whatever it says: what the kernel kept after a failed fsync
+		// is not known (see Options.OnFail).
+		return 0, fmt.Errorf("journal: fsync: %v", err)
 	}
 	j.syncs.Add(1)
 	return base + int64(len(b)), nil
@@ -789,7 +850,11 @@ func (j *Journal) rotate() error {
 		// The new segment is durable: the previous one is finished.
 		j.seals[j.segs[n-1].seq] = j.segs[n-1].size
 		if err := writeSeals(j.dir, j.seals); err != nil {
+			// Not begun after all: the previous segment goes on (a
+			// crash may leave this one, empty, which opens as such).
+			delete(j.seals, j.segs[n-1].seq)
 			f.Close()
+			os.Remove(path)
 			return err
 		}
 	}

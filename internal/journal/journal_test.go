@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -569,4 +570,48 @@ func TestZeroHeaderAfterCollectionIsDamage(t *testing.T) {
 	if term != 7 {
 		t.Fatalf("opened without error, CurrentTerm %d (want 7); segments %v", term, segments(t, dir))
 	}
+}
+
+// Without room on the volume (Options.Room), entries are refused and
+// nothing else: deletes and stable values go on, the journal is not
+// failed, and entries are taken again once there is room, the log
+// continuing where it was.
+func TestNoRoomRefusesEntriesOnly(t *testing.T) {
+	dir := t.TempDir()
+	var full atomic.Bool
+	failed := make(chan error, 1)
+	j := open(t, dir, Options{OnFail: func(err error) { failed <- err }, Room: func(int64) error {
+		if full.Load() {
+			return errors.New("full")
+		}
+		return nil
+	}})
+	l := j.Group(1)
+	store(t, l, 1, 10)
+	full.Store(true)
+	if err := l.StoreLogs([]*raft.Log{entry(11, "g1-11")}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("an entry without room: %v, want ErrNoSpace", err)
+	}
+	if err := l.DeleteRange(1, 3); err != nil {
+		t.Fatalf("a delete without room: %v", err)
+	}
+	if err := l.SetUint64([]byte("CurrentTerm"), 7); err != nil {
+		t.Fatalf("a stable value without room: %v", err)
+	}
+	if st := j.Stats(); !st.Full || st.Refused != 1 {
+		t.Fatalf("stats %+v, want full, one refused", st)
+	}
+	full.Store(false)
+	store(t, l, 11, 12)
+	expect(t, l, 4, 12)
+	if st := j.Stats(); st.Full {
+		t.Fatalf("still full: %+v", st)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("the journal failed: %v", err)
+	default:
+	}
+	j.Close()
+	expect(t, open(t, dir, Options{}).Group(1), 4, 12)
 }

@@ -27,11 +27,12 @@ import (
 // node's wakeups (50 of about 70 a second).
 type DiskGuard struct {
 	dir     string
-	reserve uint64
+	reserve atomic.Uint64
 	log     *slog.Logger
 
 	free atomic.Uint64
 	low  atomic.Bool
+	full atomic.Bool // log entries refused (see Room)
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -57,7 +58,8 @@ func nextPoll(free, reserve uint64) time.Duration {
 // NewDiskGuard watches dir's volume, refusing writes while fewer than
 // reserve bytes are free. A reserve of zero watches nothing.
 func NewDiskGuard(dir string, reserve uint64, log *slog.Logger) *DiskGuard {
-	d := &DiskGuard{dir: dir, reserve: reserve, log: log, stop: make(chan struct{})}
+	d := &DiskGuard{dir: dir, log: log, stop: make(chan struct{})}
+	d.reserve.Store(reserve)
 	if reserve == 0 {
 		return d
 	}
@@ -69,7 +71,7 @@ func NewDiskGuard(dir string, reserve uint64, log *slog.Logger) *DiskGuard {
 			select {
 			case <-t.C:
 				d.poll()
-				t.Reset(nextPoll(d.free.Load(), reserve))
+				t.Reset(nextPoll(d.free.Load(), d.reserve.Load()))
 			case <-d.stop:
 				return
 			}
@@ -85,7 +87,7 @@ func (d *DiskGuard) poll() {
 	}
 	free := st.Bavail * uint64(st.Bsize)
 	d.free.Store(free)
-	low := free < d.reserve
+	low := free < d.reserve.Load()
 	if d.low.Load() == low { // only poll writes it
 		return
 	}
@@ -93,11 +95,48 @@ func (d *DiskGuard) poll() {
 	// or accepted again, finds the line that says why.
 	if low {
 		d.log.Error("the data volume is nearly full: writes are refused (reads and deletes go on) until space is freed",
-			"dir", d.dir, "free", sizeOf(free), "reserve", sizeOf(d.reserve))
+			"dir", d.dir, "free", sizeOf(free), "reserve", sizeOf(d.reserve.Load()))
 	} else {
 		d.log.Info("space is back on the data volume: writes resume", "dir", d.dir, "free", sizeOf(free))
 	}
 	d.low.Store(low)
+}
+
+// Room is asked before replicated log entries of n bytes are written: it
+// returns a *DiskFullError once they would leave less than half the
+// reserve free. Below the reserve a leader refuses new writes (Check);
+// the half below that is for what leaders already took, deletes and
+// expiries, and the log's own upkeep. A node that stops taking entries
+// says so once, and again once it takes them again.
+func (d *DiskGuard) Room(n int64) error {
+	if d == nil || d.reserve.Load() == 0 {
+		return nil
+	}
+	free, reserve := d.free.Load(), d.reserve.Load()
+	full := free < reserve/2+uint64(max(n, 0))
+	if d.full.Swap(full) != full {
+		if full {
+			d.log.Error("the data volume is full: this node's replicas take no more log entries until space is freed; their groups go on with their other replicas",
+				"dir", d.dir, "free", sizeOf(free), "reserve", sizeOf(reserve))
+		} else {
+			d.log.Info("space is back on the data volume: this node's replicas take log entries again and catch up", "dir", d.dir, "free", sizeOf(free))
+		}
+	}
+	if full {
+		return &DiskFullError{Dir: d.dir, Free: free, Reserve: reserve}
+	}
+	return nil
+}
+
+// Full reports whether the node refused log entries for want of room at
+// the last ask (see Room), or is below its reserve.
+func (d *DiskGuard) Full() bool { return d != nil && (d.full.Load() || d.low.Load()) }
+
+// SetReserve changes the reserve (tests set it above the free space to
+// fill a volume).
+func (d *DiskGuard) SetReserve(r uint64) {
+	d.reserve.Store(r)
+	d.poll()
 }
 
 // Check returns a *DiskFullError while the volume is below the reserve.
@@ -105,7 +144,7 @@ func (d *DiskGuard) Check() error {
 	if d == nil || !d.low.Load() {
 		return nil
 	}
-	return &DiskFullError{Dir: d.dir, Free: d.free.Load(), Reserve: d.reserve}
+	return &DiskFullError{Dir: d.dir, Free: d.free.Load(), Reserve: d.reserve.Load()}
 }
 
 // Close stops the watching.
