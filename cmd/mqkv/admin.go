@@ -115,11 +115,19 @@ func printStatus(w io.Writer, st admin.Status) {
 	if !st.Leader {
 		role = "not leader"
 	}
+	keys := fmt.Sprintf("%d (%s)", st.Keys, size(st.Bytes))
+	if st.Role != "single node" && st.Role != "" {
+		keys += fmt.Sprintf(" in the cluster; %d (%s) in the groups this node leads", st.NodeKeys, size(st.NodeBytes))
+		if st.KeysPartial {
+			keys += "; some groups have no leader this node hears"
+		}
+		role = st.Role
+	}
 	rows := [][2]string{
 		{"version", st.Version},
-		{"node", st.NodeID},
+		{"node", st.NodeID + " (" + st.Role + ")"},
 		{"uptime", (time.Duration(st.UptimeSeconds) * time.Second).String()},
-		{"keys", fmt.Sprintf("%d (%s)", st.Keys, size(st.Bytes))},
+		{"keys", keys},
 		{"clients", fmt.Sprint(st.Clients)},
 		{"requests/s", fmt.Sprintf("%.0f (p99 %.2f ms)", st.RPS, st.P99Ms)},
 		{"requests", fmt.Sprint(st.Requests)},

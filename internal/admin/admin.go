@@ -63,6 +63,13 @@ type Keyspace interface {
 	Follow(ctx context.Context) error
 	// Status, Leave and Remove are the cluster's (mqkv cluster).
 	Clustered() bool
+	// Ready reports whether a member serves: back in its cluster after a
+	// restart, and still a member.
+	Ready() bool
+	// Totals are the whole store's keys and bytes (a cluster's, not only
+	// what this node leads); Role says what the node is.
+	Totals() cluster.Totals
+	Role() string
 	Status() cluster.Status
 	Leave(ctx context.Context, id string) error
 	// Remove refuses a member that answers unless force.
@@ -183,8 +190,8 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	st := s.node.Data.Stats()
 	if s.node.Data.Clustered() {
 		// A member serves every key (forwarding to the leaders) once it
-		// has joined, which it had before the endpoint started.
-		st.Leader = true
+		// has joined or is back in its cluster, and while it is a member.
+		st.Leader = s.node.Data.Ready()
 	}
 	if !st.Leader || st.AppliedIndex < st.LastIndex && st.LastIndex-st.AppliedIndex > 1<<20 {
 		httpError(w, http.StatusServiceUnavailable, "not ready: leader=%v applied=%d last=%d", st.Leader, st.AppliedIndex, st.LastIndex)
@@ -204,12 +211,19 @@ type Sample struct {
 
 // Status is the one-screen summary of `mqkv status` and the console.
 type Status struct {
-	Version       string     `json:"version"`
-	NodeID        string     `json:"node_id"`
-	Started       time.Time  `json:"started"`
-	UptimeSeconds float64    `json:"uptime_seconds"`
+	Version       string    `json:"version"`
+	NodeID        string    `json:"node_id"`
+	Started       time.Time `json:"started"`
+	UptimeSeconds float64   `json:"uptime_seconds"`
+	// Keys and Bytes are the whole store's: a cluster's, summed over its
+	// groups' leaders (KeysPartial if some group's are missing); NodeKeys
+	// and NodeBytes those of the groups this node leads.
 	Keys          int        `json:"keys"`
 	Bytes         int64      `json:"bytes"`
+	KeysPartial   bool       `json:"keys_partial,omitempty"`
+	NodeKeys      int        `json:"node_keys"`
+	NodeBytes     int64      `json:"node_bytes"`
+	Role          string     `json:"role"` // single node; member, leads groups 0, 3; starting; not a member
 	Clients       int64      `json:"clients"`
 	Registrations int64      `json:"keynotify_registrations"`
 	Requests      int64      `json:"requests_total"`
@@ -230,10 +244,12 @@ type Status struct {
 func (s *Server) Status() Status {
 	n := s.node
 	gs := n.Data.Stats()
+	tot := n.Data.Totals()
 	tr := n.Broker.Traffic()
 	st := Status{
 		Version: n.Version, NodeID: n.NodeID, Started: n.Started, UptimeSeconds: time.Since(n.Started).Seconds(),
-		Keys: gs.Keys, Bytes: gs.Bytes, Clients: tr.Clients,
+		Keys: tot.Keys, Bytes: tot.Bytes, KeysPartial: tot.Partial, NodeKeys: gs.Keys, NodeBytes: gs.Bytes, Role: n.Data.Role(),
+		Clients:       tr.Clients,
 		Registrations: n.Service.Counters.RegistrationsActive.Load(),
 		Requests:      n.Service.Counters.Requests.Load(),
 		AppliedIndex:  gs.AppliedIndex, LastIndex: gs.LastIndex, Leader: gs.Leader,
@@ -268,7 +284,7 @@ func (s *Server) sample() {
 			req := s.node.Service.Counters.Requests.Load()
 			smp := Sample{
 				Time:    now.Unix(),
-				Keys:    s.node.Data.Stats().Keys,
+				Keys:    s.node.Data.Totals().Keys,
 				Clients: s.node.Broker.Traffic().Clients,
 				P99Ms:   float64(s.metrics.p99()) / float64(time.Millisecond),
 			}

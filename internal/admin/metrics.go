@@ -119,8 +119,10 @@ func (m *Metrics) bind(n *Node) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
 	m.reg.MustRegister(groupMetrics{n.Data}, journalMetrics{n.Data})
-	gauge("mqkv_keys", "Keys in the store.", func() float64 { return float64(n.Data.Stats().Keys) })
-	gauge("mqkv_bytes", "Key and value bytes in the store.", func() float64 { return float64(n.Data.Stats().Bytes) })
+	gauge("mqkv_keys", "Keys in the groups this node leads (a node on its own: the store); summed over a cluster's members, the cluster's.", func() float64 { return float64(n.Data.Stats().Keys) })
+	gauge("mqkv_bytes", "Key and value bytes in the groups this node leads (a node on its own: the store); summed over a cluster's members, the cluster's.", func() float64 { return float64(n.Data.Stats().Bytes) })
+	gauge("mqkv_store_keys", "Keys in the whole store, a cluster's as this node sees it (its members' figures a second or two old): the same on every node.", func() float64 { return float64(n.Data.Totals().Keys) })
+	gauge("mqkv_store_bytes", "Key and value bytes in the whole store, as mqkv_store_keys.", func() float64 { return float64(n.Data.Totals().Bytes) })
 	counter("mqkv_expired_total", "Keys removed because their TTL ran out.", func() float64 { return float64(n.Data.Stats().Expired) })
 	gauge("mqkv_raft_applied_index", "Last log index applied to the store.", func() float64 { return float64(n.Data.Stats().AppliedIndex) })
 	counter("mqkv_notifications_sent_total", "KEYNOTIFY notifications published.", func() float64 {

@@ -175,8 +175,8 @@ func (n *Node) Follow(ctx context.Context) error {
 	if n.link == nil {
 		return nil
 	}
-	if n.removed.Load() {
-		return &NotMemberError{n.cfg.NodeID}
+	if err := n.unready(); err != nil {
+		return err
 	}
 	f := n.events
 	var waits []chan struct{}

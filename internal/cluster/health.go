@@ -22,7 +22,16 @@ type health struct {
 	seen    map[string]time.Time // member → last answer, or when it was first probed
 	probed  map[string]time.Time // member → last probe sent
 	probing map[string]bool
-	down    map[string]bool // said to be down
+	down    map[string]bool           // said to be down
+	shares  map[string][]groupFigures // what each member leads, as it said last
+}
+
+// groupFigures are the keys and bytes of a group its leader holds.
+// Wire format (msgpack by field name, in opWho answers).
+type groupFigures struct {
+	Group int
+	Keys  int
+	Bytes int64
 }
 
 const (
@@ -33,7 +42,7 @@ const (
 )
 
 func newHealth() *health {
-	return &health{seen: map[string]time.Time{}, probed: map[string]time.Time{}, probing: map[string]bool{}, down: map[string]bool{}}
+	return &health{seen: map[string]time.Time{}, probed: map[string]time.Time{}, probing: map[string]bool{}, down: map[string]bool{}, shares: map[string][]groupFigures{}}
 }
 
 // probe sends the probes due to the members of st, and forgets those
@@ -76,6 +85,7 @@ func (n *Node) probe(h *health, st *meta.State) {
 			}
 			if _, member := h.seen[id]; member {
 				h.seen[id] = time.Now()
+				h.shares[id] = resp.Leads
 			}
 		}(m.ID, m.Addr)
 	}
@@ -84,6 +94,7 @@ func (n *Node) probe(h *health, st *meta.State) {
 			delete(h.seen, id)
 			delete(h.probed, id)
 			delete(h.down, id)
+			delete(h.shares, id)
 		}
 	}
 }

@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -179,4 +181,138 @@ func TestHandoverSkipsADeadNode(t *testing.T) {
 		writable(t, h.nodes[1], 8, 5*time.Second)
 		time.Sleep(300 * time.Millisecond)
 	}
+}
+
+// After the whole cluster stopped, a member restarted alone serves at once
+// (Start returns) and answers every request "starting" until a quorum of
+// its members is back; then it serves. Before, Start waited for the
+// quorum, and the node refused MQTT connections without a word.
+func TestMemberRestartedAloneServesAtOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 3, 2)
+	for i := range 3 {
+		h.stop(i)
+	}
+	began := time.Now()
+	h.start(1)
+	if d := time.Since(began); d > 10*time.Second {
+		t.Fatalf("Start took %s", d)
+	}
+	if h.nodes[1].Ready() {
+		t.Fatal("ready without a quorum")
+	}
+	_, err := set(t, h.nodes[1], "k", "v")
+	var starting *StartingError
+	if !errors.As(err, &starting) {
+		t.Fatalf("a write without a quorum: %v, want StartingError", err)
+	}
+	if _, _, err := h.nodes[1].Get(ctx(t), []byte("k")); !errors.As(err, &starting) {
+		t.Fatalf("a read without a quorum: %v, want StartingError", err)
+	}
+	h.start(2)
+	eventuallyT(t, 30*time.Second, "n2 to serve", h.nodes[1].Ready)
+	writable(t, h.nodes[1], 2, 15*time.Second)
+}
+
+// A partial partition: the link between n1 and n3 is cut, the others are
+// up. n1's requests for the groups n3 leads go through n2 (they stalled
+// for the request timeout, 5 s at a time, and failed).
+func TestRequestsCrossAPartialPartition(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 3, 6)
+	h.links[0].Cut(h.links[2].Addr(), true)
+	h.links[2].Cut(h.links[0].Addr(), true)
+	eventuallyT(t, 10*time.Second, "n1 to see n3 down", func() bool { return !h.nodes[0].alive("n3") })
+	led := 0
+	for g := 0; g < 6; g++ {
+		r := h.nodes[2].local(g)
+		if r == nil {
+			continue
+		}
+		if id, _ := r.Leader(); id != "n3" {
+			continue
+		}
+		led++
+		key := keyOfGroup(h.nodes[0], g)
+		for i := range 5 {
+			c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ch := make(chan error, 1)
+			h.nodes[0].Submit(c, replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(fmt.Sprint(i))},
+				Done: func(_ store.Result, err error) { ch <- err }})
+			err := <-ch
+			if err == nil {
+				var e store.Entry
+				e, _, err = h.nodes[0].Get(c, []byte(key))
+				if err == nil && string(e.Value) != fmt.Sprint(i) {
+					err = fmt.Errorf("read %q, want %d", e.Value, i)
+				}
+			}
+			cancel()
+			if err != nil {
+				t.Fatalf("group %d (led by n3) through n1, across the cut: %v", g, err)
+			}
+		}
+	}
+	if led == 0 {
+		t.Skip("n3 leads no group")
+	}
+}
+
+// Every node reports the whole store's keys, not only those of the groups
+// it leads (three nodes showed 35, 16 and 0 keys for a store of 51), and
+// says what it is.
+func TestTotalsAreTheClusters(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 3, 4)
+	for i := range 51 {
+		if _, err := set(t, h.nodes[i%3], fmt.Sprint("total-", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, n := range h.nodes {
+		eventuallyT(t, 10*time.Second, fmt.Sprintf("n%d to count 51 keys", i+1), func() bool {
+			tot := n.Totals()
+			return tot.Keys == 51 && !tot.Partial && tot.Bytes > 0
+		})
+		if r := n.Role(); !strings.HasPrefix(r, "member, leads") {
+			t.Fatalf("n%d's role: %q", i+1, r)
+		}
+	}
+	sum := 0
+	for _, n := range h.nodes {
+		sum += n.Stats().Keys
+	}
+	if sum != 51 {
+		t.Fatalf("the nodes' shares add up to %d keys, want 51", sum)
+	}
+}
+
+// What a surviving node says when its peers stop answering and come back,
+// and when a group loses its leader and has one again.
+func TestSurvivorsSayWhatHappens(t *testing.T) {
+	t.Parallel()
+	log := &logBuffer{}
+	h := &harness{t: t, groups: 2}
+	for i := range 3 {
+		if err := h.tryStart(i, func(c *Config) {
+			if i == 0 {
+				c.Logger = log.logger()
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for i := range h.nodes {
+			h.stop(i)
+		}
+	})
+	h.awaitReplicas(3)
+	h.stop(1)
+	h.stop(2)
+	eventuallyT(t, 10*time.Second, "n1 to say n2 stopped answering", func() bool { return log.has(`msg="member stopped answering" node=n2`) })
+	eventuallyT(t, 10*time.Second, "n1 to say a group has no leader", func() bool { return log.has("the group has no leader") })
+	h.start(1)
+	eventuallyT(t, 20*time.Second, "n1 to say n2 answers again", func() bool { return log.has(`msg="member answers again" node=n2`) })
+	eventuallyT(t, 20*time.Second, "n1 to say the group has a leader again", func() bool { return log.has("the group has a leader again") })
 }

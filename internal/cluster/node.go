@@ -214,7 +214,6 @@ func Start(cfg Config) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
-	n.opened.Store(true)
 	n.wg.Add(1)
 	go n.reconcileLoop()
 	return n, nil
@@ -440,7 +439,7 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 	r, err := replica.Open(replica.Config{
 		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Log: log, Limits: limits, Clock: n.clock,
 		Transport: tr, Bootstrap: boot,
-		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log, Disk: n.cfg.Disk,
+		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log.With("group", g), Disk: n.cfg.Disk,
 	})
 	if err != nil {
 		// The reconciler tries again soon: each try would leave a
@@ -566,9 +565,88 @@ func (n *Node) startMeta() error {
 			return err
 		}
 	default:
-		if err := n.reopen(); err != nil {
-			return err
+		return n.reopenServing()
+	}
+	n.opened.Store(true)
+	return nil
+}
+
+// reopenQuick is how long Start waits for a restarting member to be let
+// back in before it returns and serves: answering state store requests
+// "unavailable", and saying why, until its cluster has a quorum. A
+// refusal within it (a member removed meanwhile) is Start's error; one
+// after it stops the node (Failed).
+var reopenQuick = 2 * time.Second
+
+// reopenServing reopens a member (see reopen), in the background once it
+// has taken reopenQuick: a member restarted alone refused MQTT
+// connections, without a word, until a second member was up (found by
+// trying it).
+func (n *Node) reopenServing() error {
+	done := make(chan error, 1)
+	go func() { done <- n.reopen() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			n.opened.Store(true)
 		}
+		return err
+	case <-time.After(reopenQuick):
+	}
+	n.log.Warn("serving before the cluster is back: state store requests are answered 'unavailable' until a quorum of its members is up",
+		"node", n.cfg.NodeID, "join", n.cfg.Join)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		err := <-done
+		switch {
+		case err == nil:
+			n.opened.Store(true)
+			n.log.Info("the cluster is back: serving", "node", n.cfg.NodeID)
+			n.wakeReconciler()
+		case n.closing():
+		default:
+			n.Fail(err)
+		}
+	}()
+	return nil
+}
+
+// closing reports whether Close has begun.
+func (n *Node) closing() bool {
+	select {
+	case <-n.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// StartingError answers requests on a member still waiting for its
+// cluster (see reopenServing).
+type StartingError struct{ Node string }
+
+func (e *StartingError) Error() string {
+	return "this node (" + e.Node + ") is starting: it waits for a quorum of its cluster's members"
+}
+
+// Reason is what a client is told (see statestore).
+func (e *StartingError) Reason() string { return e.Error() }
+
+// Ready reports whether the node serves: it has created, joined or
+// reopened its cluster, and is a member.
+func (n *Node) Ready() bool { return n.link == nil || n.opened.Load() && !n.removed.Load() }
+
+// unready is the error a request gets from a node that does not serve,
+// nil if it does.
+func (n *Node) unready() error {
+	switch {
+	case n.link == nil:
+		return nil
+	case n.removed.Load():
+		return &NotMemberError{n.cfg.NodeID}
+	case !n.opened.Load():
+		return &StartingError{n.cfg.NodeID}
 	}
 	return nil
 }
@@ -909,6 +987,9 @@ func (n *Node) reopen() error {
 		// waited 9.6 s without a line (found by trying it).
 		warnAt := time.Now().Add(min(2*time.Second, reopenWait))
 		for {
+			if n.closing() {
+				return errors.New("cluster: node closed")
+			}
 			// A round a second: the members known may change meanwhile.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			err = n.proposeMeta(ctx, op, n.reopenAddrs(), "")
@@ -926,6 +1007,9 @@ func (n *Node) reopen() error {
 		}
 	}
 	for n.awaitState(reopenWait, func(st *meta.State) bool { return st.Groups > 0 }) != nil {
+		if n.closing() {
+			return errors.New("cluster: node closed")
+		}
 		n.log.Warn("waiting for the cluster: the metadata is not yet committed; a quorum of the cluster's members must be up (a node removed from its cluster with `mqkv cluster remove` learns nothing more: start it with --join MEMBER to join again)")
 	}
 	entries, _ := os.ReadDir(filepath.Join(n.cfg.Dir, "groups"))

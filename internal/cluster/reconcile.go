@@ -85,8 +85,8 @@ func (n *Node) reconcileLoop() {
 
 func (n *Node) reconcile(rc *reconciler) {
 	st := n.state.Load()
-	if st == nil || st.Groups == 0 {
-		return
+	if st == nil || st.Groups == 0 || !n.opened.Load() {
+		return // (a reopening member opens its replicas itself)
 	}
 	n.probe(n.health, st)
 	n.checkMembership(rc, st)

@@ -25,8 +25,8 @@ const waitStep = 100 * time.Millisecond
 // Submit implements statestore.Router: the write goes to the leader of its
 // key's group, here or on another node.
 func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
-	if n.removed.Load() {
-		p.Done(store.Result{}, &NotMemberError{n.cfg.NodeID})
+	if err := n.unready(); err != nil {
+		p.Done(store.Result{}, err)
 		return
 	}
 	g := n.groupOf(p.Cmd.Key)
@@ -128,7 +128,7 @@ func (n *Node) forward(ctx context.Context, g int, cmd store.Command, after hlc.
 		done(store.Result{}, ErrNoLeader)
 		return
 	}
-	go n.submitRemote(ctx, g, cmd, after, func(res store.Result, err error) {
+	go n.submitRemote(ctx, g, cmd, after, false, func(res store.Result, err error) {
 		f.release(size)
 		done(res, err)
 	})
@@ -163,8 +163,11 @@ func readyTimeout(ctx context.Context) time.Duration {
 }
 
 // submitRemote sends a write to its group's leader and waits for the
-// outcome, following leader hints until ctx ends.
-func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, done func(store.Result, error)) {
+// outcome, following leader hints until ctx ends. A leader this node
+// cannot reach is reached through another member (see via), unless the
+// write came relayed already.
+func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, relayed bool, done func(store.Result, error)) {
+	var unreachable map[string]bool
 	for {
 		leader := n.leaderOf(g)
 		if leader == n.cfg.NodeID {
@@ -183,7 +186,9 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 			}
 		} else if leader != "" {
 			var resp callResp
-			err := n.call(ctx, leader, callReq{Op: opSubmit, Group: g, Cmd: cmd, After: after}, &resp)
+			req := callReq{Op: opSubmit, Group: g, Cmd: cmd, After: after}
+			to := n.via(leader, unreachable, relayed, &req)
+			err := n.call(ctx, to, req, &resp)
 			switch {
 			case err == nil && resp.Kind == errNone:
 				done(resp.Result, nil)
@@ -205,7 +210,13 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 				done(store.Result{}, replica.ErrOutcomeUnknown)
 				return
 			default:
-				n.hint(g, "") // unreachable: look elsewhere
+				if unreachable == nil {
+					unreachable = map[string]bool{}
+				}
+				unreachable[to] = true
+				if to == leader && relayed {
+					n.hint(g, "") // unreachable: look elsewhere
+				}
 			}
 		}
 		select {
@@ -220,8 +231,8 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 // Get implements statestore.Router: a linearizable read at the leader of
 // the key's group.
 func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
-	if n.removed.Load() {
-		return store.Entry{}, false, &NotMemberError{n.cfg.NodeID}
+	if err := n.unready(); err != nil {
+		return store.Entry{}, false, err
 	}
 	g := n.groupOf(key)
 	if r := n.local(g); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
@@ -238,6 +249,8 @@ func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
 // onLeader runs a read on the leader of g: locally (local) if this node
 // leads, else as a call; it retries on leader changes until ctx ends.
 func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp, local func(*replica.Group)) error {
+	var unreachable map[string]bool
+	relayed := req.Relay || req.Op != opGet && req.Op != opAscend // only reads are relayed
 	for {
 		leader := n.leaderOf(g)
 		if leader == n.cfg.NodeID {
@@ -246,7 +259,9 @@ func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp,
 				return nil
 			}
 		} else if leader != "" {
-			err := n.call(ctx, leader, req, resp)
+			req := req
+			to := n.via(leader, unreachable, relayed, &req)
+			err := n.call(ctx, to, req, resp)
 			switch {
 			case err == nil && resp.Kind == errNone:
 				return nil
@@ -255,7 +270,13 @@ func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp,
 			case err == nil:
 				return errors.New(resp.Err)
 			default:
-				n.hint(g, "")
+				if unreachable == nil {
+					unreachable = map[string]bool{}
+				}
+				unreachable[to] = true
+				if to == leader && relayed {
+					n.hint(g, "")
+				}
 			}
 		}
 		select {
@@ -271,8 +292,8 @@ func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp,
 // entries; the merge is exact up to the smallest last key of the groups
 // that had more, and stops there.
 func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn func(*store.Entry) bool) (bool, error) {
-	if n.removed.Load() {
-		return false, &NotMemberError{n.cfg.NodeID}
+	if err := n.unready(); err != nil {
+		return false, err
 	}
 	count := n.groupCount()
 	if count == 1 {
@@ -333,6 +354,30 @@ func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn fu
 			return false, nil
 		}
 	}
+}
+
+// via returns whom a request for leader is sent to: the leader itself,
+// unless this node cannot reach it (it found it unreachable, or does not
+// hear it: see health) while another member answers, through which req,
+// marked as relayed, is sent on. A partial partition (the link between
+// this node and the leader cut, the others up) stalled each request for
+// the whole request timeout (found by trying it). A relayed request is not
+// relayed again.
+func (n *Node) via(leader string, unreachable map[string]bool, relayed bool, req *callReq) string {
+	if relayed || !unreachable[leader] && n.alive(leader) {
+		return leader
+	}
+	st := n.state.Load()
+	if st == nil {
+		return leader
+	}
+	for _, m := range st.Nodes {
+		if m.ID != n.cfg.NodeID && m.ID != leader && !unreachable[m.ID] && n.alive(m.ID) {
+			req.Relay = true
+			return m.ID
+		}
+	}
+	return leader
 }
 
 // leaderOf returns the node id of g's leader as this node knows it: from

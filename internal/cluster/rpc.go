@@ -57,6 +57,9 @@ type callReq struct {
 	Meta   meta.Op
 	Since  uint64 // opEvents: the last index already seen
 	Copy   uint64 // opCopyBegin, opCopyPage, opCopyEnd, opCopyKeep: the held copy (its id, chosen by the backup)
+	// Relay asks a member that does not lead the group to carry an
+	// opSubmit, opGet or opAscend to its leader (see Node.via).
+	Relay bool
 }
 
 // Error kinds of a reply.
@@ -89,6 +92,9 @@ type callResp struct {
 	Snapshot   []byte        // opCopy: the group's store, in snapshot format
 	Holder     string        // opCopyBegin: the node holding the copy (this one); opWho: this node
 	Inc        string        // opWho: this process's incarnation
+	// opWho: the groups this node leads, with their keys and bytes (see
+	// Node.Totals).
+	Leads      []groupFigures
 	Keys       int           // opCopyBegin: its number of keys
 	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
 	DiskFull   *replica.DiskFullError
@@ -141,6 +147,9 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 	switch req.Op {
 	case opSubmit, opGet, opAscend, opConfig, opCopy, opCopyBegin:
 		r := n.local(req.Group)
+		if req.Relay && (r == nil || r.Raft().State() != raft.Leader) {
+			return n.relay(ctx, req)
+		}
 		if r == nil {
 			return callResp{Kind: errNotLeader, Leader: n.leaderOf(req.Group)}
 		}
@@ -208,6 +217,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		resp.Status = &st
 	case opWho:
 		resp.Holder, resp.Inc = n.cfg.NodeID, n.inc
+		resp.Leads = n.share()
 	case opMembership:
 		st := n.state.Load()
 		if st == nil || st.Groups == 0 {
@@ -219,6 +229,49 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		return callResp{Kind: errOther, Err: unknownCall}
 	}
 	return resp
+}
+
+// relay carries a request another member could not send to its group's
+// leader (see Node.via) to the leader, once.
+func (n *Node) relay(ctx context.Context, req callReq) callResp {
+	if err := n.unready(); err != nil {
+		return callResp{Kind: errNotLeader}
+	}
+	switch req.Op {
+	case opSubmit:
+		ch := make(chan callResp, 1)
+		n.submitRemote(ctx, req.Group, req.Cmd, req.After, true, func(res store.Result, err error) {
+			var df *replica.DiskFullError
+			switch {
+			case err == nil:
+				ch <- callResp{Result: res}
+			case errors.Is(err, replica.ErrOutcomeUnknown):
+				ch <- callResp{Kind: errUnknown, Err: err.Error()}
+			case errors.As(err, &df):
+				ch <- callResp{Kind: errDiskFull, Err: err.Error(), DiskFull: df}
+			case errors.Is(err, ErrNoLeader):
+				ch <- callResp{Kind: errNotLeader} // nothing done: the caller goes on
+			default:
+				ch <- callResp{Kind: errOther, Err: err.Error()}
+			}
+		})
+		return <-ch
+	case opGet, opAscend:
+		var resp callResp
+		err := n.onLeader(ctx, req.Group, req, &resp, func(r *replica.Group) {
+			if req.Op == opGet {
+				resp.Entry, resp.Found = r.Get(req.Key)
+			} else {
+				resp.Entries, resp.Exhausted = pageOf(r, req.From, req.Prefix, req.Limit)
+			}
+		})
+		if err != nil {
+			return callResp{Kind: errNotLeader}
+		}
+		resp.Kind = errNone
+		return resp
+	}
+	return callResp{Kind: errOther, Err: "not relayed"}
 }
 
 // submitHere applies a forwarded write on this leader.

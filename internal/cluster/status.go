@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -158,6 +160,89 @@ func (n *Node) Stats() replica.Stats {
 		}
 	}
 	return out
+}
+
+// share is what this node leads now, in group order.
+func (n *Node) share() []groupFigures {
+	var out []groupFigures
+	for g, r := range n.Groups() {
+		if s := r.Stats(); s.Leader {
+			out = append(out, groupFigures{Group: g, Keys: s.Keys, Bytes: s.Bytes})
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Group < out[b].Group })
+	return out
+}
+
+// Totals are the keys and bytes of the whole store.
+type Totals struct {
+	Keys  int
+	Bytes int64
+	// Partial says some group's figures are missing: no member that
+	// answers leads it (no leader, or one this node does not hear).
+	Partial bool
+}
+
+// Totals returns the store's keys and bytes: on a cluster member, the
+// sum over the groups of what their leaders hold, this node's now and the
+// others' as they said in their last answer to its probes (see health),
+// so a second or two old. Each node counting only the groups it led,
+// three nodes showed 35, 16 and 0 keys for a store of 51 (found by trying
+// it).
+func (n *Node) Totals() Totals {
+	if n.link == nil {
+		st := n.Stats()
+		return Totals{Keys: st.Keys, Bytes: st.Bytes}
+	}
+	var t Totals
+	seen := map[int]bool{}
+	add := func(fs []groupFigures) {
+		for _, f := range fs {
+			if !seen[f.Group] { // once, while a leadership changes hands
+				seen[f.Group] = true
+				t.Keys += f.Keys
+				t.Bytes += f.Bytes
+			}
+		}
+	}
+	add(n.share())
+	h := n.health
+	h.mu.Lock()
+	for id, fs := range h.shares {
+		if !h.down[id] {
+			add(fs)
+		}
+	}
+	h.mu.Unlock()
+	t.Partial = len(seen) < n.groupCount()
+	return t
+}
+
+// Role says what the node is: "single node", "starting" (waiting for its
+// cluster), "not a member" (left or removed), or "member, leads groups
+// 0, 3" ("leads no group").
+func (n *Node) Role() string {
+	switch {
+	case n.link == nil:
+		return "single node"
+	case n.removed.Load():
+		return "not a member"
+	case !n.opened.Load():
+		return "starting"
+	}
+	sh := n.share()
+	if len(sh) == 0 {
+		return "member, leads no group"
+	}
+	parts := make([]string, len(sh))
+	for i, f := range sh {
+		parts[i] = strconv.Itoa(f.Group)
+	}
+	word := "groups"
+	if len(parts) == 1 {
+		word = "group"
+	}
+	return "member, leads " + word + " " + strings.Join(parts, ", ")
 }
 
 // Clustered reports whether the node is a cluster member (not on its own).

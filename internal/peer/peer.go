@@ -97,6 +97,7 @@ type Link struct {
 	// isolated drops every connection and refuses new ones: the fault a
 	// test uses to cut this node off the network.
 	isolated atomic.Bool
+	cut      map[string]bool // addresses this node does not dial (see Cut); under mu
 	wg       sync.WaitGroup
 }
 
@@ -346,6 +347,12 @@ func (l *Link) Handle(h func(from string, s net.Conn)) { l.handler.Store(&h) }
 func (l *Link) Open(ctx context.Context, addr string, kind byte, header []byte) (net.Conn, error) {
 	if l.isolated.Load() {
 		return nil, errors.New("peer: isolated")
+	}
+	l.mu.Lock()
+	cut := l.cut[addr]
+	l.mu.Unlock()
+	if cut {
+		return nil, fmt.Errorf("peer: the link to %s is cut", addr)
 	}
 	sess, err := l.session(ctx, addr)
 	if err != nil {
@@ -669,6 +676,33 @@ func (l *Link) Isolate(on bool) {
 	l.mu.Unlock()
 	for _, s := range all {
 		s.Close()
+	}
+}
+
+// Cut stops (on) or allows again this node's connections to the node at
+// addr: its session is closed, and no stream is opened to it. Cut on both
+// nodes, it is a partial partition: the link between them is down, the
+// others are up (a fault for tests).
+func (l *Link) Cut(addr string, on bool) {
+	l.mu.Lock()
+	if l.cut == nil {
+		l.cut = map[string]bool{}
+	}
+	l.cut[addr] = on
+	if !on {
+		l.mu.Unlock()
+		return
+	}
+	s := l.sessions[addr]
+	delete(l.sessions, addr)
+	m := l.muxes[addr]
+	delete(l.muxes, addr)
+	l.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
+	if m != nil {
+		m.c.Close()
 	}
 }
 

@@ -300,16 +300,7 @@ func Open(cfg Config) (*Group, error) {
 		_, ok := o.Data.(raft.LeaderObservation)
 		return ok
 	}))
-	go func() {
-		for {
-			select {
-			case <-obs:
-				g.leaderChanges.Add(1)
-			case <-g.closing:
-				return
-			}
-		}
-	}()
+	go g.watchLeader(obs)
 	g.wg.Add(3)
 	go g.propose()
 	go g.complete()
@@ -322,6 +313,46 @@ func Open(cfg Config) (*Group, error) {
 		go g.snapshotIfLong(rc.SnapshotThreshold)
 	}
 	return g, nil
+}
+
+// leaderlessAfter is how long a replicated group may be without a leader
+// before its replicas say so: an election after a transfer or a crash
+// takes about one election timeout.
+const leaderlessAfter = 2 * time.Second
+
+// watchLeader counts the group's changes of leader and, for a group with
+// other replicas, says at info when it has had no leader for
+// leaderlessAfter and when it has one again (a group without a leader
+// answers none of its keys' writes: the operator reading the log of any
+// of its replicas sees it).
+func (g *Group) watchLeader(obs chan raft.Observation) {
+	var since time.Time // without a leader since; zero: it has one
+	said := false
+	check := time.NewTicker(leaderlessAfter / 4)
+	defer check.Stop()
+	for {
+		select {
+		case o := <-obs:
+			g.leaderChanges.Add(1)
+			lo, _ := o.Data.(raft.LeaderObservation)
+			switch {
+			case lo.LeaderID == "" && since.IsZero():
+				since = time.Now()
+			case lo.LeaderID != "" && !since.IsZero():
+				if said && g.cfg.Logger != nil {
+					g.cfg.Logger.Info("the group has a leader again", "leader", string(lo.LeaderID), "after", time.Since(since).Round(10*time.Millisecond))
+				}
+				since, said = time.Time{}, false
+			}
+		case <-check.C:
+			if !said && !since.IsZero() && time.Since(since) >= leaderlessAfter && g.cfg.Transport != nil && g.cfg.Logger != nil {
+				said = true
+				g.cfg.Logger.Info("the group has no leader: its keys' requests wait for an election, which needs a majority of its replicas", "since", since.Format(time.RFC3339Nano))
+			}
+		case <-g.closing:
+			return
+		}
+	}
 }
 
 // raftConfig tunes raft for a group of one (nobody else can start an
