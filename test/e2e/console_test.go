@@ -196,6 +196,15 @@ func TestConsoleShowsTheCluster(t *testing.T) {
 			t.Fatalf("cluster panel lacks %q:\n%s", want, text)
 		}
 	}
+	// The header says what the node is; the overview counts the
+	// cluster's keys (one), labelled so, with this node's share.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := chromedp.Run(wctx, chromedp.Poll[bool](`document.getElementById("node").textContent.includes("member, leads") && document.getElementById("s-keys").textContent === "1" && document.getElementById("l-keys").textContent.startsWith("keys in the cluster")`)); err != nil {
+		head, _ := chromedp.Run(ctx, chromedp.Text(`header`))
+		keysLabel, _ := chromedp.Run(ctx, chromedp.Text(`#overview`))
+		t.Fatalf("header %q, overview %q: want the node's role and the cluster's keys (%v)", head, keysLabel, err)
+	}
 	keys, err := chromedp.Run(ctx, chromedp.Text(`#keys`))
 	if err != nil {
 		t.Fatal(err)
