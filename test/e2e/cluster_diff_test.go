@@ -216,12 +216,15 @@ func TestDiffClusterVsSingle(t *testing.T) {
 	// The first fenced SET takes the __ts of a fresh lease-like SET.
 	for i := range steps {
 		if steps[i].ft == "@FT0" {
-			lease := diffStep{c: 0, args: []string{"SET", "lock", "holder", "NX", "PX", "10000"}}
+			// PX long enough to outlast both runs and the SCANs on a
+			// loaded machine (10 s expired the single node's lock
+			// before the cluster's, and the SCANs differed).
+			lease := diffStep{c: 0, args: []string{"SET", "lock", "holder", "NX", "PX", "120000"}}
 			steps = append(steps[:i], append([]diffStep{lease}, steps[i:]...)...)
 			steps[i+1].ft = fmt.Sprintf("@%d", i)
 			// a fresh one at the end: accepted, then a lower one refused
 			steps = append(steps,
-				diffStep{c: 0, args: []string{"SET", "lock", "holder2", "PX", "10000"}},
+				diffStep{c: 0, args: []string{"SET", "lock", "holder2", "PX", "120000"}},
 			)
 			n := len(steps) - 1
 			steps = append(steps,
