@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"cmp"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"sync"
@@ -16,27 +17,30 @@ import (
 	"github.com/mqkv/mqkv/internal/route"
 )
 
-// Messages written straight to their subscribers.
+// Routing: the broker delivers every message itself.
 //
 // mochi routes a message by walking its topic index, building maps of the
 // subscribers, copying the message for each and handing the copy to the
 // subscriber's write goroutine: a goroutine switch per delivery, and
-// about a fifth of the broker's CPU in a pub/sub round trip. When every
-// subscriber of a topic is an ordinary subscription of a connected
-// client, the publisher's reader writes the message to them itself, as
-// mosquitto's one thread does: a topic's subscribers are remembered until
-// the topic index changes, and the message is encoded into each
-// subscriber's connection, which never waits on its socket for another
-// client (see clientConn.Write). mochi routes everything else: shared and
-// inline subscriptions, retained messages, QoS 2, offline sessions,
-// and a subscriber whose connection is
-// backed up or who has messages queued in mochi, which a later message
-// must not overtake (MQTT-4.6.0-6). Replies to state store requests take
-// the same way (see replies.go).
+// about a fifth of the broker's CPU in a pub/sub round trip. And it
+// merges a client's overlapping subscriptions into one whose No Local
+// keeps the client's own message from it if any of them has it. So every
+// message published here, by a client or by the broker (replies,
+// notifications, wills), is routed by route: mochi is told to ignore it
+// (it still acknowledges it, and runs a QoS 2 exchange). A topic's
+// subscribers are remembered until the topic index changes; each
+// subscriber is written to directly when it can be, as mosquitto's one
+// thread does: the message is encoded into its connection, which never
+// waits on its socket for another client (see clientConn.Write). A
+// subscriber that cannot be (offline, its connection backed up, or with
+// messages queued in mochi, which a later message must not overtake,
+// MQTT-4.6.0-6) gets it through mochi's queue, as mochi would have queued
+// it (see enqueue). Replies to state store requests take a path of their
+// own when their client alone subscribes to the response topic (see
+// replies.go).
 
-// routes remembers, per topic, its subscribers if all of them can be
-// written to directly. Any change to the topic index bumps the
-// generation and forgets everything.
+// routes remembers, per topic, its subscribers. Any change to the topic
+// index bumps the generation and forgets everything.
 type routes struct {
 	gen   atomic.Uint64
 	mu    sync.Mutex
@@ -45,18 +49,29 @@ type routes struct {
 	bytes int               // of the topics in m
 }
 
-// fanout is a topic's subscribers. direct is false when some are shared
-// or inline subscriptions, which only mochi routes. own holds the clients
-// whose merged subscription says No Local (mochi merges a client's
-// matching subscriptions into one, No Local if any of them has it) while
-// another of their matching subscriptions does not: their own messages
-// still reach them (MQTT-3.8.3-3 keeps a message from a connection only
-// on account of a No Local subscription).
+// fanout is a topic's subscribers: plain subscriptions, one target per
+// client, and shared subscription groups (each message goes to one member
+// of each group). own holds the clients whose merged subscription says No
+// Local (mochi merges a client's matching subscriptions into one, No Local
+// if any of them has it) while another of their matching subscriptions
+// does not: their own messages still reach them (MQTT-3.8.3-3 keeps a
+// message from a connection only on account of a No Local subscription).
 type fanout struct {
-	direct bool
 	subs   []target
+	shared []sharedGroup
 	own    map[string]struct{}
 }
+
+// sharedGroup is the members of one shared subscription group
+// ($share/name/filter) whose filter matches a topic.
+type sharedGroup struct {
+	filter  string
+	members []target
+}
+
+// plain reports whether the topic has no shared subscriber: its
+// subscribers are subs.
+func (f *fanout) plain() bool { return len(f.shared) == 0 }
 
 // skipsOwn reports whether a message the client itself published is kept
 // from it under sub, its merged subscription to the topic.
@@ -85,6 +100,9 @@ func newTarget(client string, sub packets.Subscription) target {
 		if id > 0 { // mochi keeps 0 for a subscription without one
 			t.ids = append(t.ids, id)
 		}
+	}
+	if len(t.ids) == 0 && sub.Identifier > 0 {
+		t.ids = append(t.ids, sub.Identifier)
 	}
 	slices.Sort(t.ids)
 	t.ids = slices.Clip(t.ids) // an append to a message's copy must not reach the others
@@ -130,7 +148,7 @@ func (rr *routes) lookup(topic string, find func() fanout) fanout {
 func (b *Broker) fanoutOf(topic string) fanout {
 	return b.routes.lookup(topic, func() fanout {
 		subs := b.srv.Topics.Subscribers(topic)
-		f := fanout{}
+		f := fanout{subs: make([]target, 0, len(subs.Subscriptions))}
 		for id, sub := range subs.Subscriptions {
 			if sub.NoLocal && b.receivesOwn(id, topic) {
 				if f.own == nil {
@@ -138,13 +156,14 @@ func (b *Broker) fanoutOf(topic string) fanout {
 				}
 				f.own[id] = struct{}{}
 			}
-		}
-		if len(subs.Shared) > 0 || len(subs.InlineSubscriptions) > 0 {
-			return f
-		}
-		f.direct, f.subs = true, make([]target, 0, len(subs.Subscriptions))
-		for id, sub := range subs.Subscriptions {
 			f.subs = append(f.subs, newTarget(id, sub))
+		}
+		for filter, members := range subs.Shared {
+			g := sharedGroup{filter: filter}
+			for id, sub := range members {
+				g.members = append(g.members, newTarget(id, sub))
+			}
+			f.shared = append(f.shared, g)
 		}
 		return f
 	})
@@ -167,54 +186,39 @@ func (b *Broker) receivesOwn(client, topic string) bool {
 	return false
 }
 
-// ownCopyDue prepares a message that mochi routes (see publishDirect) for
-// its publisher's own subscriptions: mochi keeps it from the publisher
-// whenever the publisher's merged subscription has No Local, so where
-// another of its subscriptions lacks it, the message is given no origin
-// (mochi uses the origin for nothing else).
-func (b *Broker) ownCopyDue(from *mqtt.Client, pk *packets.Packet) {
-	f := b.fanoutOf(pk.TopicName)
-	if _, ok := f.own[from.ID]; ok {
-		pk.Origin = ""
+// acceptPublish routes a client's message (see route) and tells mochi
+// what is left for it to do, in what it returns: nothing for a QoS 0
+// message, the PUBACK of a QoS 1 message unless written here, the QoS 2
+// exchange. pk is the message as mochi has it in OnPublish: stamped, with
+// its expiry set.
+func (b *Broker) acceptPublish(from *mqtt.Client, pk packets.Packet) packets.Packet {
+	ackHere := pk.FixedHeader.Qos == 1 && !mochiQueued(from) // else its PUBACK would overtake one mochi holds (MQTT-4.6.0-2)
+	if ackHere {
+		// Acknowledged first, as by mochi; mochi, told the message is
+		// QoS 0 and to be ignored, does nothing more.
+		b.puback(from, pk.PacketID)
 	}
+	b.route(from, pk)
+	if ackHere {
+		pk.FixedHeader.Qos = 0
+	}
+	// Ignored, mochi neither routes nor retains it (ErrRejectPacket
+	// would also, but mochi logs each rejection at debug level, a heap
+	// copy of the packet even when off).
+	pk.Ignore = true
+	return pk
 }
 
-// publishDirect writes a client's message to the topic's subscribers, as
-// mochi's publishToSubscribers would, if every one of them can be written
-// to directly, and acknowledges it if QoS 1; else it writes nothing and
-// reports false, and mochi routes the message. pk is the message as mochi
-// has it in OnPublish: stamped, with its expiry set.
-func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
-	if pk.FixedHeader.Retain || pk.FixedHeader.Qos > 1 {
-		return false
-	}
-	if pk.FixedHeader.Qos == 1 && mochiQueued(from) {
-		return false // its PUBACK would overtake one mochi holds (MQTT-4.6.0-2)
+// route delivers a message published on this node (by a client, from;
+// by the broker itself, from is its inline client) to its subscribers.
+// A retained message is kept first (MQTT-3.3.1-5).
+func (b *Broker) route(from *mqtt.Client, pk packets.Packet) {
+	if pk.FixedHeader.Retain {
+		b.retain(from, pk)
 	}
 	f := b.fanoutOf(pk.TopicName)
-	if !f.direct {
-		return false
-	}
-	var buf [8]*mqtt.Client
-	to := buf[:0]
-	if len(f.subs) > len(buf) {
-		to = make([]*mqtt.Client, 0, len(f.subs))
-	}
-	for _, t := range f.subs {
-		var cl *mqtt.Client
-		if t.client != from.ID || !f.skipsOwn(t.client, t.sub) { // MQTT-3.8.3-3
-			cl, _ = b.srv.Clients.Get(t.client)
-		}
-		if cl != nil && !b.allowed(cl, pk.TopicName, false) {
-			cl = nil // not delivered, as by mochi
-		}
-		if cl != nil && !b.directTo(cl, cl == from, t.sub, min(pk.FixedHeader.Qos, t.sub.Qos)) {
-			return false
-		}
-		to = append(to, cl)
-	}
 	out := packets.Packet{
-		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: pk.FixedHeader.Qos},
+		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: pk.FixedHeader.Qos, Retain: pk.FixedHeader.Retain},
 		TopicName:       pk.TopicName,
 		Payload:         pk.Payload,
 		Properties:      pk.Properties,
@@ -226,17 +230,129 @@ func (b *Broker) publishDirect(from *mqtt.Client, pk packets.Packet) bool {
 	// Not passed on (MQTT-3.3.2-7); the rest is shared, read only, by
 	// every copy.
 	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
-	if pk.FixedHeader.Qos == 1 {
-		// Acknowledged first, as by mochi, which does not do it here:
-		// the hook tells it the message was QoS 0 and is to be ignored.
-		b.puback(from, pk.PacketID)
+	out.Properties.SubscriptionIdentifier = nil
+	reader := from != nil && !from.Net.Inline
+	if f.plain() {
+		for i := range f.subs {
+			b.deliver(from, &f.subs[i], out, reader, &f)
+		}
+		return
 	}
-	for i, cl := range to {
-		if cl != nil {
-			b.deliverDirect(cl, f.subs[i], out, cl == from)
+	// A client picked by a shared group that also subscribed to the topic
+	// itself gets one copy, its subscriptions merged (as mochi did).
+	picked := map[string]target{}
+	for _, g := range f.shared {
+		t := b.pickMember(g)
+		if p, ok := picked[t.client]; ok {
+			t = newTarget(t.client, p.sub.Merge(t.sub))
+		}
+		picked[t.client] = t
+	}
+	for i := range f.subs {
+		t := f.subs[i]
+		if p, ok := picked[t.client]; ok {
+			t = newTarget(t.client, t.sub.Merge(p.sub))
+			delete(picked, t.client)
+		}
+		b.deliver(from, &t, out, reader, &f)
+	}
+	for _, t := range picked {
+		b.deliver(from, &t, out, reader, &f)
+	}
+}
+
+// pickMember chooses the member of a shared subscription group a message
+// goes to: one whose client is connected, else (all are away, their
+// sessions kept) any; map order makes it random.
+func (b *Broker) pickMember(g sharedGroup) target {
+	start := rand.IntN(len(g.members))
+	for i := range g.members {
+		t := g.members[(start+i)%len(g.members)]
+		if cl, ok := b.srv.Clients.Get(t.client); ok && !cl.Closed() {
+			return t
 		}
 	}
-	return true
+	return g.members[start]
+}
+
+// deliver sends out to the client of t, its subscriptions matching the
+// topic merged: directly if it can be written to now, else through
+// mochi's queue. reader says from is a client whose reader goroutine
+// calls (see write).
+func (b *Broker) deliver(from *mqtt.Client, t *target, out packets.Packet, reader bool, f *fanout) {
+	if from != nil && t.client == from.ID && f.skipsOwn(t.client, t.sub) { // MQTT-3.8.3-3
+		return
+	}
+	cl, ok := b.srv.Clients.Get(t.client)
+	if !ok || !b.allowed(cl, out.TopicName, false) {
+		return // not delivered, as by mochi
+	}
+	if cl.Properties.ProtocolVersion < 5 || !t.sub.RetainAsPublished {
+		out.FixedHeader.Retain = false // MQTT-3.3.1-12 (3.1.1: always)
+	}
+	own := reader && cl == from
+	if b.directTo(cl, own, t.sub, min(out.FixedHeader.Qos, t.sub.Qos)) {
+		b.deliverDirect(cl, *t, out, own)
+		return
+	}
+	b.enqueue(cl, *t, out)
+}
+
+// retain keeps pk as its topic's retained message (an empty one removes
+// it), as mochi's retainMessage would, with the session store told.
+func (b *Broker) retain(from *mqtt.Client, pk packets.Packet) {
+	if b.srv.Options.Capabilities.RetainAvailable == 0 {
+		return
+	}
+	out := pk.Copy(false)
+	r := b.srv.Topics.RetainMessage(out)
+	if b.sessions != nil {
+		b.sessions.OnRetainMessage(from, pk, r)
+	}
+	atomic.StoreInt64(&b.srv.Info.Retained, int64(b.srv.Topics.Retained.Len()))
+}
+
+// enqueue sends out to cl through mochi's queue for it, as mochi's
+// publishToClient (v2.7.9) would: the session keeps a QoS 1 or 2 copy
+// (for a client away, only there), and the client's write goroutine
+// writes it after what it holds already.
+func (b *Broker) enqueue(cl *mqtt.Client, t target, out packets.Packet) {
+	out.FixedHeader.Qos = min(out.FixedHeader.Qos, t.sub.Qos, b.srv.Options.Capabilities.MaximumQos)
+	out.Properties.SubscriptionIdentifier = t.ids // shared, read only (MQTT-3.3.4-3)
+	if out.FixedHeader.Qos > 0 {
+		if cl.State.Inflight.Len() >= int(b.srv.Options.Capabilities.MaximumInflight) {
+			atomic.AddInt64(&b.srv.Info.InflightDropped, 1)
+			b.log.Warn("message dropped: the client's session holds --max-queued unacknowledged messages", "client", cl.ID)
+			return
+		}
+		id, err := cl.NextPacketID()
+		if err != nil {
+			atomic.AddInt64(&b.srv.Info.InflightDropped, 1)
+			b.log.Warn("packet ids exhausted", "client", cl.ID, "error", err)
+			return
+		}
+		out.PacketID = uint16(id)
+		if cl.State.Inflight.Set(out) {
+			atomic.AddInt64(&b.srv.Info.Inflight, 1)
+			if b.sessions != nil {
+				b.sessions.OnQosPublish(cl, out, out.Created, 0)
+			}
+			if cl.IsTakenOver() {
+				b.forwardIfTakenOver(cl, out) // see hook.OnQosPublish
+				return
+			}
+		}
+	}
+	if cl.Net.Conn == nil || cl.Closed() {
+		return // away: the session keeps it
+	}
+	if !mochiEnqueue(cl, &out) {
+		atomic.AddInt64(&b.srv.Info.MessagesDropped, 1)
+		b.slowConsumer(cl)
+		if out.FixedHeader.Qos > 0 {
+			cl.State.Inflight.Delete(out.PacketID) // as mochi: rolled back
+		}
+	}
 }
 
 // directTo reports whether a message at qos can be written to cl now,
@@ -416,6 +532,24 @@ func findOutbound() bool {
 	}
 	outboundOffset, outboundQtyOffset, outbufOffset = q.Offset, n.Offset, o.Offset
 	return true
+}
+
+// mochiEnqueue hands pk to cl's write goroutine, as mochi's publishToClient
+// does (the queue and its count are mochi's; see outboundOffset). It
+// reports false when the queue is full, or unknown (another mochi).
+func mochiEnqueue(cl *mqtt.Client, pk *packets.Packet) bool {
+	if !outboundKnown {
+		return false
+	}
+	state := unsafe.Pointer(&cl.State)
+	queue := *(*chan *packets.Packet)(unsafe.Add(state, outboundOffset))
+	select {
+	case queue <- pk:
+		atomic.AddInt32((*int32)(unsafe.Add(state, outboundQtyOffset)), 1)
+		return true
+	default:
+		return false
+	}
 }
 
 // mochiQueued reports whether mochi holds packets for cl it has not

@@ -281,8 +281,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 // subscribers: the broker acknowledges QoS 1 itself, or, while mochi holds
 // packets for the client, has mochi do it (CodeSuccessIgnore; returning
 // ErrRejectPacket would not, mochi issue #465). Every other message is
-// numbered for in-order resends (see sequencer), and written to its
-// subscribers here if it can be (see publishDirect).
+// numbered for in-order resends (see sequencer), and routed by the
+// broker (see route).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if pk.FixedHeader.Qos > 0 && !cl.Net.Inline && h.b.draining.Load() {
 		// Shutting down (see Broker.drain): no QoS 1 or 2 message is
@@ -303,19 +303,12 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			cc.AwaitNoReply()
 		}
 		h.b.seq.stamp(&pk)
-		if !cl.Net.Inline {
-			if h.b.publishDirect(cl, pk) {
-				// Delivered, and acknowledged if QoS 1: mochi is to do
-				// nothing more. As QoS 0 to be ignored, it does just
-				// that; ErrRejectPacket would too, but mochi logs each
-				// rejection at debug level, a heap copy of the packet
-				// even when off.
-				pk.FixedHeader.Qos, pk.Ignore = 0, true
-			} else {
-				h.b.ownCopyDue(cl, &pk)
-			}
+		if cl.Net.Inline {
+			h.b.route(cl, pk)
+			pk.Ignore = true
+			return pk, nil
 		}
-		return pk, nil
+		return h.b.acceptPublish(cl, pk), nil
 	}
 	// Counted before the check, so that a shutdown that begins after it
 	// waits for this request (see Broker.drain).

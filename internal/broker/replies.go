@@ -30,7 +30,7 @@ import (
 // repliesTo reports whether the replies on topic go to cl alone.
 func (b *Broker) repliesTo(cl *mqtt.Client, topic string) bool {
 	f := b.fanoutOf(topic)
-	return f.direct && len(f.subs) == 1 && f.subs[0].client == cl.ID
+	return f.plain() && len(f.subs) == 1 && f.subs[0].client == cl.ID
 }
 
 // connReplies routes the replies to one connection's requests (see
@@ -68,7 +68,7 @@ func (b *Broker) handle(cl *mqtt.Client, c *conn, req *statestore.Request) {
 	c.replies.held = nil
 	c.replies.mu.Unlock()
 	for _, h := range held {
-		b.deliver(cl, h, true)
+		b.deliverReply(cl, h, true)
 	}
 }
 
@@ -124,7 +124,7 @@ func (b *Broker) writeReplies(cr *connReplies) {
 		cr.queue = spare
 		cr.mu.Unlock()
 		for _, h := range batch {
-			b.deliver(cl, h, false)
+			b.deliverReply(cl, h, false)
 		}
 		clear(batch) // no reply kept alive by the slice
 		spare = batch[:0]
@@ -138,9 +138,9 @@ func (c *conn) endReplies() {
 	c.replies.mu.Unlock()
 }
 
-// deliver writes a reply to cl directly if it can, else through mochi;
-// reader says the writer is cl's reader (see Broker.write).
-func (b *Broker) deliver(cl *mqtt.Client, h heldReply, reader bool) {
+// deliverReply writes a reply to cl directly if it can, else publishes
+// it; reader says the writer is cl's reader (see Broker.write).
+func (b *Broker) deliverReply(cl *mqtt.Client, h heldReply, reader bool) {
 	if !b.replyDirect(cl, h.r, h.payload, h.version, reader) {
 		b.inject(h.r.ResponseTopic, h.payload, replyProperties(h.r, h.version))
 	}
@@ -170,7 +170,7 @@ func replyProperties(r *statestore.Request, version hlc.Timestamp) packets.Prope
 func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []byte, version hlc.Timestamp, reader bool) bool {
 	f := b.fanoutOf(r.ResponseTopic)
 	caps := b.srv.Options.Capabilities
-	if !f.direct || len(f.subs) != 1 || f.subs[0].client != cl.ID {
+	if !f.plain() || len(f.subs) != 1 || f.subs[0].client != cl.ID {
 		return false
 	}
 	t := f.subs[0]
