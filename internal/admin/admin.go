@@ -355,8 +355,8 @@ func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
 			return false
 		}
 		prev = e.Key
-		if !glob.Match(pattern, e.Key) {
-			return true
+		if !glob.Match(pattern, e.Key) || store.Reserved(e.Key) {
+			return true // (the server's own, as MQTT retained messages: shown under MQTT)
 		}
 		k := KeyInfo{Key: printable(e.Key), KeyHex: hex.EncodeToString(e.Key), Size: len(e.Value), Version: e.Version.String()}
 		k.Value, k.ValueHex, k.Binary = valueForms(e.Value)
@@ -386,6 +386,10 @@ func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) {
 	key, err := hex.DecodeString(r.URL.Query().Get("key"))
 	if err != nil || len(key) == 0 {
 		httpError(w, http.StatusBadRequest, "key: want the key in hex")
+		return
+	}
+	if store.Reserved(key) {
+		httpError(w, http.StatusForbidden, "the server's own key (an MQTT retained message): publish to change it")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), statestore.RequestTimeout)
@@ -447,6 +451,10 @@ func (s *Server) setKey(w http.ResponseWriter, r *http.Request) {
 	key, err := hex.DecodeString(req.KeyHex)
 	if err != nil || len(key) == 0 {
 		httpError(w, http.StatusBadRequest, "key_hex: want the key in hex")
+		return
+	}
+	if store.Reserved(key) {
+		httpError(w, http.StatusForbidden, "the server's own key (an MQTT retained message): publish to change it")
 		return
 	}
 	var value []byte

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/drain"
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
@@ -85,6 +86,22 @@ type Config struct {
 	ConnectTimeout time.Duration
 	Security       Security
 	Logger         *slog.Logger
+	// Peers, on a cluster member, carries messages to and from the other
+	// nodes (package mesh); nil on a node on its own.
+	Peers Peers
+	// Retained keeps retained messages in the store (package retained),
+	// which mirrors them back (MirrorRetained); nil keeps them in memory.
+	Retained Retained
+}
+
+// Retained is where retained messages are kept (package retained).
+type Retained interface {
+	// Put keeps m as topic's retained message (an empty payload removes
+	// it), ttlMs to live; done gets the outcome once committed.
+	Put(ctx context.Context, topic string, m *mesh.Message, ttlMs int64, done func(error))
+	// Sync brings the mirrored messages whose topics filter matches up
+	// to date with the store (see retained.Store.Sync).
+	Sync(ctx context.Context, filter string) error
 }
 
 // TopicAliasMaximum is the highest topic alias a client may use (advertised
@@ -106,7 +123,10 @@ type Counters struct {
 	SubscriptionsRevoked atomic.Int64 // subscriptions removed by a policy change
 	NotificationsDropped atomic.Int64 // notifications a full client queue refused
 	WillsDropped         atomic.Int64 // wills no longer allowed when due
-	DeliveredDirect      atomic.Int64 // messages written to a subscriber by the writer itself, not through mochi's queue (see publishDirect)
+	DeliveredDirect      atomic.Int64 // messages written to a subscriber by the writer itself, not through mochi's queue (see deliver)
+	Forwarded            atomic.Int64 // messages sent to other nodes (one per node)
+	RetainFailed         atomic.Int64 // retained messages the store did not take
+	FromPeers            atomic.Int64 // messages other nodes sent here
 }
 
 // Traffic is the broker's message counts since start.
@@ -159,6 +179,9 @@ type Broker struct {
 	mu         sync.Mutex
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 
+	peers     Peers
+	retained  Retained
+	interest  interest
 	seq       *sequencer
 	routes    routes
 	ids       idSpace
@@ -226,7 +249,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, maxSessions: cfg.MaxSessions, seq: newSequencer(), stop: make(chan struct{})}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, peers: cfg.Peers, retained: cfg.Retained, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, maxSessions: cfg.MaxSessions, seq: newSequencer(), stop: make(chan struct{})}
 	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{},
 		allowed: func(cl *mqtt.Client, filter string) bool { return b.allowed(cl, filter, false) }}
 	sec := cfg.Security
@@ -303,6 +326,7 @@ func (b *Broker) Serve() error {
 	if err := b.srv.Serve(); err != nil {
 		return err
 	}
+	b.seedInterest()
 	go b.sweep()
 	return nil
 }

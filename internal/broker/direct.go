@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/route"
 )
 
@@ -187,35 +189,66 @@ func (b *Broker) receivesOwn(client, topic string) bool {
 }
 
 // acceptPublish routes a client's message (see route) and tells mochi
-// what is left for it to do, in what it returns: nothing for a QoS 0
-// message, the PUBACK of a QoS 1 message unless written here, the QoS 2
-// exchange. pk is the message as mochi has it in OnPublish: stamped, with
-// its expiry set.
+// what is left for it to do, in what it returns: nothing for a QoS 0 or
+// 1 message (a QoS 1 message is acknowledged here), the QoS 2 exchange.
+// pk is the message as mochi has it in OnPublish: stamped, with its
+// expiry set.
+//
+// A QoS 1 message that goes to other nodes is acknowledged once they have
+// it (see pubacks), and so, in order, is every later one while it waits;
+// otherwise at once, first, as mochi does.
 func (b *Broker) acceptPublish(from *mqtt.Client, pk packets.Packet) packets.Packet {
-	ackHere := pk.FixedHeader.Qos == 1 && !mochiQueued(from) // else its PUBACK would overtake one mochi holds (MQTT-4.6.0-2)
-	if ackHere {
-		// Acknowledged first, as by mochi; mochi, told the message is
-		// QoS 0 and to be ignored, does nothing more.
-		b.puback(from, pk.PacketID)
+	if pk.FixedHeader.Qos != 1 {
+		b.route(from, pk, nil)
+		pk.Ignore = true // mochi runs a QoS 2 exchange, and routes nothing
+		return pk
 	}
-	b.route(from, pk)
-	if ackHere {
-		pk.FixedHeader.Qos = 0
+	c := b.connOf(from)
+	if c == nil || c.acks.idle() && !b.wantsRemote(pk.TopicName) && (!pk.FixedHeader.Retain || b.retained == nil) {
+		if !mochiQueued(from) {
+			b.puback(from, pk.PacketID)
+		} else {
+			// Its PUBACK would overtake one mochi holds (MQTT-4.6.0-2):
+			// mochi writes it, after this hook.
+			b.route(from, pk, nil)
+			pk.Ignore = true
+			return pk
+		}
+		b.route(from, pk, nil)
+	} else {
+		a := c.acks.push(pk.PacketID, func() { b.releaseAcks(from, &c.acks) })
+		b.route(from, pk, a)
+		a.done() // the sends are all made
 	}
-	// Ignored, mochi neither routes nor retains it (ErrRejectPacket
-	// would also, but mochi logs each rejection at debug level, a heap
-	// copy of the packet even when off).
-	pk.Ignore = true
+	// Told the message is QoS 0 and to be ignored, mochi does nothing
+	// more (ErrRejectPacket would also, but mochi logs each rejection at
+	// debug level, a heap copy of the packet even when off).
+	pk.FixedHeader.Qos, pk.Ignore = 0, true
 	return pk
 }
 
-// route delivers a message published on this node (by a client, from;
-// by the broker itself, from is its inline client) to its subscribers.
-// A retained message is kept first (MQTT-3.3.1-5).
-func (b *Broker) route(from *mqtt.Client, pk packets.Packet) {
+// route delivers a message published on this node (by a client, from; by
+// the broker itself, from is its inline client): a retained message is
+// kept first (MQTT-3.3.1-5), the other nodes that want it are sent it
+// (see sendRemote), and it is delivered to this node's subscribers. a, if
+// not nil, is the message's acknowledgement: it waits for the store's
+// write and the other nodes (see pubacks).
+func (b *Broker) route(from *mqtt.Client, pk packets.Packet, a *pendingAck) {
 	if pk.FixedHeader.Retain {
-		b.retain(from, pk)
+		b.retain(pk, a)
 	}
+	var keep map[string]bool // the shared groups this node serves; nil: all
+	if b.peers != nil {
+		keep = b.sendRemote(&pk, b.fanoutOf(pk.TopicName).shared, a)
+	}
+	b.deliverLocal(pk.Origin, pk, from, true, keep)
+}
+
+// deliverLocal delivers pk to this node's subscribers: the ordinary ones
+// if plain, and one member of each shared group (of those in groups, if
+// not nil). origin is the publishing client's id (No Local); from, if not
+// nil, the client whose reader or whose broker calls.
+func (b *Broker) deliverLocal(origin string, pk packets.Packet, from *mqtt.Client, plain bool, groups map[string]bool) {
 	f := b.fanoutOf(pk.TopicName)
 	out := packets.Packet{
 		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: pk.FixedHeader.Qos, Retain: pk.FixedHeader.Retain},
@@ -233,8 +266,10 @@ func (b *Broker) route(from *mqtt.Client, pk packets.Packet) {
 	out.Properties.SubscriptionIdentifier = nil
 	reader := from != nil && !from.Net.Inline
 	if f.plain() {
-		for i := range f.subs {
-			b.deliver(from, &f.subs[i], out, reader, &f)
+		if plain {
+			for i := range f.subs {
+				b.deliver(origin, from, &f.subs[i], out, reader, &f)
+			}
 		}
 		return
 	}
@@ -242,22 +277,27 @@ func (b *Broker) route(from *mqtt.Client, pk packets.Packet) {
 	// itself gets one copy, its subscriptions merged (as mochi did).
 	picked := map[string]target{}
 	for _, g := range f.shared {
+		if groups != nil && !groups[g.filter] {
+			continue // another node's to serve
+		}
 		t := b.pickMember(g)
 		if p, ok := picked[t.client]; ok {
 			t = newTarget(t.client, p.sub.Merge(t.sub))
 		}
 		picked[t.client] = t
 	}
-	for i := range f.subs {
-		t := f.subs[i]
-		if p, ok := picked[t.client]; ok {
-			t = newTarget(t.client, t.sub.Merge(p.sub))
-			delete(picked, t.client)
+	if plain {
+		for i := range f.subs {
+			t := f.subs[i]
+			if p, ok := picked[t.client]; ok {
+				t = newTarget(t.client, t.sub.Merge(p.sub))
+				delete(picked, t.client)
+			}
+			b.deliver(origin, from, &t, out, reader, &f)
 		}
-		b.deliver(from, &t, out, reader, &f)
 	}
 	for _, t := range picked {
-		b.deliver(from, &t, out, reader, &f)
+		b.deliver(origin, from, &t, out, reader, &f)
 	}
 }
 
@@ -277,10 +317,10 @@ func (b *Broker) pickMember(g sharedGroup) target {
 
 // deliver sends out to the client of t, its subscriptions matching the
 // topic merged: directly if it can be written to now, else through
-// mochi's queue. reader says from is a client whose reader goroutine
-// calls (see write).
-func (b *Broker) deliver(from *mqtt.Client, t *target, out packets.Packet, reader bool, f *fanout) {
-	if from != nil && t.client == from.ID && f.skipsOwn(t.client, t.sub) { // MQTT-3.8.3-3
+// mochi's queue. origin is the publishing client's id; reader says from
+// is a client whose reader goroutine calls (see write).
+func (b *Broker) deliver(origin string, from *mqtt.Client, t *target, out packets.Packet, reader bool, f *fanout) {
+	if t.client == origin && f.skipsOwn(t.client, t.sub) { // MQTT-3.8.3-3, by client id cluster-wide
 		return
 	}
 	cl, ok := b.srv.Clients.Get(t.client)
@@ -299,16 +339,50 @@ func (b *Broker) deliver(from *mqtt.Client, t *target, out packets.Packet, reade
 }
 
 // retain keeps pk as its topic's retained message (an empty one removes
-// it), as mochi's retainMessage would, with the session store told.
-func (b *Broker) retain(from *mqtt.Client, pk packets.Packet) {
+// it): in the store (see Retained), a (if not nil) waiting until it is
+// committed. A broker without a store keeps them in memory.
+func (b *Broker) retain(pk packets.Packet, a *pendingAck) {
+	if b.retained == nil {
+		b.mirror(pk)
+		return
+	}
+	done := a.hold()
+	var ttl int64
+	if pk.Expiry > 0 {
+		ttl = max(pk.Expiry-time.Now().Unix(), 1) * 1000
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
+	b.retained.Put(ctx, pk.TopicName, meshMessage(&pk), ttl, func(err error) {
+		cancel()
+		if err != nil {
+			b.Counters.RetainFailed.Add(1)
+			b.log.Warn("retained message not kept", "topic", pk.TopicName, "error", err)
+		}
+		done()
+	})
+}
+
+// retainTimeout bounds the wait for a retained message's write.
+const retainTimeout = 5 * time.Second
+
+// MirrorRetained sets the retained message of topic as this node's
+// subscribers see it (m nil: none): the store tells every node (see
+// package retained).
+func (b *Broker) MirrorRetained(topic string, m *mesh.Message) {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Retain: true}, TopicName: topic}
+	if m != nil {
+		pk = packetOf(m)
+	}
+	b.mirror(pk)
+}
+
+// mirror puts pk in mochi's index of retained messages (an empty payload
+// removes the topic's), which mochi reads for a new subscription.
+func (b *Broker) mirror(pk packets.Packet) {
 	if b.srv.Options.Capabilities.RetainAvailable == 0 {
 		return
 	}
-	out := pk.Copy(false)
-	r := b.srv.Topics.RetainMessage(out)
-	if b.sessions != nil {
-		b.sessions.OnRetainMessage(from, pk, r)
-	}
+	b.srv.Topics.RetainMessage(pk.Copy(false))
 	atomic.StoreInt64(&b.srv.Info.Retained, int64(b.srv.Topics.Retained.Len()))
 }
 
@@ -424,9 +498,12 @@ func (b *Broker) deliverDirect(cl *mqtt.Client, t target, out packets.Packet, re
 
 // puback acknowledges the client's QoS 1 PUBLISH that mochi knows as id,
 // from the client's reader, under the id the client used (see idSpace).
-func (b *Broker) puback(cl *mqtt.Client, id uint16) {
+func (b *Broker) puback(cl *mqtt.Client, id uint16) { b.pubackFrom(cl, id, true) }
+
+// pubackFrom is puback; reader says the writer is cl's reader.
+func (b *Broker) pubackFrom(cl *mqtt.Client, id uint16, reader bool) {
 	var ack [4]byte
-	b.write(cl, appendPuback(ack[:0], b.ids.ackID(cl, id)), 0, true)
+	b.write(cl, appendPuback(ack[:0], b.ids.ackID(cl, id)), 0, reader)
 }
 
 // write writes packets the broker encoded itself (messages counts the

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -228,6 +229,10 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 				}
 				h.b.judgeResumed(cl, c)
 			}
+			// Expired while the client was away, they are not resent
+			// (MQTT-3.3.2-5): mochi resends what its once-a-second
+			// sweep has not yet removed.
+			cl.ClearExpiredInflights(time.Now().Unix(), 0)
 			h.b.seq.renumber(cl)
 		}
 	default:
@@ -304,7 +309,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		h.b.seq.stamp(&pk)
 		if cl.Net.Inline {
-			h.b.route(cl, pk)
+			h.b.route(cl, pk, nil)
 			pk.Ignore = true
 			return pk, nil
 		}
@@ -404,11 +409,38 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 // OnSubscribed and OnUnsubscribed (also called by mochi's
 // UnsubscribeClient, when a session ends or starts clean): the topic
 // index changed (see routes).
-func (h *hook) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.b.routes.changed() }
+//
+// A filter new to this node is made known to the other nodes before
+// mochi writes the SUBACK (see Broker.subscribed).
+//
+// In a cluster, the retained messages the SUBSCRIBE is to get (mochi
+// sends them after the SUBACK, from the node's mirror) are read from the
+// store first: one acknowledged on another node a moment ago may not be
+// mirrored here yet (see retained.Store.Sync).
+func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
+	h.b.routes.changed()
+	for i, f := range pk.Filters {
+		if i < len(codes) && codes[i] < 0x80 {
+			h.b.subscribed(cl.ID, f.Filter)
+			if h.b.peers != nil && h.b.retained != nil && f.RetainHandling != 2 && !mqtt.IsSharedFilter(f.Filter) {
+				ctx, cancel := context.WithTimeout(context.Background(), retainTimeout)
+				if err := h.b.retained.Sync(ctx, f.Filter); err != nil {
+					h.b.log.Debug("retained messages not read from the store: those mirrored here are sent", "filter", f.Filter, "error", err)
+				}
+				cancel()
+			}
+		}
+	}
+}
 
 func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	h.b.routes.changed()
 	h.b.notifyUnsubscribed(cl, pk.Filters)
+	if cl != nil {
+		for _, f := range pk.Filters {
+			h.b.unsubscribed(cl.ID, f.Filter)
+		}
+	}
 }
 
 func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {

@@ -46,6 +46,7 @@ type conn struct {
 	since            time.Time            // when it connected
 	will             atomic.Pointer[will] // nil: none, or already sent
 	replies          connReplies          // see Broker.Reply
+	acks             pubacks              // QoS 1 acknowledgements waiting for other nodes (see acceptPublish)
 	// from is the connection whose session this one is taking over,
 	// and handover that takeover, until its leftovers are taken (see
 	// Broker.takeLeftovers). Only the connection's own goroutine, which
@@ -325,6 +326,7 @@ func (b *Broker) pruneSubscriptions(cl *mqtt.Client, c *conn) {
 		}
 		b.routes.changed()
 		cl.State.Subscriptions.Delete(filter)
+		b.unsubscribed(cl.ID, filter)
 		if b.sessions != nil {
 			b.sessions.OnUnsubscribed(cl, packets.Packet{Filters: packets.Subscriptions{sub}})
 		}

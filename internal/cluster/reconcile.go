@@ -297,12 +297,25 @@ func (n *Node) checkMembership(rc *reconciler, st *meta.State) {
 // which is leaving it: the first of the placed replicas want that votes,
 // answers and has applied nearly everything; "" if none does.
 func (n *Node) handoverTarget(g int, want []string, suffrage map[string]raft.ServerSuffrage, applied uint64) string {
+	behind := ""
 	for _, id := range want {
-		if id != n.cfg.NodeID && suffrage[id] == raft.Voter && n.alive(id) && n.caughtUp(id, g, applied) {
+		if id == n.cfg.NodeID || suffrage[id] != raft.Voter || !n.alive(id) {
+			continue
+		}
+		at, full, ok := n.replicaStatus(id, g)
+		if !ok || full {
+			continue
+		}
+		if at+catchUpSlack >= applied {
 			return id
 		}
+		if behind == "" {
+			behind = id
+		}
 	}
-	return ""
+	// One that answers but lags (a group written to hard): raft brings it
+	// up to date before it hands over.
+	return behind
 }
 
 // stepAside is the reconciling of a node that is no longer a member: it
@@ -329,16 +342,24 @@ func (n *Node) stepAside() {
 // caughtUp asks a member whether its replica of g has applied nearly
 // everything up to index.
 func (n *Node) caughtUp(id string, g int, index uint64) bool {
+	applied, full, ok := n.replicaStatus(id, g)
+	return ok && applied+catchUpSlack >= index && !full
+}
+
+// replicaStatus asks a member how far its replica of g has applied, and
+// whether its volume is full; ok is false when it does not answer or
+// holds no replica of g.
+func (n *Node) replicaStatus(id string, g int) (applied uint64, volumeFull, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var resp callResp
 	if err := n.call(ctx, id, callReq{Op: opStatus}, &resp); err != nil || resp.Kind != errNone {
 		n.log.Debug("catch-up check failed", "group", g, "node", id, "error", err, "resp", resp.Err)
-		return false
+		return 0, false, false
 	}
-	applied, ok := resp.Applied[g]
-	n.log.Debug("catch-up", "group", g, "node", id, "applied", applied, "leader", index, "ok", ok, "volume_full", resp.VolumeFull)
-	return ok && applied+catchUpSlack >= index && !resp.VolumeFull
+	applied, ok = resp.Applied[g]
+	n.log.Debug("catch-up", "group", g, "node", id, "applied", applied, "ok", ok, "volume_full", resp.VolumeFull)
+	return applied, resp.VolumeFull, ok
 }
 
 // dropIfRemoved closes this node's replica of g once the group's leader no

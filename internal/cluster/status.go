@@ -245,6 +245,22 @@ func (n *Node) Role() string {
 	return "member, leads " + word + " " + strings.Join(parts, ", ")
 }
 
+// Members returns the cluster's members as this node knows them, id →
+// node link address (itself included; none once it is no longer one).
+func (n *Node) Members() map[string]string {
+	out := map[string]string{}
+	if st := n.state.Load(); st != nil && !n.removed.Load() {
+		for _, m := range st.Nodes {
+			out[m.ID] = m.Addr
+		}
+	}
+	return out
+}
+
+// Alive reports whether member id answers this node's probes (see
+// health).
+func (n *Node) Alive(id string) bool { return n.alive(id) }
+
 // Clustered reports whether the node is a cluster member (not on its own).
 func (n *Node) Clustered() bool { return n.link != nil }
 

@@ -49,6 +49,35 @@ func (c *Conn) Send(v any) error {
 	return nil
 }
 
+// Write writes one message without flushing it (see Flush); on failure
+// the stream is closed.
+func (c *Conn) Write(v any) error {
+	b, err := Encode(v)
+	if err != nil {
+		return err
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	c.w.Write(n[:])
+	if _, err := c.w.Write(b); err != nil {
+		c.Close()
+		return err
+	}
+	return nil
+}
+
+// Flush sends what Write left; on failure the stream is closed.
+func (c *Conn) Flush() error {
+	if err := c.w.Flush(); err != nil {
+		c.Close()
+		return err
+	}
+	return nil
+}
+
+// Buffered reports how many bytes of the next messages are read already.
+func (c *Conn) Buffered() int { return c.r.Buffered() }
+
 // Receive reads one message into v.
 func (c *Conn) Receive(v any) error {
 	b, err := c.frame()

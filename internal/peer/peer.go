@@ -43,6 +43,7 @@ import (
 const (
 	KindRaft byte = 1 // followed by the group, uint32 big-endian
 	KindCall byte = 2 // served by the Handler
+	KindMesh byte = 4 // MQTT between nodes (package mesh), served by its HandleKind handler
 )
 
 // Config configures a Link.
@@ -82,6 +83,7 @@ type Link struct {
 	closed   bool
 
 	handler atomic.Pointer[func(from string, s net.Conn)]
+	kinds   sync.Map // stream kind → func(from string, s net.Conn) (see HandleKind)
 	calls   atomic.Pointer[func(from string, body []byte) []byte]
 	muxes   map[string]*mux // call streams, by address
 
@@ -335,9 +337,19 @@ func (l *Link) dispatch(from string, s *yamux.Stream) {
 		}
 		(*h)(from, s)
 	default:
-		s.Close()
+		h, ok := l.kinds.Load(kind[0])
+		if !ok {
+			s.Close()
+			return
+		}
+		s.SetReadDeadline(time.Time{})
+		h.(func(string, net.Conn))(from, s)
 	}
 }
+
+// HandleKind sets the handler of streams of a kind of their own (KindMesh):
+// it owns the stream.
+func (l *Link) HandleKind(kind byte, h func(from string, s net.Conn)) { l.kinds.Store(kind, h) }
 
 // Handle sets the handler of KindCall streams.
 func (l *Link) Handle(h func(from string, s net.Conn)) { l.handler.Store(&h) }

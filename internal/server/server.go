@@ -4,6 +4,7 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -24,8 +25,10 @@ import (
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
+	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/retained"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -149,6 +152,7 @@ type Server struct {
 	log     *slog.Logger
 	node    *cluster.Node
 	link    *peer.Link
+	mesh    *mesh.Mesh // MQTT between the nodes; nil on a node on its own
 	service *statestore.Service
 	broker  *broker.Broker
 	admin   *admin.Server
@@ -158,6 +162,8 @@ type Server struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	stop      chan struct{} // closed by Close: background work ends
+	bg        sync.WaitGroup
 }
 
 const logRepeatWindow = 10 * time.Second
@@ -179,15 +185,20 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, stop: make(chan struct{})}
 	// A failed start releases what it got, newest first.
 	started := false
 	defer func() {
 		if started {
 			return
 		}
+		close(s.stop)
+		s.bg.Wait()
 		if s.broker != nil {
 			s.broker.Close()
+		}
+		if s.mesh != nil {
+			s.mesh.Close()
 		}
 		if s.node != nil {
 			s.node.Close()
@@ -237,7 +248,15 @@ func Start(cfg Config) (*Server, error) {
 	// node may apply entries (expiries found at start) before: until then
 	// their events are nobody's.
 	var service atomic.Pointer[statestore.Service]
+	// Changes to MQTT retained messages go to the retained store's
+	// mirror, the rest to the state store (and the console).
+	var retainedStore atomic.Pointer[retained.Store]
 	onEvents := func(ev []store.Event) {
+		if r := retainedStore.Load(); r != nil {
+			if ev = r.Events(ev); len(ev) == 0 {
+				return
+			}
+		}
 		if svc := service.Load(); svc != nil {
 			svc.Events(ev)
 		}
@@ -305,6 +324,26 @@ func Start(cfg Config) (*Server, error) {
 	}
 	service.Store(s.service)
 
+	// On a cluster member, MQTT crosses to the other nodes (package
+	// mesh); the broker it delivers to is made next, and so is the one
+	// retained messages are mirrored into.
+	var peers broker.Peers
+	var toBroker atomic.Pointer[broker.Broker]
+	ret := retained.New(s.node, func(topic string, m *mesh.Message) {
+		if b := toBroker.Load(); b != nil {
+			b.MirrorRetained(topic, m)
+		}
+	})
+	retainedStore.Store(ret)
+	if s.link != nil {
+		s.mesh = mesh.New(mesh.Config{Link: s.link, Self: s.NodeID, Members: s.node.Members, Alive: s.node.Alive, Logger: cfg.Logger,
+			Deliver: func(from string, d *mesh.Delivery) {
+				if b := toBroker.Load(); b != nil {
+					b.FromPeer(from, d)
+				}
+			}})
+		peers = s.mesh
+	}
 	b, err := broker.New(broker.Config{
 		Listeners:        listeners,
 		DataDir:          mqttDir,
@@ -319,15 +358,30 @@ func Start(cfg Config) (*Server, error) {
 		ConnectTimeout:   cfg.ConnectTimeout,
 		Security:         sec,
 		Logger:           cfg.Logger,
+		Peers:            peers,
+		Retained:         ret,
 	}, s.service)
 	if err != nil {
 		return nil, err
 	}
 	s.broker = b
+	toBroker.Store(b)
 	s.service.SetTransport(b)
+	// Retained messages are mirrored before clients come, when the node
+	// serves already (a member restarted without its quorum does later).
+	loaded := false
+	if s.node.Ready() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if s.node.Follow(ctx) == nil {
+			_, err := ret.Load(ctx)
+			loaded = err == nil
+		}
+		cancel()
+	}
 	if err := b.Serve(); err != nil {
 		return nil, err
 	}
+	s.loadRetained(ret, b, loaded)
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
@@ -354,6 +408,42 @@ func Start(cfg Config) (*Server, error) {
 	cfg.Logger.Info("mqkv serving", attrs...)
 	started = true
 	return s, nil
+}
+
+// loadRetained has the broker mirror the store's retained messages, in
+// the background once the node serves (a member restarted without its
+// quorum waits): the node follows every group's changes first, so that
+// no change is missed between the read and them. Retained messages a
+// release before the store kept in the session store are moved into it.
+func (s *Server) loadRetained(ret *retained.Store, b *broker.Broker, loaded bool) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		for attempt := 0; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := s.node.Follow(ctx)
+			var n int
+			if err == nil {
+				err = b.MoveLegacyRetained(ctx)
+			}
+			if err == nil && !loaded {
+				n, err = ret.Load(ctx)
+			}
+			cancel()
+			if err == nil {
+				s.log.Debug("retained messages mirrored", "messages", n)
+				return
+			}
+			if attempt%30 == 29 {
+				s.log.Warn("retained messages not read yet: new subscribers miss them until they are", "error", err)
+			}
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
 }
 
 // Addr returns the address of the first MQTT listener.
@@ -406,10 +496,15 @@ func (s *Server) Err() error { return s.node.Err() }
 // directory.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.bg.Wait()
 		if s.admin != nil {
 			s.admin.Close()
 		}
 		s.closeErr = s.broker.Close()
+		if s.mesh != nil {
+			s.mesh.Close()
+		}
 		if err := s.node.Close(); s.closeErr == nil {
 			s.closeErr = err
 		}

@@ -93,7 +93,7 @@ func (s *Service) scan(r *Request, args [][]byte) {
 		}
 		examined++
 		last = e.Key
-		if m.Match(e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
+		if m.Match(e.Key) && !store.Reserved(e.Key) && r.Grant.CanAccess(e.Key, policy.Read) {
 			keys = append(keys, e.Key) // a key's bytes never change: no copy
 		}
 		return true

@@ -376,6 +376,11 @@ func (s *Service) checkKey(r *Request, key []byte, method policy.Method) (hlc.Ti
 	if len(key) == 0 {
 		return hlc.Timestamp{}, resp.ErrKeyLengthZero
 	}
+	if store.Reserved(key) {
+		// The server's own (MQTT retained messages, ...): no client's.
+		s.Counters.Denied.Add(1)
+		return hlc.Timestamp{}, resp.ErrNotAuthorized
+	}
 	if !r.HasTimestamp && method == policy.Write {
 		return hlc.Timestamp{}, resp.ErrTimestampMissing
 	}

@@ -542,3 +542,14 @@ func (s *Store) remove(e *Entry) {
 		s.expiry.Delete(expiryItem{at: e.ExpiresAt, key: e.Key})
 	}
 }
+
+// ReservedPrefix starts the keys the server keeps for itself in the
+// store (MQTT retained messages, ...): the state store protocol cannot
+// reach them (see Reserved), and its clients are not told of their
+// changes.
+const ReservedPrefix = "\x00mqkv/"
+
+// Reserved reports whether key is one the server keeps for itself.
+func Reserved(key []byte) bool {
+	return len(key) >= len(ReservedPrefix) && string(key[:len(ReservedPrefix)]) == ReservedPrefix
+}
