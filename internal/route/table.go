@@ -20,8 +20,8 @@ type Table struct {
 }
 
 type level struct {
-	next   map[string]*level // by the next level's word ('+' and '#' too)
-	plain  map[string]int    // node → its filters that end here (one, unless a node gives a filter twice)
+	next   map[string]*level         // by the next level's word ('+' and '#' too)
+	plain  map[string]int            // node → its filters that end here (one, unless a node gives a filter twice)
 	shared map[string]map[string]int // group → node → its subscriptions of that group ending here
 }
 
