@@ -1,7 +1,9 @@
 // Command peers measures mqkv side by side with the programs its users
 // would otherwise run, on this machine, in alternating rounds: durable
-// SET/GET against etcd put/get (one member, fsync on), and MQTT QoS 1
-// pub/sub round trips against mosquitto. Each workload is a closed loop:
+// SET/GET against etcd put/get (one member, fsync on), MQTT QoS 1
+// pub/sub round trips against mosquitto, and MQTT 3.1.1 messages across
+// the nodes of three-node clusters against NATS (nats-server from the Go
+// module proxy, MQTT and JetStream on). Each workload is a closed loop:
 // every client has one request in flight. It reports throughput, latency
 // percentiles and the server's CPU time per operation (from /proc).
 //
@@ -41,8 +43,24 @@ type workload interface {
 type server struct {
 	name string
 	proc *process
-	addr string
+	more []*process // a cluster's other nodes
+	addr string     // a cluster's: its nodes' MQTT addresses, comma-separated
 }
+
+// cpu is what the server's processes used so far.
+func (s *server) cpu() (time.Duration, error) {
+	var sum time.Duration
+	for _, p := range append([]*process{s.proc}, s.more...) {
+		c, err := p.cpu()
+		if err != nil {
+			return 0, err
+		}
+		sum += c
+	}
+	return sum, nil
+}
+
+func (s *server) stop() { stopAll(append([]*process{s.proc}, s.more...)) }
 
 func main() {
 	rounds := flag.Int("rounds", 3, "rounds per workload; mqkv and the peer alternate")
@@ -51,7 +69,7 @@ func main() {
 	clients := flag.Int("clients", 64, "clients, each with one operation in flight")
 	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
-	only := flag.String("only", "set,get,pubsub", "workloads to run")
+	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another)")
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
@@ -102,15 +120,30 @@ func main() {
 			pair[0] = func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
 			pair[1] = pair[0]
 			peer = startMosquitto
+		case "across-qos0", "across-qos1":
+			qos := byte(w[len(w)-1] - '0')
+			pair[0] = func(addr string) workload { return &across{addrs: strings.Split(addr, ","), qos: qos, pl: value} }
+			pair[1] = pair[0]
+			peer = func(dir string) (*server, error) {
+				bin, err := buildNATS(work)
+				if err != nil {
+					return nil, err
+				}
+				return startNATSCluster(bin, dir)
+			}
 		default:
 			log.Fatalf("unknown workload %q", w)
 		}
 		servers := [2]*server{}
-		if servers[0], err = startMQKV(*mqkvBin, filepath.Join(work, w, "mqkv")); err != nil {
+		start := startMQKV
+		if strings.HasPrefix(w, "across") {
+			start = startMQKVCluster
+		}
+		if servers[0], err = start(*mqkvBin, filepath.Join(work, w, "mqkv")); err != nil {
 			log.Fatal(err)
 		}
 		if servers[1], err = peer(filepath.Join(work, w, "peer")); err != nil {
-			servers[0].proc.stop()
+			servers[0].stop()
 			log.Fatal(err)
 		}
 		var sums [2]result
@@ -128,7 +161,7 @@ func main() {
 		}
 		results = append(results, sums[0], sums[1])
 		for _, s := range servers {
-			s.proc.stop()
+			s.stop()
 		}
 	}
 	if *pin {
@@ -169,7 +202,7 @@ func measure(w workload, s *server, clients int, warmup, duration time.Duration)
 		}()
 	}
 	time.Sleep(warmup)
-	cpu0, err := s.proc.cpu()
+	cpu0, err := s.cpu()
 	if err != nil {
 		return result{}, err
 	}
@@ -178,7 +211,7 @@ func measure(w workload, s *server, clients int, warmup, duration time.Duration)
 	time.Sleep(duration)
 	measuring.Store(false)
 	elapsed := time.Since(t0)
-	cpu1, _ := s.proc.cpu()
+	cpu1, _ := s.cpu()
 	cancel()
 	wg.Wait()
 	if err, ok := firstErr.Load().(error); ok {

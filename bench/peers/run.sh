@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of mqkv against etcd (durable SET/GET) and
-# mosquitto (MQTT QoS 1 pub/sub), in alternating rounds on this machine.
-# Installs the peers from Debian packages if missing. Flags go to the
+# Side-by-side benchmark of mqkv against etcd (durable SET/GET),
+# mosquitto (MQTT QoS 1 pub/sub) and a three-node NATS cluster (MQTT
+# across nodes: -only across-qos0,across-qos1), in alternating rounds on
+# this machine. Installs etcd and mosquitto from Debian packages if
+# missing; nats-server is built from the Go module proxy. Flags go to the
 # program, e.g.:  bench/peers/run.sh -rounds 3 -duration 10s -clients 64
 set -euo pipefail
 if ! command -v etcd >/dev/null || ! command -v mosquitto >/dev/null && ! [ -x /usr/sbin/mosquitto ]; then

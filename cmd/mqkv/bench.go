@@ -32,7 +32,8 @@ func benchCmd() *cobra.Command {
 	addr := fs.String("server", "", "MQTT `address` of the server to measure; empty starts a fresh one as a child process")
 	inMemory := fs.Bool("in-memory", false, "start the child server in memory instead of on a temporary data directory")
 	clients := fs.Int("clients", 64, "number of MQTT clients, each with one request in flight")
-	op := fs.String("op", "set", "request `mix`: set, get, mixed (half each), lease (SET NEX PX renewals), echo, ping")
+	op := fs.String("op", "set", "request `mix`: set, get, mixed (half each), lease (SET NEX PX renewals), echo, ping; or pubsub (QoS 1 messages, each client's publisher on one node and its subscriber on the next)")
+	subExpiry := fs.Uint("session-expiry", 0, "with --op pubsub: the subscribers' Session Expiry Interval in `seconds` (above 0, a cluster keeps their sessions in the store); with --baseline clean, compared with 0")
 	valueSize := fs.Int("value-size", 256, "value size in `bytes`")
 	keys := fs.Int("keys", 10000, "size of the keyspace")
 	duration := fs.Duration("duration", 10*time.Second, "measured time per round")
@@ -56,19 +57,31 @@ Baselines, measured in the same run:
         subscription, --responders connections) that answers through
         the same broker without a store: the MQTT request/response floor
   ping  the server answers PING without touching the store: the floor of
-        the state store's own request path (stricter)`
+        the state store's own request path (stricter)
+  samenode  (--op pubsub) each client's publisher and subscriber on the
+        same node: the baseline of messages across nodes
+  clean  (--op pubsub --session-expiry N) the subscribers' sessions
+        clean: what keeping them in the cluster's store costs`
 	cmd.Example = `  mqkv bench --op set --baseline echo            # durable SET against the MQTT floor
   mqkv bench --op get --clients 64 --value-size 256 --baseline echo
   mqkv bench --op set --clients 1 --baseline echo  # single-client latency
+  mqkv bench --cluster 3 --op pubsub --baseline samenode  # MQTT across nodes
   mqkv bench --server 127.0.0.1:1883 --op mixed  # an already running server`
 	cmd.RunE = func(*cobra.Command, []string) error {
 		switch bench.Op(*op) {
-		case bench.OpEcho, bench.OpPing, bench.OpSet, bench.OpGet, bench.OpMixed, bench.OpLease:
+		case bench.OpEcho, bench.OpPing, bench.OpSet, bench.OpGet, bench.OpMixed, bench.OpLease, bench.OpPubSub:
 		default:
 			return fmt.Errorf("bench: unknown op %q", *op)
 		}
 		switch *baseline {
 		case "", "echo", "ping":
+		case "samenode", "clean":
+			if bench.Op(*op) != bench.OpPubSub {
+				return fmt.Errorf("bench: --baseline %s compares pub/sub runs: give --op pubsub", *baseline)
+			}
+			if *baseline == "clean" && *subExpiry == 0 {
+				return fmt.Errorf("bench: --baseline clean compares with --session-expiry: give it")
+			}
 		case "nopatterns":
 			if *patterns <= 0 {
 				return fmt.Errorf("bench: --baseline nopatterns needs --patterns")
@@ -78,7 +91,7 @@ Baselines, measured in the same run:
 				return fmt.Errorf("bench: --baseline nopolicy compares two child servers: give --policy and no --server")
 			}
 		default:
-			return fmt.Errorf("bench: unknown baseline %q (want echo, ping, nopolicy or nopatterns)", *baseline)
+			return fmt.Errorf("bench: unknown baseline %q (want echo, ping, nopolicy, nopatterns, samenode or clean)", *baseline)
 		}
 		if *clients < 1 || *rounds < 1 || *duration <= 0 || *keys < 1 || *responders < 1 {
 			return fmt.Errorf("bench: --clients, --rounds, --duration, --keys and --responders must be positive")
@@ -183,6 +196,7 @@ Baselines, measured in the same run:
 		cfg := bench.Config{
 			Addr: *addr, Clients: *clients, Responders: *responders, Op: bench.Op(*op), ValueSize: *valueSize,
 			Keys: *keys, Duration: *duration, Warmup: *warmup, Patterns: *patterns, Rate: *rate,
+			SessionExpiry: uint32(*subExpiry),
 		}
 		var joined *server.Process
 		if *addAfter > 0 {
@@ -241,6 +255,8 @@ Baselines, measured in the same run:
 					c.Addr = baseAddr
 				case "nopatterns":
 					c.Patterns = 0
+				case "clean":
+					c.SessionExpiry = 0
 				default:
 					c.Op = bench.Op(*baseline)
 				}
@@ -285,6 +301,10 @@ Baselines, measured in the same run:
 				names = []string{string(cfg.Op) + " (no policy)", string(cfg.Op) + " (policy)"}
 			case "nopatterns":
 				names = []string{string(cfg.Op) + " (no patterns)", fmt.Sprintf("%s (%d patterns)", cfg.Op, cfg.Patterns)}
+			case "samenode":
+				names = []string{"pubsub same node", "pubsub across nodes"}
+			case "clean":
+				names = []string{"pubsub clean sessions", fmt.Sprintf("pubsub kept sessions (expiry %ds)", cfg.SessionExpiry)}
 			}
 		}
 		for i, r := range rows {

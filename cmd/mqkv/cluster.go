@@ -59,7 +59,7 @@ func clusterStatusCmd() *cobra.Command {
 
 func printCluster(w io.Writer, st cluster.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tLEADS\tREPLICAS\tPARTITIONS LED")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tLEADS\tREPLICAS\tPARTITIONS LED\tCLIENTS\tSESSIONS\tSUBSCRIPTIONS\tROUTE TABLE")
 	perGroup := 0
 	if len(st.Groups) > 0 {
 		perGroup = st.Groups[0].Partitions
@@ -69,7 +69,11 @@ func printCluster(w io.Writer, st cluster.Status) {
 		if n.VolumeFull {
 			state += ", volume full"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t~%d\n", n.ID, n.Addr, state, n.Leads, n.Replicas, n.Leads*perGroup)
+		mq := "-\t-\t-\t-"
+		if n.MQTT != nil {
+			mq = fmt.Sprintf("%d\t%d\t%d\t%d", n.MQTT.Clients, n.MQTT.Sessions, n.MQTT.Subscriptions, n.MQTT.RouteFilters)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t~%d\t%s\n", n.ID, n.Addr, state, n.Leads, n.Replicas, n.Leads*perGroup, mq)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

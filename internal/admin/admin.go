@@ -27,6 +27,7 @@ import (
 	"github.com/mqkv/mqkv/internal/glob"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/journal"
+	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
@@ -40,6 +41,9 @@ type Node struct {
 	Data    Keyspace
 	Service *statestore.Service
 	Broker  *broker.Broker
+	// Mesh carries MQTT between a cluster's nodes; nil on a node on its
+	// own.
+	Mesh *mesh.Mesh
 }
 
 // Keyspace is the data behind the endpoint: the whole keyspace through the

@@ -119,6 +119,34 @@ func (m *Metrics) bind(n *Node) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
 	m.reg.MustRegister(groupMetrics{n.Data}, journalMetrics{n.Data})
+	counter("mqkv_mqtt_forwarded_total", "Messages sent to other nodes of the cluster, one per node that wants each.", func() float64 {
+		return float64(n.Broker.Counters.Forwarded.Load())
+	})
+	counter("mqkv_mqtt_from_peers_total", "Messages other nodes of the cluster sent here.", func() float64 {
+		return float64(n.Broker.Counters.FromPeers.Load())
+	})
+	counter("mqkv_mqtt_sessions_taken_up_total", "Persistent sessions of a node that died, taken up here.", func() float64 {
+		return float64(n.Broker.Counters.SessionsTakenUp.Load())
+	})
+	counter("mqkv_mqtt_wills_taken_up_total", "Wills of clients whose node died, published here.", func() float64 {
+		return float64(n.Broker.Counters.WillsTakenUp.Load())
+	})
+	if r := n.Broker.Roaming(); r != nil {
+		counter("mqkv_mqtt_session_writes_total", "Records of persistent sessions (subscriptions, wills, queued messages) written to the replicated store.", func() float64 { return float64(r.Writes.Load()) })
+		counter("mqkv_mqtt_session_write_rounds_total", "Rounds those records were written in (each proposes every record changed since the last).", func() float64 { return float64(r.Rounds.Load()) })
+		counter("mqkv_mqtt_session_write_failures_total", "Records of persistent sessions the store did not take.", func() float64 { return float64(r.Failed.Load()) })
+	}
+	if n.Mesh != nil {
+		mc := &n.Mesh.Counters
+		counter("mqkv_mesh_resent_total", "Messages sent again to another node on a new stream (the last broke before they were acknowledged).", func() float64 { return float64(mc.Resent.Load()) })
+		counter("mqkv_mesh_dropped_total", "Messages to other nodes given up: the node was gone, or too much waited for it.", func() float64 { return float64(mc.Dropped.Load()) })
+		counter("mqkv_mesh_resyncs_total", "Streams from other nodes opened with their whole interest (a new or restored link).", func() float64 { return float64(mc.Resyncs.Load()) })
+		counter("mqkv_mesh_hops_total", "QoS 1 and 2 messages acknowledged by the nodes they went to.", func() float64 { return float64(mc.Hops.Load()) })
+		counter("mqkv_mesh_hop_seconds_total", "Time from sending to the other node's acknowledgement (delivery into its subscribers' sessions included), summed over mqkv_mesh_hops_total.", func() float64 {
+			return float64(mc.HopMicros.Load()) / 1e6
+		})
+		gauge("mqkv_mesh_route_table_filters", "Topic filters the other nodes said they have subscribers for (node and filter pairs).", func() float64 { return float64(n.Mesh.TableSize()) })
+	}
 	gauge("mqkv_keys", "Keys in the groups this node leads (a node on its own: the store); summed over a cluster's members, the cluster's.", func() float64 { return float64(n.Data.Stats().Keys) })
 	gauge("mqkv_bytes", "Key and value bytes in the groups this node leads (a node on its own: the store); summed over a cluster's members, the cluster's.", func() float64 { return float64(n.Data.Stats().Bytes) })
 	gauge("mqkv_store_keys", "Keys in the whole store, a cluster's as this node sees it (its members' figures a second or two old): the same on every node.", func() float64 { return float64(n.Data.Totals().Keys) })

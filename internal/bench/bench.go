@@ -41,6 +41,14 @@ const (
 	OpGet   Op = "get"   // GET of an existing key
 	OpMixed Op = "mixed" // half GET, half SET
 	OpLease Op = "lease" // SET key holder NEX PX 10000: a lease renewal
+	// OpPubSub publishes QoS 1 messages to a topic of the client's own,
+	// which another connection of the client subscribes to: with several
+	// nodes, on the next node (the message crosses the cluster); see
+	// Config.SameNode.
+	OpPubSub Op = "pubsub"
+	// OpSameNode is OpPubSub with both connections on one node: the
+	// baseline of the messages across nodes.
+	OpSameNode Op = "samenode"
 )
 
 // EchoTopic is where the echo responders listen (a shared subscription).
@@ -71,6 +79,10 @@ type Config struct {
 	// Window, if set, is called as the measured time begins (true) and
 	// ends (false), to sample what the server used in it.
 	Window func(begin bool)
+	// SessionExpiry, for OpPubSub and OpSameNode, is the subscribing
+	// connections' Session Expiry Interval (seconds): above 0, their
+	// sessions are kept in a cluster's store (each message written).
+	SessionExpiry uint32
 }
 
 // Result is what one measurement found.
@@ -118,11 +130,18 @@ type client struct {
 	respTopic string
 	replies   chan *paho.Publish
 	corr      uint64
+	sub       *paho.Client // OpPubSub: the subscribing connection, to pubTopic
+	pubTopic  string
 }
 
 // openConn opens an MQTT v5 connection with a clean session as id,
 // subscribed to filter, handing every message received to onPublish.
 func openConn(ctx context.Context, addr, id, filter string, onPublish func(*paho.Client, *paho.Publish)) (*paho.Client, error) {
+	return openSession(ctx, addr, id, filter, 0, onPublish)
+}
+
+// openSession is openConn with a Session Expiry Interval (seconds).
+func openSession(ctx context.Context, addr, id, filter string, expiry uint32, onPublish func(*paho.Client, *paho.Publish)) (*paho.Client, error) {
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -137,7 +156,11 @@ func openConn(ctx context.Context, addr, id, filter string, onPublish func(*paho
 		}},
 		OnClientError: func(error) {},
 	})
-	if _, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 60}); err != nil {
+	cp := &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 60}
+	if expiry > 0 {
+		cp.Properties = &paho.ConnectProperties{SessionExpiryInterval: &expiry}
+	}
+	if _, err := c.Connect(ctx, cp); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("connect: %w", err)
 	}
@@ -206,7 +229,30 @@ func (cl *client) callTopic(ctx context.Context, topic string, payload []byte) (
 	}
 }
 
-func (cl *client) close() { cl.c.Disconnect(&paho.Disconnect{}) }
+func (cl *client) close() {
+	cl.c.Disconnect(&paho.Disconnect{})
+	if cl.sub != nil {
+		// Ends the session, kept or not (MQTT 5: expiry 0 at DISCONNECT).
+		var zero uint32
+		cl.sub.Disconnect(&paho.Disconnect{Properties: &paho.DisconnectProperties{SessionExpiryInterval: &zero}})
+	}
+}
+
+// dialPubSub connects a client of OpPubSub: its publishing connection to
+// pubAddr, its subscribing one to subAddr.
+func dialPubSub(ctx context.Context, pubAddr, subAddr, id string, expiry uint32) (*client, error) {
+	cl, err := dial(ctx, pubAddr, id)
+	if err != nil {
+		return nil, err
+	}
+	cl.pubTopic = "bench/pubsub/" + id
+	cl.sub, err = openSession(ctx, subAddr, id+"-sub", cl.pubTopic, expiry, func(_ *paho.Client, p *paho.Publish) { cl.replies <- p })
+	if err != nil {
+		cl.close()
+		return nil, err
+	}
+	return cl, nil
+}
 
 func key(i int) []byte { return []byte("bench/key/" + strconv.Itoa(i)) }
 
@@ -263,6 +309,29 @@ func connect(ctx context.Context, addr, prefix string, n int) ([]*client, error)
 	return out, nil
 }
 
+// connectPubSub connects the clients of OpPubSub and OpSameNode, spread
+// over the nodes of cfg.Addr: client i publishes on node i and, for
+// OpPubSub, subscribes on node i+1.
+func connectPubSub(ctx context.Context, cfg Config) ([]*client, error) {
+	var run [4]byte
+	rand.Read(run[:])
+	addrs := strings.Split(cfg.Addr, ",")
+	out := make([]*client, 0, cfg.Clients)
+	for i := range cfg.Clients {
+		pub, sub := addrs[i%len(addrs)], addrs[i%len(addrs)]
+		if cfg.Op == OpPubSub {
+			sub = addrs[(i+1)%len(addrs)]
+		}
+		cl, err := dialPubSub(ctx, pub, sub, fmt.Sprintf("bench-%s-%x-%d", cfg.Op, run, i), cfg.SessionExpiry)
+		if err != nil {
+			closeAll(out)
+			return nil, err
+		}
+		out = append(out, cl)
+	}
+	return out, nil
+}
+
 func closeAll(cs []*client) {
 	for _, c := range cs {
 		c.close()
@@ -273,7 +342,13 @@ func closeAll(cs []*client) {
 // reply, and sends the next (a closed loop), for Warmup and then Duration;
 // only the Duration part counts.
 func Run(ctx context.Context, cfg Config) (Result, error) {
-	clients, err := connect(ctx, cfg.Addr, string(cfg.Op), cfg.Clients)
+	var clients []*client
+	var err error
+	if cfg.Op == OpPubSub || cfg.Op == OpSameNode {
+		clients, err = connectPubSub(ctx, cfg)
+	} else {
+		clients, err = connect(ctx, cfg.Addr, string(cfg.Op), cfg.Clients)
+	}
 	if err != nil {
 		return Result{}, err
 	}
@@ -294,6 +369,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	value := make([]byte, cfg.ValueSize)
 	rand.Read(value)
+	message := bytes.Repeat([]byte("m"), cfg.ValueSize) // OpPubSub's: never read as an error reply
 
 	var measuring atomic.Bool
 	stop := make(chan struct{})
@@ -346,6 +422,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					topic = EchoTopic // the same SET, answered by a responder
 				}
 				switch op {
+				case OpPubSub, OpSameNode:
+					topic, payload = cl.pubTopic, message
 				case OpPing:
 					payload = resp.AppendBulks(nil, []byte("PING"))
 				case OpSet, OpEcho:

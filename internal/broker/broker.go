@@ -24,6 +24,7 @@ import (
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/roaming"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
 
@@ -92,6 +93,13 @@ type Config struct {
 	// Retained keeps retained messages in the store (package retained),
 	// which mirrors them back (MirrorRetained); nil keeps them in memory.
 	Retained Retained
+	// Owners, on a cluster member, records which node holds each client
+	// id (see takeover.go); NodeID is this node's.
+	Owners Owners
+	// Roaming, on a cluster member, keeps the sessions that are to
+	// outlive their node in the store (package roaming; see roaming.go).
+	Roaming *roaming.Store
+	NodeID  string
 }
 
 // Retained is where retained messages are kept (package retained).
@@ -127,6 +135,9 @@ type Counters struct {
 	Forwarded            atomic.Int64 // messages sent to other nodes (one per node)
 	RetainFailed         atomic.Int64 // retained messages the store did not take
 	FromPeers            atomic.Int64 // messages other nodes sent here
+	RoamFailed           atomic.Int64 // queued messages of persistent sessions the store did not take
+	WillsTakenUp         atomic.Int64 // wills of clients whose node died, published here
+	SessionsTakenUp      atomic.Int64 // persistent sessions of a node that died, taken up here
 }
 
 // Traffic is the broker's message counts since start.
@@ -181,6 +192,12 @@ type Broker struct {
 
 	peers     Peers
 	retained  Retained
+	owners    Owners
+	claims    sync.Map // client id → its ownership.Claim, while its session is here
+	roam      *roaming.Store
+	roamed    roamed
+	taken     sync.Map // client id → the member that died holding its session, taken up here (see GivenUp)
+	self      string   // this node's id
 	interest  interest
 	seq       *sequencer
 	routes    routes
@@ -249,7 +266,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 		ClientNetWriteBufferSize: 32 << 10,
 		ClientNetReadBufferSize:  32 << 10,
 	})
-	b := &Broker{srv: srv, handler: h, log: cfg.Logger, peers: cfg.Peers, retained: cfg.Retained, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, maxSessions: cfg.MaxSessions, seq: newSequencer(), stop: make(chan struct{})}
+	b := &Broker{srv: srv, handler: h, log: cfg.Logger, peers: cfg.Peers, retained: cfg.Retained, owners: cfg.Owners, roam: cfg.Roaming, self: cfg.NodeID, notifySubs: map[string]*mqtt.Client{}, wills: wills{pending: map[string]*time.Timer{}}, maxPacketSize: cfg.MaxPacketSize, serverKeepAlive: cfg.ServerKeepAlive, maxSessions: cfg.MaxSessions, seq: newSequencer(), stop: make(chan struct{})}
 	b.subLimits = subscriptionLimits{max: cfg.MaxSubscriptions, maxLength: DefaultMaxFilterLength, maxLevels: DefaultMaxFilterLevels, pending: map[*mqtt.Client]override{},
 		allowed: func(cl *mqtt.Client, filter string) bool { return b.allowed(cl, filter, false) }}
 	sec := cfg.Security
@@ -328,6 +345,10 @@ func (b *Broker) Serve() error {
 	}
 	b.seedInterest()
 	go b.sweep()
+	if b.roam != nil && b.peers != nil {
+		go b.claimRestored()
+		go b.sweepDead()
+	}
 	return nil
 }
 
@@ -427,11 +448,21 @@ func (b *Broker) forget(cl *mqtt.Client, c *conn) {
 	b.dropNotifySubscription(cl)
 }
 
+// Roaming returns where the sessions that outlive their node are kept
+// (nil on a node on its own).
+func (b *Broker) Roaming() *roaming.Store { return b.roam }
+
 // HasSession reports whether the broker holds a session (connected or
 // not) for the client id.
 func (b *Broker) HasSession(clientID string) bool {
 	_, ok := b.srv.Clients.Get(clientID)
 	return ok
+}
+
+// Figures are the broker's clients connected now, the sessions it holds
+// (connected or not) and their subscriptions.
+func (b *Broker) Figures() (clients int64, sessions int, subscriptions int64) {
+	return atomic.LoadInt64(&b.srv.Info.ClientsConnected), b.srv.Clients.Len(), atomic.LoadInt64(&b.srv.Info.Subscriptions)
 }
 
 // ClientsConnected returns the number of connected clients.

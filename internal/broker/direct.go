@@ -62,6 +62,9 @@ type fanout struct {
 	subs   []target
 	shared []sharedGroup
 	own    map[string]struct{}
+	// roams says a subscriber's session is kept in the store (see
+	// keepMessage): a QoS 1 message's acknowledgement waits for it.
+	roams bool
 }
 
 // sharedGroup is the members of one shared subscription group
@@ -159,11 +162,13 @@ func (b *Broker) fanoutOf(topic string) fanout {
 				f.own[id] = struct{}{}
 			}
 			f.subs = append(f.subs, newTarget(id, sub))
+			f.roams = f.roams || b.roams(id)
 		}
 		for filter, members := range subs.Shared {
 			g := sharedGroup{filter: filter}
 			for id, sub := range members {
 				g.members = append(g.members, newTarget(id, sub))
+				f.roams = f.roams || b.roams(id)
 			}
 			f.shared = append(f.shared, g)
 		}
@@ -198,13 +203,31 @@ func (b *Broker) receivesOwn(client, topic string) bool {
 // it (see pubacks), and so, in order, is every later one while it waits;
 // otherwise at once, first, as mochi does.
 func (b *Broker) acceptPublish(from *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Qos == 2 && b.waitsForOthers(pk) {
+		// mochi writes the PUBREC once this returns: it waits here, on
+		// the client's reader, for the other nodes, the retained write
+		// and the sessions kept in the store, as a QoS 1 PUBACK does
+		// (in order, as the reader takes the client's packets in turn).
+		ready := make(chan struct{})
+		a := &pendingAck{release: func() { close(ready) }}
+		a.waiting.Store(1)
+		b.route(from, pk, a)
+		a.done()
+		select {
+		case <-ready:
+		case <-time.After(qos2Wait):
+			b.log.Warn("PUBREC sent before the other nodes took the message", "client", from.ID, "topic", pk.TopicName)
+		}
+		pk.Ignore = true
+		return pk
+	}
 	if pk.FixedHeader.Qos != 1 {
 		b.route(from, pk, nil)
 		pk.Ignore = true // mochi runs a QoS 2 exchange, and routes nothing
 		return pk
 	}
 	c := b.connOf(from)
-	if c == nil || c.acks.idle() && !b.wantsRemote(pk.TopicName) && (!pk.FixedHeader.Retain || b.retained == nil) {
+	if c == nil || c.acks.idle() && !b.waitsForOthers(pk) {
 		if !mochiQueued(from) {
 			b.puback(from, pk.PacketID)
 		} else {
@@ -227,6 +250,17 @@ func (b *Broker) acceptPublish(from *mqtt.Client, pk packets.Packet) packets.Pac
 	return pk
 }
 
+// waitsForOthers reports whether a QoS 1 or 2 message's acknowledgement
+// waits for more than this node's subscribers: other nodes that want it,
+// its retained write, a subscriber's session kept in the store.
+func (b *Broker) waitsForOthers(pk packets.Packet) bool {
+	return b.wantsRemote(pk.TopicName) || pk.FixedHeader.Retain && b.retained != nil || b.roam != nil && b.fanoutOf(pk.TopicName).roams
+}
+
+// qos2Wait bounds a QoS 2 message's wait for the other nodes (mesh.GiveUp
+// and a dead member's sessions taken up are well within it).
+const qos2Wait = 30 * time.Second
+
 // route delivers a message published on this node (by a client, from; by
 // the broker itself, from is its inline client): a retained message is
 // kept first (MQTT-3.3.1-5), the other nodes that want it are sent it
@@ -241,14 +275,17 @@ func (b *Broker) route(from *mqtt.Client, pk packets.Packet, a *pendingAck) {
 	if b.peers != nil {
 		keep = b.sendRemote(&pk, b.fanoutOf(pk.TopicName).shared, a)
 	}
-	b.deliverLocal(pk.Origin, pk, from, true, keep)
+	b.deliverLocal(pk.Origin, pk, from, true, keep, a, nil)
 }
 
 // deliverLocal delivers pk to this node's subscribers: the ordinary ones
 // if plain, and one member of each shared group (of those in groups, if
 // not nil). origin is the publishing client's id (No Local); from, if not
-// nil, the client whose reader or whose broker calls.
-func (b *Broker) deliverLocal(origin string, pk packets.Packet, from *mqtt.Client, plain bool, groups map[string]bool) {
+// nil, the client whose reader or whose broker calls. a, if not nil, waits
+// for the deliveries into sessions kept in the store (see keepMessage).
+// only, if not nil, names sessions taken up from a member that died: the
+// message goes to them alone (see GivenUp).
+func (b *Broker) deliverLocal(origin string, pk packets.Packet, from *mqtt.Client, plain bool, groups map[string]bool, a *pendingAck, only *takenUp) {
 	f := b.fanoutOf(pk.TopicName)
 	out := packets.Packet{
 		FixedHeader:     packets.FixedHeader{Type: packets.Publish, Qos: pk.FixedHeader.Qos, Retain: pk.FixedHeader.Retain},
@@ -268,7 +305,7 @@ func (b *Broker) deliverLocal(origin string, pk packets.Packet, from *mqtt.Clien
 	if f.plain() {
 		if plain {
 			for i := range f.subs {
-				b.deliver(origin, from, &f.subs[i], out, reader, &f)
+				b.deliver(origin, from, &f.subs[i], out, reader, &f, a, only)
 			}
 		}
 		return
@@ -293,11 +330,11 @@ func (b *Broker) deliverLocal(origin string, pk packets.Packet, from *mqtt.Clien
 				t = newTarget(t.client, t.sub.Merge(p.sub))
 				delete(picked, t.client)
 			}
-			b.deliver(origin, from, &t, out, reader, &f)
+			b.deliver(origin, from, &t, out, reader, &f, a, only)
 		}
 	}
 	for _, t := range picked {
-		b.deliver(origin, from, &t, out, reader, &f)
+		b.deliver(origin, from, &t, out, reader, &f, a, only)
 	}
 }
 
@@ -319,8 +356,11 @@ func (b *Broker) pickMember(g sharedGroup) target {
 // topic merged: directly if it can be written to now, else through
 // mochi's queue. origin is the publishing client's id; reader says from
 // is a client whose reader goroutine calls (see write).
-func (b *Broker) deliver(origin string, from *mqtt.Client, t *target, out packets.Packet, reader bool, f *fanout) {
+func (b *Broker) deliver(origin string, from *mqtt.Client, t *target, out packets.Packet, reader bool, f *fanout, a *pendingAck, only *takenUp) {
 	if t.client == origin && f.skipsOwn(t.client, t.sub) { // MQTT-3.8.3-3, by client id cluster-wide
+		return
+	}
+	if only != nil && !only.has(b, t.client) {
 		return
 	}
 	cl, ok := b.srv.Clients.Get(t.client)
@@ -332,10 +372,10 @@ func (b *Broker) deliver(origin string, from *mqtt.Client, t *target, out packet
 	}
 	own := reader && cl == from
 	if b.directTo(cl, own, t.sub, min(out.FixedHeader.Qos, t.sub.Qos)) {
-		b.deliverDirect(cl, *t, out, own)
+		b.deliverDirect(cl, *t, out, own, a)
 		return
 	}
-	b.enqueue(cl, *t, out)
+	b.enqueue(cl, *t, out, a)
 }
 
 // retain keeps pk as its topic's retained message (an empty one removes
@@ -390,7 +430,7 @@ func (b *Broker) mirror(pk packets.Packet) {
 // publishToClient (v2.7.9) would: the session keeps a QoS 1 or 2 copy
 // (for a client away, only there), and the client's write goroutine
 // writes it after what it holds already.
-func (b *Broker) enqueue(cl *mqtt.Client, t target, out packets.Packet) {
+func (b *Broker) enqueue(cl *mqtt.Client, t target, out packets.Packet, a *pendingAck) {
 	out.FixedHeader.Qos = min(out.FixedHeader.Qos, t.sub.Qos, b.srv.Options.Capabilities.MaximumQos)
 	out.Properties.SubscriptionIdentifier = t.ids // shared, read only (MQTT-3.3.4-3)
 	if out.FixedHeader.Qos > 0 {
@@ -411,6 +451,7 @@ func (b *Broker) enqueue(cl *mqtt.Client, t target, out packets.Packet) {
 			if b.sessions != nil {
 				b.sessions.OnQosPublish(cl, out, out.Created, 0)
 			}
+			b.keepMessage(cl, out, a)
 			if cl.IsTakenOver() {
 				b.forwardIfTakenOver(cl, out) // see hook.OnQosPublish
 				return
@@ -455,7 +496,7 @@ func (b *Broker) directTo(cl *mqtt.Client, own bool, sub packets.Subscription, q
 // deliverDirect writes msg to cl for its subscriptions t, as mochi's
 // publishToClient and WritePacket (v2.7.9) would: directTo said it may.
 // reader says the writer is cl's reader, handling a packet (see write).
-func (b *Broker) deliverDirect(cl *mqtt.Client, t target, out packets.Packet, reader bool) {
+func (b *Broker) deliverDirect(cl *mqtt.Client, t target, out packets.Packet, reader bool, a *pendingAck) {
 	out.FixedHeader.Qos = min(out.FixedHeader.Qos, t.sub.Qos, b.srv.Options.Capabilities.MaximumQos)
 	out.Properties.SubscriptionIdentifier = t.ids // shared, read only (MQTT-3.3.4-3)
 	if out.FixedHeader.Qos > 0 {
@@ -486,6 +527,7 @@ func (b *Broker) deliverDirect(cl *mqtt.Client, t target, out packets.Packet, re
 		if b.sessions != nil {
 			b.sessions.OnQosPublish(cl, out, out.Created, 0)
 		}
+		b.keepMessage(cl, out, a)
 		cl.State.Inflight.DecreaseSendQuota()
 		if cl.IsTakenOver() {
 			b.forwardIfTakenOver(cl, out) // see hook.OnQosPublish

@@ -74,7 +74,14 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		cc.onSlow(func() { h.b.slowConsumer(cl) })
 		h.b.countWindow(cl, cc)
 	}
-	return h.b.authenticate(cl, pk)
+	if err := h.b.authenticate(cl, pk); err != nil {
+		return err
+	}
+	if c := h.b.connOf(cl); c != nil && !h.b.claim(cl, pk, c) {
+		h.b.conns.Delete(cl)
+		return errAuthFailed
+	}
+	return nil
 }
 
 func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
@@ -192,6 +199,13 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		cc.Established()
 	}
 	h.b.establishing.release(cl)
+	if c := h.b.connOf(cl); c != nil {
+		h.b.keepSession(cl, c.will.Load(), time.Time{}, false)
+	}
+	if c := h.b.connOf(cl); c != nil && c.revoked.Load() {
+		// Another node took the client id over while it connected.
+		h.b.disconnect(cl, packets.ErrSessionTakenOver)
+	}
 }
 
 func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
@@ -419,6 +433,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 // mirrored here yet (see retained.Store.Sync).
 func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 	h.b.routes.changed()
+	if c := h.b.connOf(cl); c != nil && persistent(cl) {
+		h.b.keepSession(cl, c.will.Load(), time.Time{}, true) // before the SUBACK
+	}
 	for i, f := range pk.Filters {
 		if i < len(codes) && codes[i] < 0x80 {
 			h.b.subscribed(cl.ID, f.Filter)
@@ -436,6 +453,9 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	h.b.routes.changed()
 	h.b.notifyUnsubscribed(cl, pk.Filters)
+	if c := h.b.connOf(cl); c != nil && !cl.Closed() && persistent(cl) {
+		h.b.keepSession(cl, c.will.Load(), time.Time{}, true) // before the UNSUBACK
+	}
 	if cl != nil {
 		for _, f := range pk.Filters {
 			h.b.unsubscribed(cl.ID, f.Filter)
@@ -509,6 +529,7 @@ func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
 // deletion), as the copy's order number is only the same until the
 // CONNACK (see sequencer).
 func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
+	h.b.forgetMessage(cl.ID, pk.PacketID)
 	cc, ok := cl.Net.Conn.(*clientConn)
 	if !ok || cc.acking.id == 0 {
 		return
@@ -665,6 +686,8 @@ func (b *Broker) move(next, prev *mqtt.Client, pk packets.Packet) {
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
 	h.b.srv.UnsubscribeClient(cl) // OnUnsubscribed: routes changed
 	h.b.ids.forget(cl.ID)
+	h.b.endRecords(cl)
+	h.b.releaseExpired(cl.ID)
 }
 
 // OnDisconnect sends the client's will unless it ended with a normal
@@ -675,8 +698,22 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	h.b.subLimits.forget(cl)
 	if c := h.b.connOf(cl); c != nil {
+		var due *will // the will kept for other nodes: one that waits for its delay
 		if err != nil {
+			if w := c.will.Load(); w != nil && willDelay(cl, w) > 0 {
+				due = w
+			}
 			h.b.dueWill(cl, c)
+		}
+		switch {
+		case cl.IsTakenOver(): // the connection that took it keeps it
+		case expire:
+			h.b.endRecords(cl)
+		default:
+			h.b.keepSession(cl, due, time.Now(), false)
+		}
+		if expire {
+			h.b.releaseClaim(cl.ID, c.claim) // a later owner's record is left alone
 		}
 		h.b.forget(cl, c)
 	} else {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-msgpack/v2/codec"
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
@@ -27,7 +28,31 @@ type Peers interface {
 	// the node has delivered it into its subscribers' sessions, or it was
 	// given up. It never blocks.
 	Send(node string, d *mesh.Delivery, done func())
+	// Request asks a node (its broker's Answer) and hands reply the
+	// answer, or ok false if none came. It never blocks.
+	Request(node string, body []byte, reply func(answer []byte, ok bool))
+	// Alive reports whether a node answers.
+	Alive(node string) bool
+	// Nodes returns the other members' ids.
+	Nodes() []string
 }
+
+// Answer answers another node's request (see Peers.Request): the takeover
+// of a client id (see takeover.go), or whether a member answers here (see
+// sweepDead).
+func (b *Broker) Answer(from string, body []byte) []byte {
+	var req takeoverRequest
+	if codec.NewDecoderBytes(body, wire).Decode(&req) != nil {
+		return nil
+	}
+	if req.Alive != "" {
+		return encodeWire(aliveAnswer{Alive: b.peers.Alive(req.Alive)})
+	}
+	return b.takeoverFrom(from, req)
+}
+
+// aliveAnswer says whether a member answers the node asked.
+type aliveAnswer struct{ Alive bool }
 
 // interest counts, per topic filter, the clients subscribed to it here,
 // and tells the other nodes when a filter gains its first or loses its
@@ -136,7 +161,18 @@ func (b *Broker) sendRemote(pk *packets.Packet, local []sharedGroup, a *pendingA
 	// Each message of a shared group goes to one member in all: the
 	// node is picked among those with members, alike, so that members
 	// on every node get work.
-	for group, nodes := range w.Shared {
+	for group, all := range w.Shared {
+		// Not to a node that does not answer: its members get nothing
+		// (their share moves to the others).
+		nodes := make([]string, 0, len(all))
+		for _, node := range all {
+			if b.peers.Alive(node) {
+				nodes = append(nodes, node)
+			}
+		}
+		if len(nodes) == 0 {
+			continue
+		}
 		n := len(nodes)
 		if keep[group] {
 			n++
@@ -147,10 +183,15 @@ func (b *Broker) sendRemote(pk *packets.Packet, local []sharedGroup, a *pendingA
 			d.Groups = append(d.Groups, group)
 		}
 	}
+	var now int64
+	if pk.FixedHeader.Qos > 0 {
+		now = time.Now().UnixNano()
+	}
 	for node, d := range deliveries {
 		var done func()
 		if pk.FixedHeader.Qos > 0 {
 			done = a.hold()
+			d.Sent = now
 		}
 		b.peers.Send(node, d, done)
 	}
@@ -180,7 +221,7 @@ func meshMessage(pk *packets.Packet) *mesh.Message {
 // subscribers: its ordinary ones if d.Plain, and one member of each shared
 // group of d.Groups. It is never sent on, nor kept as retained (the node
 // it was published on keeps it).
-func (b *Broker) FromPeer(from string, d *mesh.Delivery) {
+func (b *Broker) FromPeer(from string, d *mesh.Delivery, done func()) {
 	m := &d.Msg
 	pk := packetOf(m)
 	b.seq.stamp(&pk)
@@ -189,7 +230,60 @@ func (b *Broker) FromPeer(from string, d *mesh.Delivery) {
 	for _, g := range d.Groups {
 		groups[g] = true
 	}
-	b.deliverLocal(m.Origin, pk, nil, d.Plain, groups)
+	a := &pendingAck{release: done}
+	a.waiting.Store(1)
+	var only *takenUp
+	if d.For != "" {
+		only = &takenUp{d.For, d.Since}
+	}
+	b.deliverLocal(m.Origin, pk, nil, d.Plain, groups, a, only)
+	a.done() // the deliveries are all made
+}
+
+// GivenUp delivers again a QoS 1 or 2 message that node died before it
+// acknowledged, to the sessions another node took up from it after the
+// message was sent (see roaming.go; those taken up before got it as
+// anyone did): here, and on the other nodes that want its topic now.
+// done is called once they have it.
+func (b *Broker) GivenUp(node string, d *mesh.Delivery, done func()) {
+	if !d.Plain || d.For != "" || b.roam == nil {
+		done()
+		return
+	}
+	a := &pendingAck{release: done}
+	a.waiting.Store(1)
+	pk := packetOf(&d.Msg)
+	b.seq.stamp(&pk)
+	b.deliverLocal(d.Msg.Origin, pk, nil, true, map[string]bool{}, a, &takenUp{node, d.Sent})
+	for _, n := range b.peers.Want(d.Msg.Topic).Plain {
+		if n != node && b.peers.Alive(n) {
+			b.peers.Send(n, &mesh.Delivery{Msg: d.Msg, Plain: true, For: node, Since: d.Sent}, a.hold())
+		}
+	}
+	a.done()
+}
+
+// takenUp selects the sessions taken up from a member that died, at or
+// after since (unix nanoseconds).
+type takenUp struct {
+	node  string
+	since int64
+}
+
+// has reports whether the client's session is one of them.
+func (o *takenUp) has(b *Broker, clientID string) bool {
+	v, ok := b.taken.Load(clientID)
+	if !ok {
+		return false
+	}
+	t := v.(taking)
+	return t.from == o.node && t.at >= o.since
+}
+
+// taking is where a session taken up here came from, and when.
+type taking struct {
+	from string
+	at   int64 // unix nanoseconds
 }
 
 // packetOf is the PUBLISH of a message from another node (or the store):

@@ -189,7 +189,7 @@ func (b *Broker) replyDirect(cl *mqtt.Client, r *statestore.Request, payload []b
 		out.Expiry = time.Now().Unix() + expiry
 	}
 	b.seq.stamp(&out)
-	b.deliverDirect(cl, t, out, reader)
+	b.deliverDirect(cl, t, out, reader, nil)
 	return true
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/mqkv/mqkv/internal/auth"
+	"github.com/mqkv/mqkv/internal/ownership"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
@@ -42,11 +43,14 @@ type conn struct {
 	// ownTopic).
 	responsePrefixes [2]string
 	notifyPrefixes   [2]string
-	slow             atomic.Bool          // being disconnected as a slow consumer
-	since            time.Time            // when it connected
-	will             atomic.Pointer[will] // nil: none, or already sent
-	replies          connReplies          // see Broker.Reply
-	acks             pubacks              // QoS 1 acknowledgements waiting for other nodes (see acceptPublish)
+	slow             atomic.Bool            // being disconnected as a slow consumer
+	since            time.Time              // when it connected
+	will             atomic.Pointer[will]   // nil: none, or already sent
+	replies          connReplies            // see Broker.Reply
+	acks             pubacks                // QoS 1 acknowledgements waiting for other nodes (see acceptPublish)
+	claim            ownership.Claim        // its client id's record in the cluster, if it claimed one (see takeover.go); its goroutine's
+	epoch            atomic.Pointer[string] // claim's epoch, for other goroutines (see takeoverFrom)
+	revoked          atomic.Bool            // another node took its client id over while it connected
 	// from is the connection whose session this one is taking over,
 	// and handover that takeover, until its leftovers are taken (see
 	// Broker.takeLeftovers). Only the connection's own goroutine, which

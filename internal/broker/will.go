@@ -91,13 +91,7 @@ func (b *Broker) dueWill(cl *mqtt.Client, c *conn) {
 	if w == nil {
 		return
 	}
-	delay := w.delay
-	if cl.Properties.ProtocolVersion == 5 {
-		// The session may end sooner than the delay cut at CONNECT: a
-		// DISCONNECT can shorten its expiry, to zero (MQTT-3.1.3-9:
-		// the will goes when the session ends, if that is earlier).
-		delay = min(delay, time.Duration(cl.Properties.Props.SessionExpiryInterval)*time.Second)
-	}
+	delay := willDelay(cl, w)
 	if delay == 0 {
 		b.sendWill(cl.ID, w)
 		return
@@ -105,6 +99,12 @@ func (b *Broker) dueWill(cl *mqtt.Client, c *conn) {
 	if cur, ok := b.srv.Clients.Get(cl.ID); ok && cur != cl && !cur.Closed() {
 		return // taken over: the new connection cancels the will (MQTT-3.1.3-9)
 	}
+	b.scheduleWill(cl, w, delay)
+}
+
+// scheduleWill sends cl's will after delay, unless cancelled (see
+// cancelWill).
+func (b *Broker) scheduleWill(cl *mqtt.Client, w *will, delay time.Duration) {
 	b.wills.mu.Lock()
 	defer b.wills.mu.Unlock()
 	if t := b.wills.pending[cl.ID]; t != nil {
@@ -120,9 +120,24 @@ func (b *Broker) dueWill(cl *mqtt.Client, c *conn) {
 		b.wills.mu.Unlock()
 		if mine {
 			b.sendWill(cl.ID, w)
+			if cur, ok := b.srv.Clients.Get(cl.ID); ok && cur == cl {
+				b.keepSession(cl, nil, time.Unix(cl.StopTime(), 0), false) // sent: the record keeps it no more
+			}
 		}
 	})
 	b.wills.pending[cl.ID] = t
+}
+
+// willDelay is how long after its connection ended a will is due.
+func willDelay(cl *mqtt.Client, w *will) time.Duration {
+	delay := w.delay
+	if cl.Properties.ProtocolVersion == 5 {
+		// The session may end sooner than the delay cut at CONNECT: a
+		// DISCONNECT can shorten its expiry, to zero (MQTT-3.1.3-9:
+		// the will goes when the session ends, if that is earlier).
+		delay = min(delay, time.Duration(cl.Properties.Props.SessionExpiryInterval)*time.Second)
+	}
+	return delay
 }
 
 // cancelWill drops the delayed will of a client that came back in time

@@ -190,7 +190,7 @@ func (c *copies) drop(id uint64) {
 func (n *Node) Backup(ctx context.Context, start func(maxVersion hlc.Timestamp, keys int), w io.Writer) error {
 	if n.link == nil {
 		st := n.local(0).Copy()
-		start(st.MaxVersion(), st.Len())
+		start(st.MaxVersion(), st.Len()-st.ServerKeys())
 		return st.WriteSnapshot(w)
 	}
 	copyCtx, cancel := context.WithTimeout(ctx, copyTimeout)
@@ -210,14 +210,15 @@ func (n *Node) Backup(ctx context.Context, start func(maxVersion hlc.Timestamp, 
 		return err
 	}
 	var maxVersion hlc.Timestamp
-	keys := 0
+	keys, serverKeys := 0, 0
 	for _, p := range parts {
 		if p.maxVersion.Compare(maxVersion) > 0 {
 			maxVersion = p.maxVersion
 		}
 		keys += p.keys
+		serverKeys += p.serverKeys
 	}
-	start(maxVersion, keys)
+	start(maxVersion, keys-serverKeys)
 	stopKeeping := n.keepCopies(parts)
 	defer stopKeeping()
 	sw, err := store.NewSnapshotWriter(w, maxVersion, keys)
@@ -251,6 +252,7 @@ type part struct {
 	g          int
 	maxVersion hlc.Timestamp
 	keys       int
+	serverKeys int          // of keys, the server's own (store.ServerKeys)
 	local      *store.Store // a copy taken here, or nil
 	holder     string       // else the node holding it, and its id there
 	id         uint64
@@ -289,14 +291,14 @@ func (n *Node) copyGroups(ctx context.Context) ([]*part, error) {
 					err = p.local.ReadSnapshot(bytes.NewReader(resp.Snapshot))
 				}
 			case err == nil && p.local == nil:
-				p.holder, p.keys, p.maxVersion = resp.Holder, resp.Keys, resp.MaxVersion
+				p.holder, p.keys, p.serverKeys, p.maxVersion = resp.Holder, resp.Keys, resp.ServerKeys, resp.MaxVersion
 			}
 			if err != nil {
 				errs[g] = fmt.Errorf("group %d: %w", g, err)
 				return
 			}
 			if p.local != nil {
-				p.keys, p.maxVersion = p.local.Len(), p.local.MaxVersion()
+				p.keys, p.serverKeys, p.maxVersion = p.local.Len(), p.local.ServerKeys(), p.local.MaxVersion()
 			}
 			parts[g] = p
 		}()

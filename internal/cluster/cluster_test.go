@@ -194,6 +194,22 @@ func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {
 			t.Fatalf("out of order: %s before %s", keys[i-1], keys[i])
 		}
 	}
+	// From the start, with keys before the prefix in every group: the
+	// walk begins at the prefix (it began at the first key, and ended
+	// there, finding nothing: every scan of the server's own keys after
+	// a client id's record missed them all).
+	for i := range 8 {
+		if res, err := set(t, h.nodes[0], fmt.Sprintf("a-%d", i), "x"); err != nil || res.Outcome != store.Applied {
+			t.Fatalf("set: %+v %v", res, err)
+		}
+	}
+	keys = nil
+	if _, err := h.nodes[2].Ascend(ctx(t), nil, []byte("key-"), 1000, func(e *store.Entry) bool {
+		keys = append(keys, string(e.Key))
+		return true
+	}); err != nil || len(keys) != 60 {
+		t.Fatalf("ascend from the start: %d keys, %v", len(keys), err)
+	}
 }
 
 func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {

@@ -93,6 +93,10 @@ type Config struct {
 	// change lost has a lower one.
 	OnEventsGap func(resume hlc.Timestamp)
 
+	// MQTT, if set, returns the node's broker's figures for the cluster's
+	// status (the broker is made after the node).
+	MQTT func() MQTTFigures
+
 	// Rejoin makes a node that was removed from its cluster (its data
 	// stale: see meta.ErrRemoved) a member again: once a member confirms
 	// the removal, its replicas and metadata are dropped and it joins

@@ -368,15 +368,26 @@ func (n *Node) replicaStatus(id string, g int) (applied uint64, volumeFull, ok b
 // would then be a voter whose data is gone. A removed replica is not
 // told: it learns by asking.
 func (n *Node) dropIfRemoved(g int) {
-	leader := n.leaderOf(g)
-	if leader == "" || leader == n.cfg.NodeID {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var resp callResp
-	if err := n.call(ctx, leader, callReq{Op: opConfig, Group: g}, &resp); err != nil || resp.Kind != errNone || !resp.Committed {
-		return
+	// The leader as last heard, then as each answer names it: a removed
+	// replica hears no more of its group, and a stale hint was asked
+	// again and again for a minute and a half (found by test).
+	for hops := 0; ; hops++ {
+		leader := n.leaderOf(g)
+		if leader == "" || leader == n.cfg.NodeID || hops == 3 {
+			return
+		}
+		err := n.call(ctx, leader, callReq{Op: opConfig, Group: g}, &resp)
+		if err == nil && resp.Kind == errNotLeader {
+			n.hint(g, resp.Leader)
+			continue
+		}
+		if err != nil || resp.Kind != errNone || !resp.Committed {
+			return
+		}
+		break
 	}
 	for _, s := range resp.Servers {
 		if s.ID == n.cfg.NodeID {

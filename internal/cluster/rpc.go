@@ -103,6 +103,8 @@ type callResp struct {
 	// opStatus: the node's volume is full; its replicas take no entries
 	// (see replica.DiskGuard.Room), so it is given no leadership.
 	VolumeFull bool
+	MQTT       *MQTTFigures // opStatus: the node's broker's figures
+	ServerKeys int          // opCopyBegin: of Keys, the server's own (store.ServerKeys)
 }
 
 type server struct {
@@ -182,7 +184,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 			if err := n.copies.hold(req.Copy, st); err != nil {
 				return callResp{Kind: errOther, Err: err.Error()}
 			}
-			resp.Holder, resp.Keys, resp.MaxVersion = n.cfg.NodeID, st.Len(), st.MaxVersion()
+			resp.Holder, resp.Keys, resp.ServerKeys, resp.MaxVersion = n.cfg.NodeID, st.Len(), st.ServerKeys(), st.MaxVersion()
 		case opConfig:
 			f := r.Raft().GetConfiguration()
 			resp.Servers = serversOf(f.Configuration())
@@ -212,6 +214,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 			resp.Applied[g] = r.Raft().AppliedIndex()
 		}
 		resp.VolumeFull = n.volumeFull()
+		resp.MQTT = n.mqttFigures()
 	case opCluster:
 		st := n.Status()
 		resp.Status = &st

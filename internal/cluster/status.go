@@ -34,6 +34,18 @@ type NodeStatus struct {
 	// VolumeFull says its data volume is full: its replicas take no log
 	// entries until space is freed.
 	VolumeFull bool `json:"volume_full,omitempty"`
+	// MQTT is what the node's broker holds (see MQTTFigures); nil when it
+	// did not answer.
+	MQTT *MQTTFigures `json:"mqtt,omitempty"`
+}
+
+// MQTTFigures are a node's MQTT figures, in the cluster's status. Wire
+// format (msgpack by field name).
+type MQTTFigures struct {
+	Clients       int64 `json:"clients"`       // connected
+	Sessions      int   `json:"sessions"`      // held, connected or not
+	Subscriptions int64 `json:"subscriptions"` // of those sessions
+	RouteFilters  int   `json:"route_filters"` // filters the other nodes said they want (its route table)
 }
 
 // GroupStatus is one replica group.
@@ -100,7 +112,7 @@ func (n *Node) Status() Status {
 	for _, m := range st.Nodes {
 		ns := NodeStatus{ID: m.ID, Addr: m.Addr, State: m.State.String(), Leads: leads[m.ID], Replicas: holds[m.ID]}
 		if ns.State == "active" {
-			ns.State, ns.VolumeFull = n.liveness(m.ID)
+			ns.State, ns.VolumeFull, ns.MQTT = n.liveness(m.ID)
 		}
 		out.Nodes = append(out.Nodes, ns)
 	}
@@ -110,9 +122,9 @@ func (n *Node) Status() Status {
 
 // liveness asks a member whether it is there, and whether its volume is
 // full.
-func (n *Node) liveness(id string) (string, bool) {
+func (n *Node) liveness(id string) (string, bool, *MQTTFigures) {
 	if id == n.cfg.NodeID {
-		return "alive", n.volumeFull()
+		return "alive", n.volumeFull(), n.mqttFigures()
 	}
 	for i, wait := range []time.Duration{500 * time.Millisecond, 2 * time.Second} {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -121,12 +133,21 @@ func (n *Node) liveness(id string) (string, bool) {
 		cancel()
 		if err == nil {
 			if i == 0 {
-				return "alive", resp.VolumeFull
+				return "alive", resp.VolumeFull, resp.MQTT
 			}
-			return "suspect", resp.VolumeFull
+			return "suspect", resp.VolumeFull, resp.MQTT
 		}
 	}
-	return "dead", false
+	return "dead", false, nil
+}
+
+// mqttFigures are this node's broker's, if it says (Config.MQTT).
+func (n *Node) mqttFigures() *MQTTFigures {
+	if n.cfg.MQTT == nil {
+		return nil
+	}
+	f := n.cfg.MQTT()
+	return &f
 }
 
 // partitionsOf counts the partitions of group g.

@@ -27,6 +27,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,14 @@ type Delivery struct {
 	Msg    Message
 	Plain  bool
 	Groups []string
+	// For, if set, names a member that died before it acknowledged the
+	// message: it is for the sessions another node took up from it,
+	// at or after Since (unix nanoseconds), only (see Config.GivenUp).
+	For   string
+	Since int64
+	// Sent is when the message was first sent (unix nanoseconds), for
+	// GivenUp; not sent.
+	Sent int64 `codec:"-"`
 }
 
 // Config is what a Mesh needs.
@@ -75,9 +84,19 @@ type Config struct {
 	// that does not are given up (their senders told) after GiveUp.
 	Alive func(id string) bool
 	// Deliver delivers a message from node from to this node's
-	// subscribers, into their sessions, and returns once it has.
-	Deliver func(from string, d *Delivery)
-	Logger  *slog.Logger
+	// subscribers, into their sessions, and calls done once it has: at
+	// once, or later (a session kept in the replicated store is written
+	// first). The message is acknowledged to its sender after done, in
+	// order with the messages before it.
+	Deliver func(from string, d *Delivery, done func())
+	// GivenUp, if set, is handed each QoS 1 or 2 message given up for a
+	// member that does not answer, with its done (which it must call):
+	// the sessions that member held may be going on elsewhere by then.
+	GivenUp func(node string, d *Delivery, done func())
+	// Handle answers a request of another node (see Request); nil
+	// answers none.
+	Handle func(from string, body []byte) []byte
+	Logger *slog.Logger
 }
 
 // Timing of a Mesh, variables for tests.
@@ -109,6 +128,10 @@ type Mesh struct {
 	seen     map[string]seenFrom // receiving: what each sending process delivered
 	wantGen  uint64
 	wantMemo map[string]route.Want // lookups at table generation wantGen
+	// gone are the members given up (not answering for GiveUp): their
+	// interest is left out of Want until they answer again.
+	gone    map[string]bool
+	goneGen uint64 // changes with gone; part of wantGen
 
 	Counters Counters
 	stop     chan struct{}
@@ -122,11 +145,54 @@ type Counters struct {
 	Dropped          atomic.Int64 // messages given up (a node gone, or too much waiting)
 	Resyncs          atomic.Int64 // streams opened with a full interest
 	InterestReceived atomic.Int64 // interest changes heard
+	// Hops and HopMicros count the QoS 1 and 2 messages acknowledged by
+	// the nodes they went to, and the time that took in all: the hop's
+	// latency, delivery into the subscribers' sessions included.
+	Hops, HopMicros atomic.Int64
 }
 
 type seenFrom struct {
 	epoch string
 	last  uint64
+	open  *arrivals
+}
+
+// arrivals are the messages of one sending process delivered but not yet
+// done (see Config.Deliver), across its streams: a resent message seen
+// already is acknowledged only once its first delivery is done.
+type arrivals struct {
+	mu   sync.Mutex
+	seqs []uint64      // not done, in order
+	kick chan struct{} // the current stream's: something is done
+}
+
+func (a *arrivals) start(seq uint64) {
+	a.mu.Lock()
+	a.seqs = append(a.seqs, seq)
+	a.mu.Unlock()
+}
+
+func (a *arrivals) finish(seq uint64) {
+	a.mu.Lock()
+	if i, ok := slices.BinarySearch(a.seqs, seq); ok {
+		a.seqs = slices.Delete(a.seqs, i, i+1)
+	}
+	kick := a.kick
+	a.mu.Unlock()
+	select {
+	case kick <- struct{}{}:
+	default:
+	}
+}
+
+// ackable is what may be acknowledged of what was seen up to last.
+func (a *arrivals) ackable(last uint64) uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.seqs) > 0 {
+		return min(last, a.seqs[0]-1)
+	}
+	return last
 }
 
 // New starts a mesh on the link.
@@ -202,15 +268,67 @@ func (m *Mesh) Subscribed(filter string, on bool) {
 func (m *Mesh) Want(topic string) route.Want {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if g := m.table.Gen(); g != m.wantGen || m.wantMemo == nil || len(m.wantMemo) > 1<<16 {
+	if g := m.table.Gen() + m.goneGen; g != m.wantGen || m.wantMemo == nil || len(m.wantMemo) > 1<<16 {
 		m.wantGen, m.wantMemo = g, map[string]route.Want{}
 	}
 	w, ok := m.wantMemo[topic]
 	if !ok {
 		w = m.table.Match(topic)
+		if len(m.gone) > 0 {
+			w = withoutGone(w, m.gone)
+		}
 		m.wantMemo[topic] = w
 	}
 	return w
+}
+
+// withoutGone is w without the members in gone.
+func withoutGone(w route.Want, gone map[string]bool) route.Want {
+	keep := func(nodes []string) []string {
+		return slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return gone[n] })
+	}
+	out := route.Want{Plain: keep(w.Plain)}
+	for g, nodes := range w.Shared {
+		if k := keep(nodes); len(k) > 0 {
+			if out.Shared == nil {
+				out.Shared = map[string][]string{}
+			}
+			out.Shared[g] = k
+		}
+	}
+	return out
+}
+
+// setGone records whether a member is given up.
+func (m *Mesh) setGone(id string, gone bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gone[id] == gone {
+		return
+	}
+	if m.gone == nil {
+		m.gone = map[string]bool{}
+	}
+	if gone {
+		m.gone[id] = true
+	} else {
+		delete(m.gone, id)
+	}
+	m.goneGen += 1 << 40 // apart from the table's generations
+}
+
+// Alive reports whether node answers (see Config.Alive).
+func (m *Mesh) Alive(node string) bool { return m.cfg.Alive == nil || m.cfg.Alive(node) }
+
+// Nodes returns the other members' ids.
+func (m *Mesh) Nodes() []string {
+	var ids []string
+	for id := range m.cfg.Members() {
+		if id != m.cfg.Self {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // TableSize is the number of (node, filter) pairs of the other nodes'
@@ -240,7 +358,21 @@ func (m *Mesh) Send(node string, d *Delivery, done func()) {
 	if done == nil {
 		done = func() {}
 	}
-	s.push(item{f: frame{Kind: kindMessage, Delivery: d}, done: done, ack: d.Msg.QoS > 0})
+	s.push(item{f: frame{Kind: kindMessage, Delivery: d}, done: done, ack: d.Msg.QoS > 0, sent: time.Now()})
+}
+
+// Request sends body to node, whose Handle answers it: reply gets the
+// answer, or ok false if the node cannot be reached or the stream broke
+// before it answered (it may have handled it). It never blocks.
+func (m *Mesh) Request(node string, body []byte, reply func(answer []byte, ok bool)) {
+	m.mu.Lock()
+	s := m.senders[node]
+	m.mu.Unlock()
+	if s == nil {
+		reply(nil, false)
+		return
+	}
+	s.push(item{f: frame{Kind: kindRequest, Body: body}, done: func() {}, reply: reply})
 }
 
 // watchMembers keeps a sender per member, and forgets the interest of
@@ -290,6 +422,8 @@ const (
 	kindMessage   = 3 // Delivery
 	kindAck       = 4 // Seq: everything up to it is done (receiver to sender)
 	kindInterests = 5 // Filters: all of the sender's interest
+	kindRequest   = 6 // Body: for the receiver's Handle
+	kindReply     = 7 // Seq, Body: Handle's answer to the request Seq (receiver to sender)
 )
 
 type frame struct {
@@ -301,6 +435,7 @@ type frame struct {
 	On       bool
 	Filters  []string
 	Delivery *Delivery
+	Body     []byte
 }
 
 // serve receives a stream from another node: its interest and messages.
@@ -320,10 +455,44 @@ func (m *Mesh) serve(from string, s net.Conn) {
 	m.mu.Lock()
 	st := m.seen[node]
 	if st.epoch != hello.Epoch {
-		st = seenFrom{epoch: hello.Epoch} // a new process: nothing seen
+		st = seenFrom{epoch: hello.Epoch, open: &arrivals{}} // a new process: nothing seen
+		m.seen[node] = st
 	}
+	kick := make(chan struct{}, 1)
+	open := st.open
+	open.mu.Lock()
+	open.kick = kick
+	open.mu.Unlock()
 	m.mu.Unlock()
+	// Acknowledgements are written by the reader, after a burst, and by
+	// a writer of its own for deliveries done later.
+	var sendMu sync.Mutex
 	var acked uint64
+	var last atomic.Uint64
+	last.Store(st.last)
+	ack := func() error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if n := open.ackable(last.Load()); n > acked {
+			acked = n
+			return c.Send(frame{Kind: kindAck, Seq: n})
+		}
+		return nil
+	}
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		for {
+			select {
+			case <-stopped:
+				return
+			case <-kick:
+				if ack() != nil {
+					return
+				}
+			}
+		}
+	}()
 	for {
 		var f frame
 		if err := c.Receive(&f); err != nil {
@@ -348,18 +517,31 @@ func (m *Mesh) serve(from string, s net.Conn) {
 			m.Counters.InterestReceived.Add(1)
 		case f.Kind == kindMessage && f.Delivery != nil:
 			m.Counters.Received.Add(1)
-			m.cfg.Deliver(node, f.Delivery)
+			seq := f.Seq
+			open.start(seq)
+			m.cfg.Deliver(node, f.Delivery, func() { open.finish(seq) })
+		case f.Kind == kindRequest:
+			var answer []byte
+			if m.cfg.Handle != nil {
+				answer = m.cfg.Handle(node, f.Body)
+			}
+			sendMu.Lock()
+			err := c.Send(frame{Kind: kindReply, Seq: f.Seq, Body: answer})
+			sendMu.Unlock()
+			if err != nil {
+				return
+			}
 		}
 		if f.Seq > st.last {
 			st.last = f.Seq
+			last.Store(f.Seq)
 			m.mu.Lock()
 			m.seen[node] = st
 			m.mu.Unlock()
 		}
 		// Acknowledged once what arrived is done: one ack a burst.
-		if c.Buffered() == 0 && st.last > acked {
-			acked = st.last
-			if err := c.Send(frame{Kind: kindAck, Seq: acked}); err != nil {
+		if c.Buffered() == 0 {
+			if err := ack(); err != nil {
 				return
 			}
 		}
@@ -368,9 +550,11 @@ func (m *Mesh) serve(from string, s net.Conn) {
 
 // item is one frame for a node, with what to call once it is done.
 type item struct {
-	f    frame
-	done func()
-	ack  bool // kept until acknowledged, and sent again on a new stream
+	f     frame
+	sent  time.Time // when it was queued: for the hop's latency
+	done  func()
+	ack   bool                         // kept until acknowledged, and sent again on a new stream
+	reply func(answer []byte, ok bool) // a request's: not sent again, told of a broken stream
 }
 
 // sender keeps the stream to one member and what goes on it.
@@ -382,6 +566,7 @@ type sender struct {
 	queue     []item // not sent yet
 	pending   []item // sent, waiting for an ack; in sequence order
 	seq       uint64
+	replies   map[uint64]func([]byte, bool) // requests sent, by sequence
 	connected bool
 	downSince time.Time // when it was last found not answering
 	wake      chan struct{}
@@ -427,6 +612,7 @@ func (s *sender) run() {
 	for {
 		c, err := s.open()
 		if err == nil {
+			s.m.setGone(s.id, false) // it answers: its interest counts again
 			s.send(c)
 			c.Close()
 		}
@@ -452,6 +638,7 @@ func (s *sender) giveUpIfDown() {
 		s.mu.Lock()
 		s.downSince = time.Time{}
 		s.mu.Unlock()
+		s.m.setGone(s.id, false)
 		return
 	}
 	s.mu.Lock()
@@ -461,6 +648,7 @@ func (s *sender) giveUpIfDown() {
 	over := time.Since(s.downSince) >= GiveUp
 	s.mu.Unlock()
 	if over {
+		s.m.setGone(s.id, true)
 		s.fail()
 	}
 }
@@ -474,9 +662,17 @@ func (s *sender) fail() {
 	for _, it := range items {
 		if it.f.Kind == kindMessage {
 			s.m.Counters.Dropped.Add(1)
+			if it.ack && s.m.cfg.GivenUp != nil && it.f.Delivery != nil {
+				s.m.cfg.GivenUp(s.id, it.f.Delivery, it.done)
+				continue
+			}
+		}
+		if it.reply != nil {
+			it.reply(nil, false)
 		}
 		it.done()
 	}
+	s.failReplies()
 }
 
 // open opens a stream to the member and begins it: hello, all of this
@@ -540,8 +736,17 @@ func (s *sender) send(c *peer.Conn) {
 			if err := c.Receive(&f); err != nil {
 				return
 			}
-			if f.Kind == kindAck {
+			switch f.Kind {
+			case kindAck:
 				s.acked(f.Seq)
+			case kindReply:
+				s.mu.Lock()
+				r := s.replies[f.Seq]
+				delete(s.replies, f.Seq)
+				s.mu.Unlock()
+				if r != nil {
+					r(f.Body, true)
+				}
 			}
 		}
 	}()
@@ -554,6 +759,12 @@ func (s *sender) send(c *peer.Conn) {
 			batch[i].f.Seq = s.seq
 			if batch[i].ack {
 				s.pending = append(s.pending, batch[i])
+			}
+			if batch[i].reply != nil {
+				if s.replies == nil {
+					s.replies = map[uint64]func([]byte, bool){}
+				}
+				s.replies[s.seq] = batch[i].reply
 			}
 		}
 		s.mu.Unlock()
@@ -577,18 +788,35 @@ func (s *sender) send(c *peer.Conn) {
 		select {
 		case <-s.wake:
 		case <-broken:
+			s.failReplies()
 			return
 		case <-s.stop:
+			s.failReplies()
 			return
 		case <-s.m.stop:
+			s.failReplies()
 			return
 		}
 	}
 }
 
+// failReplies tells the requests sent on a stream that broke that no
+// answer is coming.
+func (s *sender) failReplies() {
+	s.mu.Lock()
+	rs := s.replies
+	s.replies = nil
+	s.mu.Unlock()
+	for _, r := range rs {
+		r(nil, false)
+	}
+}
+
 // requeueUnacked gives up the QoS 0 messages of a batch that did not
-// leave (the rest waits in pending, sent again on the next stream).
+// leave (the rest waits in pending, sent again on the next stream), and
+// its requests.
 func (s *sender) requeueUnacked(batch []item) {
+	s.failReplies()
 	for _, it := range batch {
 		if !it.ack {
 			s.m.Counters.Dropped.Add(1)
@@ -607,7 +835,12 @@ func (s *sender) acked(seq uint64) {
 	done := append([]item(nil), s.pending[:n]...)
 	s.pending = s.pending[n:]
 	s.mu.Unlock()
+	now := time.Now()
 	for _, it := range done {
+		if it.f.Kind == kindMessage {
+			s.m.Counters.Hops.Add(1)
+			s.m.Counters.HopMicros.Add(now.Sub(it.sent).Microseconds())
+		}
 		it.done()
 	}
 }

@@ -18,6 +18,10 @@ type node struct {
 	m    *Mesh
 	mu   sync.Mutex
 	got  []string // "from:topic:payload"
+	// hold keeps the deliveries' done functions instead of calling
+	// them (a session written to the store first).
+	hold  bool
+	holds []func()
 }
 
 func (n *node) received() []string {
@@ -54,10 +58,17 @@ func cluster(t *testing.T, n int) []*node {
 				}
 				return out
 			},
-			Deliver: func(from string, d *Delivery) {
+			Deliver: func(from string, d *Delivery, done func()) {
 				nd.mu.Lock()
 				nd.got = append(nd.got, fmt.Sprintf("%s:%s:%s", from, d.Msg.Topic, d.Msg.Payload))
+				if nd.hold {
+					nd.holds = append(nd.holds, done)
+					done = nil
+				}
 				nd.mu.Unlock()
+				if done != nil {
+					done()
+				}
 			}})
 	}
 	t.Cleanup(func() {
@@ -139,6 +150,48 @@ func TestInterestAndMessages(t *testing.T) {
 	}
 	ns[1].m.Subscribed("a/+", false)
 	eventually(t, "the unsubscribe to reach n1", func() bool { return len(ns[0].m.Want("a/b").Plain) == 0 })
+}
+
+// A delivery done later (its session written to the store first) is
+// acknowledged only then, and in order: a later message done first waits
+// for the one before it.
+func TestDeliveryDoneLaterIsAcknowledgedInOrder(t *testing.T) {
+	ns := cluster(t, 2)
+	ns[1].mu.Lock()
+	ns[1].hold = true
+	ns[1].mu.Unlock()
+	eventually(t, "n2's interest at n1", func() bool {
+		ns[1].m.Subscribed("x", true)
+		return len(ns[0].m.Want("x").Plain) == 1
+	})
+	acked := make(chan int, 10)
+	for i := range 2 {
+		ns[0].m.Send("n2", &Delivery{Msg: Message{Topic: "x", Payload: []byte(fmt.Sprint(i)), QoS: 1}, Plain: true}, func() { acked <- i })
+	}
+	var holds []func()
+	eventually(t, "both delivered", func() bool {
+		ns[1].mu.Lock()
+		defer ns[1].mu.Unlock()
+		holds = ns[1].holds
+		return len(holds) == 2
+	})
+	holds[1]() // the second is done first
+	select {
+	case i := <-acked:
+		t.Fatalf("message %d acknowledged while the first is not done", i)
+	case <-time.After(300 * time.Millisecond):
+	}
+	holds[0]()
+	for want := range 2 {
+		select {
+		case got := <-acked:
+			if got != want {
+				t.Fatalf("ack %d, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ack %d missing once both are done", want)
+		}
+	}
 }
 
 // A stream that breaks: what waits unacknowledged is sent again on the

@@ -9,6 +9,7 @@
 package replica
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -854,6 +855,9 @@ func (g *Group) Get(key []byte) (store.Entry, bool) {
 // It holds the store's read lock: fn must not block.
 func (g *Group) Ascend(from, prefix []byte, limit int, fn func(*store.Entry) bool) (exhausted bool) {
 	exhausted = true
+	if bytes.Compare(from, prefix) < 0 {
+		from = prefix // the keys before it would end the walk at once
+	}
 	g.view(func(s *store.Store, now int64) {
 		n := 0
 		s.Ascend(from, now, func(e *store.Entry) bool {
@@ -906,7 +910,7 @@ type Stats struct {
 // Stats returns current figures.
 func (g *Group) Stats() Stats {
 	g.fsm.mu.RLock()
-	s := Stats{Keys: g.fsm.st.Len(), Bytes: g.fsm.st.Bytes()}
+	s := Stats{Keys: g.fsm.st.Len() - g.fsm.st.ServerKeys(), Bytes: g.fsm.st.Bytes()}
 	g.fsm.mu.RUnlock()
 	s.AppliedIndex = g.raft.AppliedIndex()
 	s.LastIndex = g.raft.LastIndex()

@@ -38,11 +38,20 @@ func Spawn(binary string, extra ...string) (*Process, error) {
 	p := &Process{cmd: cmd, done: make(chan struct{})}
 	addrCh := make(chan string, 1)
 	lastLines := make(chan []string, 1)
+	// MQKV_SPAWN_LOG names a file every spawned server's log is added
+	// to, for a failing test's story.
+	var keep io.Writer = io.Discard
+	if path := os.Getenv("MQKV_SPAWN_LOG"); path != "" {
+		if f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			keep = f
+		}
+	}
 	go func() {
 		var tail []string
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
+			fmt.Fprintln(keep, sc.Text())
 			var rec struct {
 				Msg     string `json:"msg"`
 				TCP     string `json:"tcp"`

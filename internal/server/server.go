@@ -26,9 +26,11 @@ import (
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
 	"github.com/mqkv/mqkv/internal/mesh"
+	"github.com/mqkv/mqkv/internal/ownership"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/retained"
+	"github.com/mqkv/mqkv/internal/roaming"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -278,6 +280,8 @@ func Start(cfg Config) (*Server, error) {
 			s.admin.Events(ev)
 		}
 	}
+	var toBroker atomic.Pointer[broker.Broker] // made last, told of earlier
+	var toMesh atomic.Pointer[mesh.Mesh]
 	startTime := time.Now()
 	if s.link, err = startLink(cfg, s.NodeID); err != nil {
 		return nil, err
@@ -303,6 +307,16 @@ func Start(cfg Config) (*Server, error) {
 
 		OnEventsGap:     onEventsGap,
 		DeadNodeTimeout: cfg.Cluster.DeadNodeTimeout,
+		MQTT: func() cluster.MQTTFigures {
+			var f cluster.MQTTFigures
+			if b := toBroker.Load(); b != nil {
+				f.Clients, f.Sessions, f.Subscriptions = b.Figures()
+			}
+			if m := toMesh.Load(); m != nil {
+				f.RouteFilters = m.TableSize()
+			}
+			return f
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -328,7 +342,8 @@ func Start(cfg Config) (*Server, error) {
 	// mesh); the broker it delivers to is made next, and so is the one
 	// retained messages are mirrored into.
 	var peers broker.Peers
-	var toBroker atomic.Pointer[broker.Broker]
+	var owners broker.Owners
+	var roam *roaming.Store
 	ret := retained.New(s.node, func(topic string, m *mesh.Message) {
 		if b := toBroker.Load(); b != nil {
 			b.MirrorRetained(topic, m)
@@ -337,12 +352,30 @@ func Start(cfg Config) (*Server, error) {
 	retainedStore.Store(ret)
 	if s.link != nil {
 		s.mesh = mesh.New(mesh.Config{Link: s.link, Self: s.NodeID, Members: s.node.Members, Alive: s.node.Alive, Logger: cfg.Logger,
-			Deliver: func(from string, d *mesh.Delivery) {
+			Deliver: func(from string, d *mesh.Delivery, done func()) {
 				if b := toBroker.Load(); b != nil {
-					b.FromPeer(from, d)
+					b.FromPeer(from, d, done)
+				} else {
+					done()
 				}
+			},
+			GivenUp: func(node string, d *mesh.Delivery, done func()) {
+				if b := toBroker.Load(); b != nil {
+					b.GivenUp(node, d, done)
+				} else {
+					done()
+				}
+			},
+			Handle: func(from string, body []byte) []byte {
+				if b := toBroker.Load(); b != nil {
+					return b.Answer(from, body)
+				}
+				return nil
 			}})
 		peers = s.mesh
+		toMesh.Store(s.mesh)
+		owners = ownership.New(s.node, s.NodeID)
+		roam = roaming.New(s.node)
 	}
 	b, err := broker.New(broker.Config{
 		Listeners:        listeners,
@@ -360,6 +393,9 @@ func Start(cfg Config) (*Server, error) {
 		Logger:           cfg.Logger,
 		Peers:            peers,
 		Retained:         ret,
+		Owners:           owners,
+		Roaming:          roam,
+		NodeID:           s.NodeID,
 	}, s.service)
 	if err != nil {
 		return nil, err
@@ -385,7 +421,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
-			Data: s.node, Service: s.service, Broker: b,
+			Data: s.node, Service: s.service, Broker: b, Mesh: s.mesh,
 		})
 		if err != nil {
 			return nil, err
@@ -465,6 +501,14 @@ func (s *Server) Broker() *broker.Broker { return s.broker }
 
 // Node returns the node runtime (cluster status, its replicas).
 func (s *Server) Node() *cluster.Node { return s.node }
+
+// Mesh returns the MQTT mesh of a cluster member (nil on a node on its
+// own).
+func (s *Server) Mesh() *mesh.Mesh { return s.mesh }
+
+// Link returns the node link of a cluster member (nil on a node on its
+// own): tests cut it (peer.Link.Cut).
+func (s *Server) Link() *peer.Link { return s.link }
 
 // Isolate cuts the node off the other nodes (true) or reconnects it: the
 // network partition of fault tests. A node on its own ignores it.

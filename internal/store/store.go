@@ -158,6 +158,7 @@ type Store struct {
 	expiry     *btree.BTreeG[expiryItem]
 	limits     Limits
 	bytes      int64
+	serverKeys int // of them, under ReservedPrefix
 	maxVersion hlc.Timestamp
 	// gen is this store's generation, unique among stores, new after
 	// every Clone, Split and Merge: an entry of the current generation is
@@ -186,6 +187,11 @@ func (s *Store) SetLimits(l Limits) { s.limits = l }
 
 // Len returns the number of stored keys, expired or not.
 func (s *Store) Len() int { return s.keys.Len() }
+
+// ServerKeys returns how many of the stored keys are the server's own
+// (under ReservedPrefix: retained messages, MQTT sessions): users are
+// shown Len - ServerKeys as their keys.
+func (s *Store) ServerKeys() int { return s.serverKeys }
 
 // Bytes returns the total length of stored keys and values.
 func (s *Store) Bytes() int64 { return s.bytes }
@@ -485,6 +491,9 @@ func (s *Store) account(old, e *Entry) {
 		s.index[keyString(e)] = e
 	}
 	s.bytes += e.size()
+	if old == nil && Reserved(e.Key) {
+		s.serverKeys++
+	}
 	if old != nil {
 		s.bytes -= old.size()
 		if old.ExpiresAt != 0 && old.ExpiresAt != e.ExpiresAt {
@@ -538,6 +547,9 @@ func (s *Store) remove(e *Entry) {
 	s.keys.Delete(e)
 	delete(s.index, keyString(e))
 	s.bytes -= e.size()
+	if Reserved(e.Key) {
+		s.serverKeys--
+	}
 	if e.ExpiresAt != 0 {
 		s.expiry.Delete(expiryItem{at: e.ExpiresAt, key: e.Key})
 	}

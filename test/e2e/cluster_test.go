@@ -537,6 +537,10 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 	skipInCluster(t, "starts its own nodes")
 	nodes := startNodes(t, "s", 3, func(c *server.Config) { c.AdminListen = "127.0.0.1:0" })
 	admin := "http://" + nodes[1].AdminAddr()
+	// A subscriber on s3: its node counts it, and the others' route
+	// tables hold its filter.
+	watcher := dialPeer(t, nodes[2].Addr(), "status-watcher", peerOpts{clean: true})
+	watcher.subscribe(subOpt{filter: "status/#", qos: 1})
 	out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "status", "--json", "--admin", admin)
 	var st cluster.Status
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
@@ -553,8 +557,14 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 		t.Fatalf("%d nodes, %d partitions: %s", len(st.Nodes), partitions, out)
 	}
 	for _, n := range st.Nodes {
-		if n.State != "alive" || n.Leads == 0 {
+		if n.State != "alive" || n.Leads == 0 || n.MQTT == nil {
 			t.Fatalf("node %+v", n)
+		}
+		if n.ID == "s3" && (n.MQTT.Clients < 1 || n.MQTT.Sessions < 1 || n.MQTT.Subscriptions < 1) {
+			t.Fatalf("s3's MQTT figures: %+v", *n.MQTT)
+		}
+		if n.ID != "s3" && n.MQTT.RouteFilters < 1 {
+			t.Fatalf("%s's route table: %+v", n.ID, *n.MQTT)
 		}
 	}
 	if out, code := cli(t, &testServer{Server: nodes[1]}, "", "cluster", "status", "--admin", admin); code != 0 || !strings.Contains(out, "3 nodes, 4 groups, 0 migrating") {
@@ -575,7 +585,7 @@ func TestClusterStatusAndMetrics(t *testing.T) {
 	}
 	_, body := httpGet(t, admin+"/metrics")
 	for _, want := range []string{`mqkv_group_leader{group="0"}`, `mqkv_group_leader_changes_total{group="3"}`, `mqkv_group_apply_lag{group="1"}`, `mqkv_group_voters{group="2"} 3`,
-		"mqkv_journal_segments 1", "mqkv_journal_bytes ", "mqkv_journal_live_bytes "} {
+		"mqkv_journal_segments 1", "mqkv_journal_bytes ", "mqkv_journal_live_bytes ", "mqkv_mqtt_forwarded_total ", "mqkv_mesh_route_table_filters 1"} {
 		if !strings.Contains(string(body), want) {
 			t.Fatalf("metrics lack %s", want)
 		}

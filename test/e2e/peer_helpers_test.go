@@ -59,7 +59,10 @@ type peerOpts struct {
 	receiveMax     uint16 // sent in CONNECT if not 0
 	maxPacketSize  uint32 // sent in CONNECT if not 0
 	manualAck      bool
-	sessionPresent *bool // set to the CONNACK's flag
+	sessionPresent *bool  // set to the CONNACK's flag
+	willTopic      string // a will (QoS 1) if set
+	willPayload    string
+	willDelay      uint32 // seconds
 }
 
 // dialPeer connects a peer to addr; its CONNACK must accept it.
@@ -83,9 +86,20 @@ func dialPeer(t testing.TB, addr, id string, o peerOpts) *peer {
 	if o.clean {
 		flags = 0x02
 	}
+	if o.willTopic != "" {
+		flags |= 0x04 | 0x08 // will, QoS 1
+	}
 	body := append(mqttString("MQTT"), 5, flags, 0, 60)
 	body = append(append(body, varint(len(props))...), props...)
 	body = append(body, mqttString(id)...)
+	if o.willTopic != "" {
+		var wp []byte
+		if o.willDelay > 0 {
+			wp = binary.BigEndian.AppendUint32([]byte{0x18}, o.willDelay)
+		}
+		body = append(append(body, varint(len(wp))...), wp...)
+		body = append(append(body, mqttString(o.willTopic)...), mqttString(o.willPayload)...)
+	}
 	if _, err := conn.Write(packet(0x10, body)); err != nil {
 		t.Fatal(err)
 	}
@@ -446,6 +460,32 @@ func (p *peer) expectDisconnect(reason byte) {
 	case <-p.closed:
 	case <-time.After(10 * time.Second):
 		p.t.Fatalf("%s: the connection stays open after DISCONNECT", p.id)
+	}
+}
+
+// tryPublish sends a QoS 1 PUBLISH (dup: again, with DUP) under packet id
+// id and reports whether its PUBACK came within wait: false when the
+// connection ended first (its node was killed), without failing.
+func (p *peer) tryPublish(topic, payload string, id uint16, dup bool, wait time.Duration) bool {
+	body := binary.BigEndian.AppendUint16(mqttString(topic), id)
+	body = append(append(body, 0), payload...)
+	flags := byte(0x32)
+	if dup {
+		flags |= 0x08
+	}
+	p.write(packet(flags, body))
+	deadline := time.After(wait)
+	for {
+		select {
+		case a := <-p.acks:
+			if a.typ>>4 == 4 && binary.BigEndian.Uint16(a.body) == id {
+				return true
+			}
+		case <-p.closed:
+			return false
+		case <-deadline:
+			return false
+		}
 	}
 }
 
