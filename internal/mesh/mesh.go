@@ -172,13 +172,19 @@ func (a *arrivals) start(seq uint64) {
 	a.mu.Unlock()
 }
 
-func (a *arrivals) finish(seq uint64) {
+// finish says the delivery of seq is done; late says it was done after
+// Deliver returned, when the reader may be waiting for the next frame
+// and the acknowledgement is the writer's to send.
+func (a *arrivals) finish(seq uint64, late bool) {
 	a.mu.Lock()
 	if i, ok := slices.BinarySearch(a.seqs, seq); ok {
 		a.seqs = slices.Delete(a.seqs, i, i+1)
 	}
 	kick := a.kick
 	a.mu.Unlock()
+	if !late {
+		return // the reader acknowledges it with its burst
+	}
 	select {
 	case kick <- struct{}{}:
 	default:
@@ -493,12 +499,16 @@ func (m *Mesh) serve(from string, s net.Conn) {
 			}
 		}
 	}()
+	owed := false // a frame its sender keeps until acknowledged came since the last ack
 	for {
 		var f frame
 		if err := c.Receive(&f); err != nil {
 			return
 		}
 		done := f.Seq <= st.last // sent again: seen already
+		// QoS 0 messages are not kept by their sender: acknowledging
+		// them would cost a write each burst for nothing.
+		owed = owed || f.Kind == kindInterest || f.Kind == kindMessage && f.Delivery != nil && f.Delivery.Msg.QoS > 0
 		switch {
 		case done:
 		case f.Kind == kindInterests:
@@ -515,11 +525,16 @@ func (m *Mesh) serve(from string, s net.Conn) {
 			}
 			m.mu.Unlock()
 			m.Counters.InterestReceived.Add(1)
+		case f.Kind == kindMessage && f.Delivery != nil && f.Delivery.Msg.QoS == 0:
+			m.Counters.Received.Add(1)
+			m.cfg.Deliver(node, f.Delivery, func() {})
 		case f.Kind == kindMessage && f.Delivery != nil:
 			m.Counters.Received.Add(1)
 			seq := f.Seq
 			open.start(seq)
-			m.cfg.Deliver(node, f.Delivery, func() { open.finish(seq) })
+			var returned atomic.Bool
+			m.cfg.Deliver(node, f.Delivery, func() { open.finish(seq, returned.Load()) })
+			returned.Store(true)
 		case f.Kind == kindRequest:
 			var answer []byte
 			if m.cfg.Handle != nil {
@@ -540,7 +555,8 @@ func (m *Mesh) serve(from string, s net.Conn) {
 			m.mu.Unlock()
 		}
 		// Acknowledged once what arrived is done: one ack a burst.
-		if c.Buffered() == 0 {
+		if c.Buffered() == 0 && owed {
+			owed = false
 			if err := ack(); err != nil {
 				return
 			}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"os"
 	"runtime/pprof"
 	"testing"
@@ -26,6 +27,12 @@ func TestMessagesKeepOrderAcrossTheTwoPaths(t *testing.T) {
 	s := startServer(t, inMemory())
 	const n = 600
 	sub, _ := dialWire(t, s, packets.Connect{ClientID: "slow-sub", CleanStart: true})
+	if tc, ok := sub.conn.(*net.TCPConn); ok {
+		// A small window: the server's socket fills whatever the
+		// machine's speed (on a loaded one the publisher was once
+		// slower than the subscriber, and mochi's path never taken).
+		tc.SetReadBuffer(16 << 10)
+	}
 	sub.subscribe(1, "order/#")
 	pub, _ := dialWire(t, s, packets.Connect{ClientID: "self-sub", CleanStart: true})
 	pub.subscribe(1, "order/#")
@@ -49,7 +56,7 @@ func TestMessagesKeepOrderAcrossTheTwoPaths(t *testing.T) {
 				return
 			}
 			if want%10 == 0 {
-				time.Sleep(20 * time.Millisecond) // the socket fills meanwhile
+				time.Sleep(40 * time.Millisecond) // the socket fills meanwhile
 			}
 			if _, err := (&packets.Puback{PacketID: m.PacketID}).WriteTo(sub.conn); err != nil {
 				subDone <- err
