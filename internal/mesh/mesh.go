@@ -481,7 +481,11 @@ func (m *Mesh) serve(from string, s net.Conn) {
 		defer sendMu.Unlock()
 		if n := open.ackable(last.Load()); n > acked {
 			acked = n
-			return c.Send(frame{Kind: kindAck, Seq: n})
+			b, _ := appendFrame(nil, &frame{Kind: kindAck, Seq: n})
+			if err := c.WriteFrame(b); err != nil {
+				return err
+			}
+			return c.Flush()
 		}
 		return nil
 	}
@@ -502,7 +506,7 @@ func (m *Mesh) serve(from string, s net.Conn) {
 	owed := false // a frame its sender keeps until acknowledged came since the last ack
 	for {
 		var f frame
-		if err := c.Receive(&f); err != nil {
+		if err := receive(c, &f); err != nil {
 			return
 		}
 		done := f.Seq <= st.last // sent again: seen already
@@ -744,12 +748,13 @@ func (s *sender) open() (*peer.Conn, error) {
 // send writes what is queued until the stream breaks or the sender
 // stops, reading acknowledgements on the side.
 func (s *sender) send(c *peer.Conn) {
+	var buf []byte // a binary frame's encoding, reused
 	broken := make(chan struct{})
 	go func() {
 		defer close(broken)
 		for {
 			var f frame
-			if err := c.Receive(&f); err != nil {
+			if err := receive(c, &f); err != nil {
 				return
 			}
 			switch f.Kind {
@@ -785,7 +790,14 @@ func (s *sender) send(c *peer.Conn) {
 		}
 		s.mu.Unlock()
 		for _, it := range batch {
-			if err := c.Write(it.f); err != nil {
+			var err error
+			if b, ok := appendFrame(buf[:0], &it.f); ok {
+				buf = b
+				err = c.WriteFrame(b)
+			} else {
+				err = c.Write(it.f)
+			}
+			if err != nil {
 				s.requeueUnacked(batch)
 				return
 			}

@@ -282,6 +282,23 @@ func (c *Conn) frame() ([]byte, error) {
 	return b, err
 }
 
+// ReceiveFrame reads one message as it came, for a caller that decodes
+// it itself. The slice is its own.
+func (c *Conn) ReceiveFrame() ([]byte, error) { return c.frame() }
+
+// WriteFrame writes one message already encoded, without flushing it
+// (see Flush); on failure the stream is closed.
+func (c *Conn) WriteFrame(b []byte) error {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	c.w.Write(n[:])
+	if _, err := c.w.Write(b); err != nil {
+		c.Close()
+		return err
+	}
+	return nil
+}
+
 // writeFrame writes one raw frame and flushes it.
 func (c *Conn) writeFrame(b []byte) error {
 	var n [4]byte
