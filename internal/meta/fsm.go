@@ -1,35 +1,24 @@
 package meta
 
 import (
-	"errors"
 	"io"
 	"sync"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/records"
 )
 
 // Encoding of ops in the metadata log and of snapshots: a format byte,
 // then msgpack. New formats take new numbers; old ones stay readable.
 const format = 1
 
-var mh = &codec.MsgpackHandle{}
-
 // EncodeOp is the log entry of op.
 func EncodeOp(op Op) []byte { return encode(op) }
 
-func encode(v any) []byte {
-	var b []byte
-	codec.NewEncoderBytes(&b, mh).MustEncode(v)
-	return append([]byte{format}, b...)
-}
+func encode(v any) []byte { return records.Encode(format, v) }
 
-func decode(b []byte, v any) error {
-	if len(b) == 0 || b[0] != format {
-		return errors.New("meta: unknown format")
-	}
-	return codec.NewDecoderBytes(b[1:], mh).Decode(v)
-}
+func decode(b []byte, v any) error { return records.Decode("meta", format, b, v) }
 
 // FSM is the metadata group's raft state machine.
 type FSM struct {

@@ -13,12 +13,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
-
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/records"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -50,20 +48,11 @@ type Router interface {
 
 const format = 1
 
-var mh = &codec.MsgpackHandle{}
-
-func encode(r Record) []byte {
-	var b []byte
-	codec.NewEncoderBytes(&b, mh).MustEncode(r)
-	return append([]byte{format}, b...)
-}
+func encode(r Record) []byte { return records.Encode(format, r) }
 
 func decode(b []byte) (Record, error) {
 	var r Record
-	if len(b) == 0 || b[0] != format {
-		return r, errors.New("ownership: unknown format")
-	}
-	err := codec.NewDecoderBytes(b[1:], mh).Decode(&r)
+	err := records.Decode("ownership", format, b, &r)
 	return r, err
 }
 
@@ -104,7 +93,7 @@ func (s *Store) Claim(ctx context.Context, clientID, epoch string) (prev Record,
 				prev = Record{} // unreadable: taken over as if none
 			}
 		}
-		res, err := s.submit(ctx, store.Command{Op: store.OpSet, Key: Key(clientID), Value: value, Cond: store.IfVersion, Expected: cur.Version})
+		res, err := records.Submit(ctx, s.router, store.Command{Op: store.OpSet, Key: Key(clientID), Value: value, Cond: store.IfVersion, Expected: cur.Version})
 		if err != nil {
 			return Record{}, Claim{}, err
 		}
@@ -130,7 +119,7 @@ func (s *Store) Take(ctx context.Context, clientID, from, epoch string) (Claim, 
 		return Claim{}, false, nil
 	}
 	mine := Claim{Record: Record{Node: s.self, Epoch: epoch}}
-	res, err := s.submit(ctx, store.Command{Op: store.OpSet, Key: Key(clientID), Value: encode(mine.Record), Cond: store.IfVersion, Expected: cur.Version})
+	res, err := records.Submit(ctx, s.router, store.Command{Op: store.OpSet, Key: Key(clientID), Value: encode(mine.Record), Cond: store.IfVersion, Expected: cur.Version})
 	if err != nil || res.Outcome != store.Applied {
 		return Claim{}, false, err
 	}
@@ -144,7 +133,7 @@ func (s *Store) Release(ctx context.Context, clientID string, c Claim) error {
 	if c.Version.IsZero() {
 		return nil
 	}
-	_, err := s.submit(ctx, store.Command{Op: store.OpDel, Key: Key(clientID), Cond: store.IfVersion, Expected: c.Version})
+	_, err := records.Submit(ctx, s.router, store.Command{Op: store.OpDel, Key: Key(clientID), Cond: store.IfVersion, Expected: c.Version})
 	return err
 }
 
@@ -157,15 +146,4 @@ func (s *Store) Owner(ctx context.Context, clientID string) (Claim, bool, error)
 	}
 	r, err := decode(cur.Value)
 	return Claim{Record: r, Version: cur.Version}, err == nil, err
-}
-
-func (s *Store) submit(ctx context.Context, cmd store.Command) (store.Result, error) {
-	type outcome struct {
-		res store.Result
-		err error
-	}
-	ch := make(chan outcome, 1)
-	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, Done: func(res store.Result, err error) { ch <- outcome{res, err} }})
-	o := <-ch
-	return o.res, o.err
 }

@@ -17,15 +17,13 @@ package retained
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
-
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/mesh"
+	"github.com/mqkv/mqkv/internal/records"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/route"
 	"github.com/mqkv/mqkv/internal/store"
@@ -41,23 +39,14 @@ func Key(topic string) []byte { return append([]byte(Prefix), topic...) }
 // numbers, old ones stay readable.
 const format = 1
 
-var mh = &codec.MsgpackHandle{}
-
 // Encode is the stored form of m.
-func Encode(m *mesh.Message) []byte {
-	var b []byte
-	codec.NewEncoderBytes(&b, mh).MustEncode(m) // (it writes b from its start)
-	return append([]byte{format}, b...)
-}
+func Encode(m *mesh.Message) []byte { return records.Encode(format, m) }
 
 // Decode reads a stored message.
 func Decode(b []byte) (*mesh.Message, error) {
-	if len(b) == 0 || b[0] != format {
-		return nil, errors.New("retained: unknown format")
-	}
 	var m mesh.Message
-	if err := codec.NewDecoderBytes(b[1:], mh).Decode(&m); err != nil {
-		return nil, fmt.Errorf("retained: %w", err)
+	if err := records.Decode("retained", format, b, &m); err != nil {
+		return nil, err
 	}
 	return &m, nil
 }
@@ -235,25 +224,12 @@ func (s *Store) Sync(ctx context.Context, filter string) error {
 
 // scan reads the stored messages whose topics start with prefix.
 func (s *Store) scan(ctx context.Context, prefix string, fn func(topic string, m *mesh.Message, v hlc.Timestamp)) error {
-	var from []byte
-	for {
-		var last []byte
-		exhausted, err := s.router.Ascend(ctx, from, Key(prefix), 1000, func(e *store.Entry) bool {
-			last = e.Key
-			topic, _ := topicOf(e.Key)
-			if m, err := Decode(e.Value); err == nil {
-				fn(topic, m, e.Version)
-			}
-			return true
-		})
-		if err != nil {
-			return err
+	return records.Scan(ctx, s.router, Key(prefix), func(e *store.Entry) {
+		topic, _ := topicOf(e.Key)
+		if m, err := Decode(e.Value); err == nil {
+			fn(topic, m, e.Version)
 		}
-		if exhausted || last == nil {
-			return nil
-		}
-		from = append(last[:len(last):len(last)], 0)
-	}
+	})
 }
 
 func topicOf(key []byte) (string, bool) {

@@ -26,11 +26,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
-
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/records"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -122,20 +121,9 @@ func (m Message) Live(now time.Time) (Message, bool) {
 
 const format = 1
 
-var mh = &codec.MsgpackHandle{}
+func encode(v any) []byte { return records.Encode(format, v) }
 
-func encode(v any) []byte {
-	var b []byte
-	codec.NewEncoderBytes(&b, mh).MustEncode(v)
-	return append([]byte{format}, b...)
-}
-
-func decode(b []byte, v any) error {
-	if len(b) == 0 || b[0] != format {
-		return errors.New("roaming: unknown format")
-	}
-	return codec.NewDecoderBytes(b[1:], mh).Decode(v)
-}
+func decode(b []byte, v any) error { return records.Decode("roaming", format, b, v) }
 
 // Router is how the store is reached (statestore.Router's methods).
 type Router interface {
@@ -294,7 +282,7 @@ func (w *Store) Load(ctx context.Context, clientID string) (*Session, hlc.Timest
 	if err := decode(e.Value, &s); err != nil {
 		return nil, hlc.Timestamp{}, fmt.Errorf("roaming: session of %q: %w", clientID, err)
 	}
-	err = scan(ctx, r, messagesOf(clientID), func(e *store.Entry) {
+	err = records.Scan(ctx, r, messagesOf(clientID), func(e *store.Entry) {
 		var m Message
 		id, perr := strconv.ParseUint(string(e.Key[len(messagesOf(clientID)):]), 10, 16)
 		if perr != nil || decode(e.Value, &m) != nil {
@@ -312,7 +300,7 @@ func (w *Store) MessageIDs(ctx context.Context, clientID string) ([]uint16, erro
 	r := w.router
 	var ids []uint16
 	p := messagesOf(clientID)
-	err := scan(ctx, r, p, func(e *store.Entry) {
+	err := records.Scan(ctx, r, p, func(e *store.Entry) {
 		if id, err := strconv.ParseUint(string(e.Key[len(p):]), 10, 16); err == nil {
 			ids = append(ids, uint16(id))
 		}
@@ -322,7 +310,7 @@ func (w *Store) MessageIDs(ctx context.Context, clientID string) ([]uint16, erro
 
 // Sessions calls fn with every session record and its version.
 func (w *Store) Sessions(ctx context.Context, fn func(clientID string, s *Session, v hlc.Timestamp)) error {
-	return scan(ctx, w.router, []byte(SessionPrefix), func(e *store.Entry) {
+	return records.Scan(ctx, w.router, []byte(SessionPrefix), func(e *store.Entry) {
 		var s Session
 		if decode(e.Value, &s) == nil {
 			fn(string(e.Key[len(SessionPrefix):]), &s, e.Version)
@@ -341,7 +329,7 @@ func (w *Store) Replace(ctx context.Context, clientID string, v hlc.Timestamp, s
 	if s != nil {
 		cmd = store.Command{Op: store.OpSet, Key: SessionKey(clientID), Value: encode(s), Cond: store.IfVersion, Expected: v}
 	}
-	res, err := submit(ctx, r, cmd)
+	res, err := records.Submit(ctx, r, cmd)
 	if err != nil || res.Outcome != store.Applied {
 		return false, err
 	}
@@ -351,45 +339,10 @@ func (w *Store) Replace(ctx context.Context, clientID string, v hlc.Timestamp, s
 			return true, err
 		}
 		for _, id := range ids {
-			if _, err := submit(ctx, r, store.Command{Op: store.OpDel, Key: MessageKey(clientID, id)}); err != nil {
+			if _, err := records.Submit(ctx, r, store.Command{Op: store.OpDel, Key: MessageKey(clientID, id)}); err != nil {
 				return true, err
 			}
 		}
 	}
 	return true, nil
-}
-
-func submit(ctx context.Context, r Router, cmd store.Command) (store.Result, error) {
-	type outcome struct {
-		res store.Result
-		err error
-	}
-	ch := make(chan outcome, 1)
-	r.Submit(ctx, replica.Proposal{Cmd: cmd, Done: func(res store.Result, err error) { ch <- outcome{res, err} }})
-	select {
-	case o := <-ch:
-		return o.res, o.err
-	case <-ctx.Done():
-		return store.Result{}, ctx.Err()
-	}
-}
-
-// scan calls fn with every entry whose key starts with prefix.
-func scan(ctx context.Context, r Router, prefix []byte, fn func(*store.Entry)) error {
-	var from []byte
-	for {
-		var last []byte
-		exhausted, err := r.Ascend(ctx, from, prefix, 1000, func(e *store.Entry) bool {
-			last = e.Key
-			fn(e)
-			return true
-		})
-		if err != nil {
-			return err
-		}
-		if exhausted || last == nil {
-			return nil
-		}
-		from = append(last[:len(last):len(last)], 0)
-	}
 }
