@@ -37,9 +37,31 @@ type Owners interface {
 	Take(ctx context.Context, clientID, from, epoch string) (ownership.Claim, bool, error)
 }
 
-// claimTimeout bounds a connection's claim and the previous owner's
-// answer.
+// claimTimeout bounds a connection's claim, the previous owner's answer
+// and the reading of a dead owner's session, each.
 const claimTimeout = 5 * time.Second
+
+// claimFor bounds the retries of a claim whose record's group cannot take
+// it now: a group that lost its leader with a node elects another within
+// a few seconds, and a client whose node died reconnects at once (let in
+// unclaimed, its session would be left where the dead node's is taken up).
+const claimFor = 10 * time.Second
+
+// claimID claims clientID under epoch, again while the store cannot take
+// it (for claimFor).
+func (b *Broker) claimID(clientID, epoch string) (ownership.Record, ownership.Claim, error) {
+	deadline := time.Now().Add(claimFor)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+		prev, mine, err := b.owners.Claim(ctx, clientID, epoch)
+		cancel()
+		if err == nil || time.Now().Add(wait).After(deadline) {
+			return prev, mine, err
+		}
+		b.log.Debug("client id claim waits for the store", "client", clientID, "error", err)
+		time.Sleep(wait)
+	}
+}
 
 // takeoverRequest asks the node that held a client id to end its
 // connection and, if Resume, to hand the session over. Wire format
@@ -81,13 +103,11 @@ func (b *Broker) claim(cl *mqtt.Client, pk packets.Packet, c *conn) bool {
 	if b.owners == nil {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
-	defer cancel()
 	// Named before the claim is made: a node that takes the id over the
 	// moment this claim commits finds this connection by it.
 	epoch := ownership.NewEpoch()
 	c.epoch.Store(&epoch)
-	prev, mine, err := b.owners.Claim(ctx, cl.ID, epoch)
+	prev, mine, err := b.claimID(cl.ID, epoch)
 	if err != nil {
 		b.log.Warn("client id not claimed in the cluster: the client is let in, its id unique on this node only", "client", cl.ID, "error", err)
 		return true
@@ -97,6 +117,8 @@ func (b *Broker) claim(cl *mqtt.Client, pk packets.Packet, c *conn) bool {
 	if prev.Node == "" || prev.Node == b.self {
 		return true // none, or here: mochi takes it over
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
 	req := takeoverRequest{ClientID: cl.ID, Epoch: prev.Epoch, Resume: !pk.Connect.Clean, Username: string(cl.Properties.Username)}
 	answered := make(chan []byte, 1)
 	b.peers.Request(prev.Node, encodeWire(req), func(answer []byte, ok bool) {
@@ -111,7 +133,9 @@ func (b *Broker) claim(cl *mqtt.Client, pk packets.Packet, c *conn) bool {
 	case <-ctx.Done():
 	}
 	if raw == nil {
-		b.takeUp(ctx, cl, pk, prev.Node)
+		upCtx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+		defer cancel()
+		b.takeUp(upCtx, cl, pk, prev.Node)
 		return true
 	}
 	var ans takeoverAnswer

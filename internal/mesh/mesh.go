@@ -635,6 +635,8 @@ func (s *sender) run() {
 			s.m.setGone(s.id, false) // it answers: its interest counts again
 			s.send(c)
 			c.Close()
+		} else {
+			s.failQueuedRequests()
 		}
 		s.mu.Lock()
 		s.connected = false
@@ -837,6 +839,29 @@ func (s *sender) failReplies() {
 	s.mu.Unlock()
 	for _, r := range rs {
 		r(nil, false)
+	}
+}
+
+// failQueuedRequests answers the requests waiting to be sent "no answer":
+// the node cannot be reached now, and whoever asks goes on without it (a
+// claim of a client id whose node died takes its session up from the
+// store) rather than wait for GiveUp.
+func (s *sender) failQueuedRequests() {
+	s.mu.Lock()
+	var failed []item
+	kept := s.queue[:0]
+	for _, it := range s.queue {
+		if it.reply != nil {
+			failed = append(failed, it)
+		} else {
+			kept = append(kept, it)
+		}
+	}
+	s.queue = kept
+	s.mu.Unlock()
+	for _, it := range failed {
+		it.reply(nil, false)
+		it.done()
 	}
 }
 

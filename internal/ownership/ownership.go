@@ -32,6 +32,10 @@ func Key(clientID string) []byte { return append([]byte(Prefix), clientID...) }
 type Record struct {
 	Node  string
 	Epoch string // the claim's: tells this claim from the same node's others
+	// From and FromEpoch are the record this claim replaced: a claim
+	// retried after its outcome was lost finds its own record, and in it
+	// whom it took the id from.
+	From, FromEpoch string
 }
 
 // Claim is a record this node wrote, as it must name it to remove it.
@@ -80,8 +84,6 @@ func NewEpoch() string {
 // (see NewEpoch). It returns the record it replaced (zero if none), and
 // its own claim.
 func (s *Store) Claim(ctx context.Context, clientID, epoch string) (prev Record, mine Claim, err error) {
-	mine.Record = Record{Node: s.self, Epoch: epoch}
-	value := encode(mine.Record)
 	for range maxRaces {
 		cur, found, err := s.router.Get(ctx, Key(clientID))
 		if err != nil {
@@ -93,7 +95,12 @@ func (s *Store) Claim(ctx context.Context, clientID, epoch string) (prev Record,
 				prev = Record{} // unreadable: taken over as if none
 			}
 		}
-		res, err := records.Submit(ctx, s.router, store.Command{Op: store.OpSet, Key: Key(clientID), Value: value, Cond: store.IfVersion, Expected: cur.Version})
+		if found && prev.Node == s.self && prev.Epoch == epoch {
+			// This claim, made by an attempt whose outcome was lost.
+			return Record{Node: prev.From, Epoch: prev.FromEpoch}, Claim{Record: prev, Version: cur.Version}, nil
+		}
+		mine.Record = Record{Node: s.self, Epoch: epoch, From: prev.Node, FromEpoch: prev.Epoch}
+		res, err := records.Submit(ctx, s.router, store.Command{Op: store.OpSet, Key: Key(clientID), Value: encode(mine.Record), Cond: store.IfVersion, Expected: cur.Version})
 		if err != nil {
 			return Record{}, Claim{}, err
 		}

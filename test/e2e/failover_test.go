@@ -152,3 +152,51 @@ func TestWillsOfClientsWhoseNodeDied(t *testing.T) {
 	t.Logf("wills after the kill: %v and %v", now.receivedWhen.Sub(killed).Round(time.Millisecond), later.receivedWhen.Sub(killed).Round(time.Millisecond))
 	watcher.expectNone(3*time.Second, "a will sent twice")
 }
+
+// A subscriber whose node died reconnects to another node at once, before
+// the cluster takes the dead node for dead: its claim waits for the
+// client id record's group to elect a leader again, finds the old node
+// silent and takes the session up from the store (Session Present 1);
+// every message reaches it, those the dead node had not acknowledged
+// included.
+func TestSubscriberBackAtOnceAfterItsNodeDied(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	skipInCluster(t, "starts its own nodes")
+	c := startProcCluster(t, 3, 4)
+	c.awaitSettled(0, 3)
+	sub := dialPeer(t, c.mqtt[0], "at-once", peerOpts{clean: true, sessionExpiry: 600})
+	sub.subscribe(subOpt{filter: "ao/#", qos: 1})
+	pub := dialPeer(t, c.mqtt[1], "ao-pub", peerOpts{clean: true})
+	const total, killAt = 30, 10
+	got := map[string]int{}
+	for i := range killAt {
+		pub.publish("ao/t", fmt.Sprint(i), pubOpt{qos: 1})
+		got[string(sub.expect("ao/t", fmt.Sprint(i)).payload)]++
+	}
+	c.procs[0].Kill()
+	killed := time.Now()
+	var present bool
+	back := dialPeer(t, c.mqtt[2], "at-once", peerOpts{sessionExpiry: 600, sessionPresent: &present})
+	backAfter := time.Since(killed)
+	if !present {
+		t.Fatalf("Session Present 0 on reconnecting %v after the kill", time.Since(killed).Round(time.Millisecond))
+	}
+	for i := killAt; i < total; i++ {
+		if !pub.tryPublish("ao/t", fmt.Sprint(i), uint16(i+1), false, 30*time.Second) {
+			t.Fatalf("no PUBACK for message %d", i)
+		}
+	}
+	deadline := time.After(30 * time.Second)
+	for len(got) < total {
+		select {
+		case m := <-back.msgs:
+			got[string(m.payload)]++
+		case <-deadline:
+			t.Fatalf("%d of %d messages after reconnecting at once", len(got), total)
+		}
+	}
+	t.Logf("back %v after the kill; all %d messages %v after it", backAfter.Round(time.Millisecond), total, time.Since(killed).Round(time.Millisecond))
+}
