@@ -3,6 +3,7 @@ package broker
 import (
 	"cmp"
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"time"
@@ -55,7 +56,11 @@ func (b *Broker) claimID(clientID, epoch string) (ownership.Record, ownership.Cl
 		ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 		prev, mine, err := b.owners.Claim(ctx, clientID, epoch)
 		cancel()
-		if err == nil || time.Now().Add(wait).After(deadline) {
+		// A node that cannot serve the store itself (it waits for its
+		// quorum at start, or is no longer a member) says why: no wait
+		// helps then, and MQTT stays available.
+		var why interface{ Reason() string }
+		if err == nil || errors.As(err, &why) || time.Now().Add(wait).After(deadline) {
 			return prev, mine, err
 		}
 		b.log.Debug("client id claim waits for the store", "client", clientID, "error", err)
