@@ -138,6 +138,23 @@ func (b *Broker) sendRemote(pk *packets.Packet, local []sharedGroup, a *pendingA
 	if len(w.Plain) == 0 && len(w.Shared) == 0 {
 		return nil
 	}
+	if len(w.Shared) == 0 && len(local) == 0 {
+		// Plain subscribers only, the common case: one delivery, read
+		// only, for every node.
+		d := &mesh.Delivery{Msg: *meshMessage(pk), Plain: true}
+		if pk.FixedHeader.Qos > 0 {
+			d.Sent = time.Now().UnixNano()
+		}
+		for _, node := range w.Plain {
+			var done func()
+			if pk.FixedHeader.Qos > 0 {
+				done = a.hold()
+			}
+			b.peers.Send(node, d, done)
+		}
+		b.Counters.Forwarded.Add(int64(len(w.Plain)))
+		return nil
+	}
 	keep = map[string]bool{}
 	for _, g := range local {
 		keep[g.filter] = true
@@ -226,19 +243,30 @@ func (b *Broker) FromPeer(from string, d *mesh.Delivery, done func()) {
 	pk := packetOf(m)
 	b.seq.stamp(&pk)
 	b.Counters.FromPeers.Add(1)
-	groups := map[string]bool{}
-	for _, g := range d.Groups {
-		groups[g] = true
+	groups := noGroups // read only
+	if len(d.Groups) > 0 {
+		groups = make(map[string]bool, len(d.Groups))
+		for _, g := range d.Groups {
+			groups[g] = true
+		}
 	}
-	a := &pendingAck{release: done}
-	a.waiting.Store(1)
 	var only *takenUp
 	if d.For != "" {
 		only = &takenUp{d.For, d.Since}
 	}
+	if m.QoS == 0 {
+		b.deliverLocal(m.Origin, pk, nil, d.Plain, groups, nil, only)
+		done()
+		return
+	}
+	a := &pendingAck{release: done}
+	a.waiting.Store(1)
 	b.deliverLocal(m.Origin, pk, nil, d.Plain, groups, a, only)
 	a.done() // the deliveries are all made
 }
+
+// noGroups is no shared group: a delivery for none of this node's.
+var noGroups = map[string]bool{}
 
 // GivenUp delivers again a QoS 1 or 2 message that node died before it
 // acknowledged, to the sessions another node took up from it after the

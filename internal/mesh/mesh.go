@@ -157,6 +157,8 @@ type seenFrom struct {
 	open  *arrivals
 }
 
+func noop() {}
+
 // arrivals are the messages of one sending process delivered but not yet
 // done (see Config.Deliver), across its streams: a resent message seen
 // already is acknowledged only once its first delivery is done.
@@ -531,7 +533,7 @@ func (m *Mesh) serve(from string, s net.Conn) {
 			m.Counters.InterestReceived.Add(1)
 		case f.Kind == kindMessage && f.Delivery != nil && f.Delivery.Msg.QoS == 0:
 			m.Counters.Received.Add(1)
-			m.cfg.Deliver(node, f.Delivery, func() {})
+			m.cfg.Deliver(node, f.Delivery, noop)
 		case f.Kind == kindMessage && f.Delivery != nil:
 			m.Counters.Received.Add(1)
 			seq := f.Seq
