@@ -7,13 +7,9 @@ import (
 	"time"
 )
 
-// Issue 31, sessions that survive their node: a subscriber with a
-// persistent session on n1 gets QoS 1 messages published on n2; n1 is
-// SIGKILLed mid-stream; the subscriber connects to n3, finds its session
-// (Session Present) and gets every message published after its last
-// acknowledgement, those published while it was away included: none is
-// lost (duplicates, with DUP, as QoS 1 allows).
-func TestPersistentSessionSurvivesItsNode(t *testing.T) {
+// killableCluster starts three node processes for a test that kills one.
+func killableCluster(t *testing.T) *procCluster {
+	t.Helper()
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -21,32 +17,42 @@ func TestPersistentSessionSurvivesItsNode(t *testing.T) {
 	skipInCluster(t, "starts its own nodes")
 	c := startProcCluster(t, 3, 4)
 	c.awaitSettled(0, 3)
+	return c
+}
+
+// collect reads p's messages into got (payload → times received) until it
+// holds want different ones, within the time given.
+func collect(t *testing.T, p *peer, got map[string]int, want int, within time.Duration) {
+	t.Helper()
+	deadline := time.After(within)
+	for len(got) < want {
+		select {
+		case m := <-p.msgs:
+			got[string(m.payload)]++
+		case <-deadline:
+			t.Fatalf("%s: %d of %d messages after %v", p.id, len(got), want, within)
+		}
+	}
+}
+
+// Issue 31, sessions that survive their node: a subscriber with a
+// persistent session on n1 gets QoS 1 messages published on n2; n1 is
+// SIGKILLed mid-stream; the subscriber connects to n3, finds its session
+// (Session Present) and gets every message published after its last
+// acknowledgement, those published while it was away included: none is
+// lost (duplicates, with DUP, as QoS 1 allows).
+func TestPersistentSessionSurvivesItsNode(t *testing.T) {
+	c := killableCluster(t)
 	sub := dialPeer(t, c.mqtt[0], "survivor", peerOpts{clean: true, sessionExpiry: 600})
 	sub.subscribe(subOpt{filter: "fo/#", qos: 1})
 	pub := dialPeer(t, c.mqtt[1], "fo-pub", peerOpts{clean: true})
 
-	got := map[int]int{}
-	take := func(p *peer, want int, within time.Duration) {
-		t.Helper()
-		deadline := time.After(within)
-		for len(got) < want {
-			select {
-			case m := <-p.msgs:
-				i, err := strconv.Atoi(string(m.payload))
-				if err != nil {
-					t.Fatalf("message %q", m.payload)
-				}
-				got[i]++
-			case <-deadline:
-				t.Fatalf("%d of %d messages after %v", len(got), want, within)
-			}
-		}
-	}
+	got := map[string]int{}
 	const total, killAt = 60, 20
 	var killed time.Time
 	for i := range total {
 		if i == killAt {
-			take(sub, killAt, 10*time.Second) // received (and acknowledged) the first ones
+			collect(t, sub, got, killAt, 10*time.Second) // received (and acknowledged) the first ones
 			c.procs[0].Kill()
 			killed = time.Now()
 		}
@@ -59,7 +65,7 @@ func TestPersistentSessionSurvivesItsNode(t *testing.T) {
 	if !present {
 		t.Fatal("Session Present 0 on another node after the session's node died")
 	}
-	take(back, total, 30*time.Second)
+	collect(t, back, got, total, 30*time.Second)
 	dups := 0
 	for _, n := range got {
 		dups += n - 1
@@ -89,13 +95,7 @@ func TestPersistentSessionSurvivesItsNode(t *testing.T) {
 // again by the publisher, with DUP, to another node, once it reconnects.
 // Nothing is lost; the subscriber may see that one twice.
 func TestPublisherNodeKilledMidHop(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
-	skipInCluster(t, "starts its own nodes")
-	c := startProcCluster(t, 3, 4)
-	c.awaitSettled(0, 3)
+	c := killableCluster(t)
 	sub := dialPeer(t, c.mqtt[2], "mid-sub", peerOpts{clean: true, sessionExpiry: 600})
 	sub.subscribe(subOpt{filter: "mh/#", qos: 1})
 	pub := dialPeer(t, c.mqtt[1], "mid-pub", peerOpts{clean: true, sessionExpiry: 600})
@@ -114,29 +114,14 @@ func TestPublisherNodeKilledMidHop(t *testing.T) {
 			t.Fatalf("message %d not acknowledged on another node", i)
 		}
 	}
-	got := map[string]int{}
-	deadline := time.After(30 * time.Second)
-	for len(got) < total {
-		select {
-		case m := <-sub.msgs:
-			got[string(m.payload)]++
-		case <-deadline:
-			t.Fatalf("the subscriber got %d of %d messages", len(got), total)
-		}
-	}
+	collect(t, sub, map[string]int{}, total, 30*time.Second)
 }
 
 // Wills across nodes: the wills of clients whose node was SIGKILLed are
 // published by a surviving node, once each: at once for a session that
 // ended with its connection, after its delay for one that outlives it.
 func TestWillsOfClientsWhoseNodeDied(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
-	skipInCluster(t, "starts its own nodes")
-	c := startProcCluster(t, 3, 4)
-	c.awaitSettled(0, 3)
+	c := killableCluster(t)
 	watcher := dialPeer(t, c.mqtt[1], "will-watcher", peerOpts{clean: true})
 	watcher.subscribe(subOpt{filter: "wills/#", qos: 1})
 	dialPeer(t, c.mqtt[0], "will-now", peerOpts{clean: true, willTopic: "wills/now", willPayload: "gone"})
@@ -160,13 +145,7 @@ func TestWillsOfClientsWhoseNodeDied(t *testing.T) {
 // every message reaches it, those the dead node had not acknowledged
 // included.
 func TestSubscriberBackAtOnceAfterItsNodeDied(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
-	skipInCluster(t, "starts its own nodes")
-	c := startProcCluster(t, 3, 4)
-	c.awaitSettled(0, 3)
+	c := killableCluster(t)
 	sub := dialPeer(t, c.mqtt[0], "at-once", peerOpts{clean: true, sessionExpiry: 600})
 	sub.subscribe(subOpt{filter: "ao/#", qos: 1})
 	pub := dialPeer(t, c.mqtt[1], "ao-pub", peerOpts{clean: true})
@@ -189,14 +168,6 @@ func TestSubscriberBackAtOnceAfterItsNodeDied(t *testing.T) {
 			t.Fatalf("no PUBACK for message %d", i)
 		}
 	}
-	deadline := time.After(30 * time.Second)
-	for len(got) < total {
-		select {
-		case m := <-back.msgs:
-			got[string(m.payload)]++
-		case <-deadline:
-			t.Fatalf("%d of %d messages after reconnecting at once", len(got), total)
-		}
-	}
+	collect(t, back, got, total, 30*time.Second)
 	t.Logf("back %v after the kill; all %d messages %v after it", backAfter.Round(time.Millisecond), total, time.Since(killed).Round(time.Millisecond))
 }
