@@ -333,6 +333,11 @@ func (n *Node) metaHere(op meta.Op) callResp {
 		}
 	}
 	if err := n.applyMeta(op); err != nil {
+		if op.Kind == meta.OpJoin && (errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader)) {
+			// An election meanwhile (a loaded machine): the joiner asks
+			// the next leader; a join applied twice changes nothing.
+			return callResp{Kind: errNotLeader}
+		}
 		return callResp{Kind: errOther, Err: err.Error()}
 	}
 	if err := n.fitMetaMembers(); err != nil {
