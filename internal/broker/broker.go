@@ -190,23 +190,32 @@ type Broker struct {
 	mu         sync.Mutex
 	notifySubs map[string]*mqtt.Client // client id → connection holding our notify subscription
 
-	peers     Peers
-	retained  Retained
-	owners    Owners
-	claims    sync.Map // client id → its ownership.Claim, while its session is here
-	roam      *roaming.Store
-	roamed    roamed
-	taken     sync.Map // client id → the member that died holding its session, taken up here (see GivenUp)
-	self      string   // this node's id
-	interest  interest
-	seq       *sequencer
-	routes    routes
-	ids       idSpace
-	subLimits subscriptionLimits
-	topics    topicCounts
-	wills     wills
-	stop      chan struct{}
-	closeOnce sync.Once
+	peers    Peers
+	retained Retained
+	owners   Owners
+	claims   sync.Map // client id → its ownership.Claim, while its session is here
+	roam     *roaming.Store
+	roamed   roamed
+	taken    sync.Map // client id → the member that died holding its session, taken up here (see GivenUp)
+	// retainedIndex orders the changes to mochi's index of retained
+	// messages (mirror) against mochi's reading of it for a new
+	// subscription: mochi (v2.7.9) reads a topic's retained path without
+	// the lock under which it writes it (a data race the race detector
+	// found when a message mirrored from another node met a SUBSCRIBE).
+	// Held for reading from OnSubscribed to OnPacketProcessed, by the
+	// clients in readingRetained.
+	retainedIndex   sync.RWMutex
+	readingRetained sync.Map // *mqtt.Client → struct{}
+	self            string   // this node's id
+	interest        interest
+	seq             *sequencer
+	routes          routes
+	ids             idSpace
+	subLimits       subscriptionLimits
+	topics          topicCounts
+	wills           wills
+	stop            chan struct{}
+	closeOnce       sync.Once
 
 	// Shutting down (see drain): requests are no longer handled, and
 	// those in progress are counted until answered.

@@ -422,7 +422,9 @@ func (b *Broker) mirror(pk packets.Packet) {
 	if b.srv.Options.Capabilities.RetainAvailable == 0 {
 		return
 	}
+	b.retainedIndex.Lock() // see hook.OnSubscribed
 	b.srv.Topics.RetainMessage(pk.Copy(false))
+	b.retainedIndex.Unlock()
 	atomic.StoreInt64(&b.srv.Info.Retained, int64(b.srv.Topics.Retained.Len()))
 }
 

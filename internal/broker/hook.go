@@ -43,6 +43,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnPacketRead,
 		mqtt.OnClientExpired,
 		mqtt.OnSubscribed,
+		mqtt.OnPacketProcessed,
 		mqtt.OnUnsubscribed:
 		return true
 	}
@@ -447,6 +448,23 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 				cancel()
 			}
 		}
+	}
+	if !cl.Net.Inline {
+		// mochi sends the retained messages next, reading its index:
+		// not while mirror changes it (see Broker.retainedIndex).
+		h.b.retainedIndex.RLock()
+		h.b.readingRetained.Store(cl, struct{}{})
+	}
+}
+
+// OnPacketProcessed ends the reading of retained messages a SUBSCRIBE
+// began (see OnSubscribed).
+func (h *hook) OnPacketProcessed(cl *mqtt.Client, pk packets.Packet, _ error) {
+	if pk.FixedHeader.Type != packets.Subscribe {
+		return
+	}
+	if _, ok := h.b.readingRetained.LoadAndDelete(cl); ok {
+		h.b.retainedIndex.RUnlock()
 	}
 }
 

@@ -51,6 +51,7 @@ type conn struct {
 	claim            ownership.Claim        // its client id's record in the cluster, if it claimed one (see takeover.go); its goroutine's
 	epoch            atomic.Pointer[string] // claim's epoch, for other goroutines (see takeoverFrom)
 	revoked          atomic.Bool            // another node took its client id over while it connected
+
 	// from is the connection whose session this one is taking over,
 	// and handover that takeover, until its leftovers are taken (see
 	// Broker.takeLeftovers). Only the connection's own goroutine, which

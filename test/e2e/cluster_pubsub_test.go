@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -190,4 +191,43 @@ func TestAcrossNodesLinkCutAndRestored(t *testing.T) {
 	})
 	pub.publish("cut/b", "after", pubOpt{qos: 1})
 	sub.expect("cut/b", "after")
+}
+
+// Retained messages mirrored from another node while subscriptions on
+// this one read them (run with -race: mochi's index of retained messages
+// was read by a SUBSCRIBE without the lock a mirrored change held).
+func TestAcrossNodesRetainedWhileSubscribing(t *testing.T) {
+	t.Parallel()
+	nodes := sharedCluster(t)
+	pub := dialPeer(t, nodes[0].Addr(), "xrs-pub", peerOpts{clean: true})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pub.tryPublishRetained(fmt.Sprintf("xrs/%d", i%8), fmt.Sprint(i), uint16(i%60000+1))
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	subs := make([]*peer, 4)
+	for k := range subs {
+		subs[k] = dialPeer(t, nodes[1].Addr(), fmt.Sprint("xrs-sub-", k), peerOpts{clean: true})
+	}
+	var wg sync.WaitGroup
+	for _, s := range subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				s.subscribe(subOpt{filter: "xrs/+", qos: 1})
+				s.unsubscribe("xrs/+")
+			}
+		}()
+	}
+	wg.Wait()
 }

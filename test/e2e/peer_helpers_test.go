@@ -467,12 +467,21 @@ func (p *peer) expectDisconnect(reason byte) {
 // id and reports whether its PUBACK came within wait: false when the
 // connection ended first (its node was killed), without failing.
 func (p *peer) tryPublish(topic, payload string, id uint16, dup bool, wait time.Duration) bool {
-	body := binary.BigEndian.AppendUint16(mqttString(topic), id)
-	body = append(append(body, 0), payload...)
 	flags := byte(0x32)
 	if dup {
 		flags |= 0x08
 	}
+	return p.tryPublishFlags(flags, topic, payload, id, wait)
+}
+
+// tryPublishRetained is tryPublish of a retained message.
+func (p *peer) tryPublishRetained(topic, payload string, id uint16) bool {
+	return p.tryPublishFlags(0x33, topic, payload, id, 10*time.Second)
+}
+
+func (p *peer) tryPublishFlags(flags byte, topic, payload string, id uint16, wait time.Duration) bool {
+	body := binary.BigEndian.AppendUint16(mqttString(topic), id)
+	body = append(append(body, 0), payload...)
 	p.write(packet(flags, body))
 	deadline := time.After(wait)
 	for {
