@@ -152,6 +152,16 @@ func copyDir(t *testing.T, from, to string) {
 // copy of its data directory": the node could not start (found by
 // review). The probe now compares incarnations.
 func TestMemberChangesItsAdvertisedAddress(t *testing.T) {
+	if raceDetector {
+		// hashicorp/raft (v1.7.3 and v1.8.0) reads a follower's peer
+		// without its lock while a new address is written there
+		// (updateLastAppended against startStopReplication; upstream
+		// hashicorp/raft#681, fix open in #682): the race detector
+		// fails every test running beside this one now and then. The
+		// read is of the server id, which an address change leaves as
+		// it is. .ci/run runs this test without -race.
+		t.Skip("hashicorp/raft#681: a data race in raft itself when a member's address changes")
+	}
 	t.Parallel()
 	h := newHarness(t, 3, 2)
 	old := h.links[2].Addr() // 127.0.0.1:P
