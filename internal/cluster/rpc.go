@@ -333,17 +333,23 @@ func (n *Node) metaHere(op meta.Op) callResp {
 		}
 	}
 	if err := n.applyMeta(op); err != nil {
-		if op.Kind == meta.OpJoin && (errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader)) {
-			// An election meanwhile (a loaded machine): the joiner asks
-			// the next leader; a join applied twice changes nothing.
-			return callResp{Kind: errNotLeader}
-		}
-		return callResp{Kind: errOther, Err: err.Error()}
+		return metaFailed(op, err)
 	}
 	if err := n.fitMetaMembers(); err != nil {
-		return callResp{Kind: errOther, Err: err.Error()}
+		return metaFailed(op, err)
 	}
 	return callResp{}
+}
+
+// metaFailed answers a metadata change that failed. A join caught by an
+// election (a loaded machine) is asked of the next leader: a join applied
+// twice changes nothing (a node started then exited with "leadership lost
+// while committing log").
+func metaFailed(op meta.Op, err error) callResp {
+	if op.Kind == meta.OpJoin && (errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader)) {
+		return callResp{Kind: errNotLeader}
+	}
+	return callResp{Kind: errOther, Err: err.Error()}
 }
 
 // stillRunning refuses a member's join from a new address while a process
