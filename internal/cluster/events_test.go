@@ -43,20 +43,7 @@ func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
 	h.links[f].Isolate(true)
 	big := bytes.Repeat([]byte("x"), 1<<20)
 	for i := 0; i < 10; i++ {
-		for attempt := 1; ; attempt++ {
-			done := make(chan error, 1)
-			via.Submit(ctx(t), replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("big", i)), Value: big},
-				Done: func(_ store.Result, err error) { done <- err }})
-			err := <-done
-			if err == nil {
-				break
-			}
-			// A loaded machine may hold up the leader past an
-			// election: the same SET again, as a client would.
-			if !errors.Is(err, replica.ErrOutcomeUnknown) || attempt == 5 {
-				t.Fatal(err)
-			}
-		}
+		setAgainIfUnknown(t, via, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("big", i)), Value: big})
 	}
 	h.links[f].Isolate(false)
 	if res, err := set(t, via, "after", "v"); err != nil || res.Outcome != store.Applied {
@@ -77,6 +64,24 @@ func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
 	case v := <-h.gaps[f]:
 		t.Fatalf("OnEventsGap heard %v more", v)
 	default:
+	}
+}
+
+// setAgainIfUnknown submits cmd (a SET, which may be applied twice)
+// through n, again when an election made its outcome unknown: a loaded
+// machine may hold a leader up past its followers' patience.
+func setAgainIfUnknown(t *testing.T, n *Node, cmd store.Command) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		done := make(chan error, 1)
+		n.Submit(ctx(t), replica.Proposal{Cmd: cmd, Done: func(_ store.Result, err error) { done <- err }})
+		err := <-done
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, replica.ErrOutcomeUnknown) || attempt == 5 {
+			t.Fatal(err)
+		}
 	}
 }
 

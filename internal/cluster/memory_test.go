@@ -51,12 +51,7 @@ func TestAscendPagesAreBoundedByBytes(t *testing.T) {
 	val := bytes.Repeat([]byte("v"), 1<<20)
 	const n = 12
 	for i := 0; i < n; i++ {
-		done := make(chan error, 1)
-		h.nodes[0].Submit(ctx(t), replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(fmt.Sprintf("k%02d", i)), Value: val},
-			Done: func(_ store.Result, err error) { done <- err }})
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		setAgainIfUnknown(t, h.nodes[0], store.Command{Op: store.OpSet, Key: []byte(fmt.Sprintf("k%02d", i)), Value: val})
 	}
 	var seen []string
 	var from []byte
