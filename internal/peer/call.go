@@ -56,14 +56,7 @@ func (c *Conn) Write(v any) error {
 	if err != nil {
 		return err
 	}
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	c.w.Write(n[:])
-	if _, err := c.w.Write(b); err != nil {
-		c.Close()
-		return err
-	}
-	return nil
+	return c.WriteFrame(b)
 }
 
 // Flush sends what Write left; on failure the stream is closed.
@@ -301,9 +294,8 @@ func (c *Conn) WriteFrame(b []byte) error {
 
 // writeFrame writes one raw frame and flushes it.
 func (c *Conn) writeFrame(b []byte) error {
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	c.w.Write(n[:])
-	c.w.Write(b)
+	if err := c.WriteFrame(b); err != nil {
+		return err
+	}
 	return c.w.Flush()
 }
