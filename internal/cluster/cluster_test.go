@@ -142,15 +142,28 @@ func ctx(t *testing.T) context.Context {
 }
 
 func set(t *testing.T, n *Node, key, value string) (store.Result, error) {
-	ch := make(chan struct{})
-	var res store.Result
-	var err error
-	n.Submit(ctx(t), replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(value)}, Done: func(r store.Result, e error) {
-		res, err = r, e
-		close(ch)
-	}})
-	<-ch
-	return res, err
+	return submitAgainIfUnknown(t, n, store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(value)})
+}
+
+// submitAgainIfUnknown submits cmd, and submits it again when an election
+// made its outcome unknown (on a loaded machine a group may change leaders
+// while a write is in flight). Only for commands that may apply twice, such
+// as a plain SET.
+func submitAgainIfUnknown(t *testing.T, n *Node, cmd store.Command) (store.Result, error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		ch := make(chan struct{})
+		var res store.Result
+		var err error
+		n.Submit(ctx(t), replica.Proposal{Cmd: cmd, Done: func(r store.Result, e error) {
+			res, err = r, e
+			close(ch)
+		}})
+		<-ch
+		if err == nil || !errors.Is(err, replica.ErrOutcomeUnknown) || attempt == 5 {
+			return res, err
+		}
+	}
 }
 
 func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {

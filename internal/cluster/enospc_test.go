@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -70,6 +72,52 @@ func TestRealENOSPCOnAMember(t *testing.T) {
 		} else if time.Now().After(deadline) {
 			t.Fatalf("writes are refused with n3's volume full: %v %v", res.Outcome, err)
 		}
+	}
+	// Elections while n3 is full: it must save each new term and its vote
+	// (hashicorp/raft panics when it cannot; the member stopped so when a
+	// group changed leaders under load).
+	terms := func() (sum uint64) {
+		for _, r := range h.nodes[2].Groups() {
+			sum += r.Raft().CurrentTerm()
+		}
+		return sum + h.nodes[2].meta.CurrentTerm()
+	}
+	// The zeros n3's segment wrote ahead of its records would hold the
+	// terms of many elections: a stable value of a group no replica uses
+	// takes them first, as months of elections would.
+	slack := h.nodes[2].journal.Group(1 << 30)
+	for size, i := 64<<10, 0; size >= 16; i++ {
+		err := slack.Set([]byte(fmt.Sprint("slack", i)), make([]byte, size))
+		if st, _ := h.nodes[2].JournalStats(); st.SpareReleased {
+			break
+		}
+		if err != nil {
+			size /= 2
+		}
+	}
+	before := terms()
+	for i := range 2 {
+		for _, r := range h.nodes[i].Groups() {
+			if r.Raft().State() == raft.Leader {
+				r.Raft().LeadershipTransfer().Error()
+			}
+		}
+		if h.nodes[i].meta.State() == raft.Leader {
+			h.nodes[i].meta.LeadershipTransfer().Error()
+		}
+	}
+	eventuallyT(t, 30*time.Second, "n3 to take the new terms of its groups", func() bool { return terms() > before })
+	for n := 0; n < 20; {
+		key := fmt.Sprint("k", len(acked))
+		if res, err := set(t, h.nodes[0], key, value); err == nil && res.Outcome == store.Applied {
+			acked = append(acked, key)
+			n++
+		} else if time.Now().After(deadline.Add(30 * time.Second)) {
+			t.Fatalf("writes are refused after the elections: %v %v", res.Outcome, err)
+		}
+	}
+	if st, _ := h.nodes[2].JournalStats(); !st.Full {
+		t.Fatalf("n3's volume has room again, the elections were not held on a full volume: %+v", st)
 	}
 	select {
 	case <-h.nodes[2].Failed():

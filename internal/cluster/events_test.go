@@ -2,13 +2,11 @@ package cluster
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -72,16 +70,8 @@ func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
 // machine may hold a leader up past its followers' patience.
 func setAgainIfUnknown(t *testing.T, n *Node, cmd store.Command) {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
-		done := make(chan error, 1)
-		n.Submit(ctx(t), replica.Proposal{Cmd: cmd, Done: func(_ store.Result, err error) { done <- err }})
-		err := <-done
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, replica.ErrOutcomeUnknown) || attempt == 5 {
-			t.Fatal(err)
-		}
+	if _, err := submitAgainIfUnknown(t, n, cmd); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -55,7 +56,27 @@ type Options struct {
 	// space is freed (a full volume on a follower stopped the node;
 	// found by trying it).
 	Room func(n int64) error
+	// Spare is how many bytes of zeros the journal keeps in a file of its
+	// own (spareName), released when the volume has no room for a batch
+	// that holds no entries: raft's term and vote must be written even on
+	// a full volume (hashicorp/raft panics when it cannot save them; a
+	// member on a full volume did so when it had to vote). 0 is
+	// DefaultSpare; negative keeps none. Once released, entries are
+	// refused until the file could be filled again.
+	Spare int64
 }
+
+// DefaultSpare is the default Options.Spare: room for a segment to grow
+// by its zeros written ahead twice, each of which holds tens of thousands
+// of raft's stable values.
+const DefaultSpare = 2 * ahead
+
+// spareName is the file of Options.Spare.
+const spareName = "spare"
+
+// spareRetry is how often, at most, entries try to fill the spare again
+// after it was released (each try writes it whole).
+const spareRetry = 200 * time.Millisecond
 
 // ErrNoSpace is wrapped by the error of a write the volume had no room
 // for (ENOSPC, EDQUOT): the journal goes on, and the write may be tried
@@ -90,6 +111,9 @@ type Journal struct {
 	refused atomic.Uint64 // appends refused for want of room (see Options.Room)
 	full    atomic.Bool   // the last batch with entries had no room for them
 
+	spareGone  atomic.Bool // the spare was released (see Options.Spare)
+	spareTried time.Time   // the writer's last attempt to fill it again
+
 	seals seals // how finished segments end (see sealsFile); the writer's
 }
 
@@ -101,13 +125,16 @@ type Stats struct {
 	Syncs     uint64 // fdatasyncs since open
 	Refused   uint64 // appends refused since open for want of room on the volume
 	Full      bool   // the last appends were refused so
+	// SpareReleased says the journal's spare (Options.Spare) was used to
+	// write raft's term and vote on a full volume, and is not back yet.
+	SpareReleased bool
 }
 
 // Stats reports the journal's figures.
 func (j *Journal) Stats() Stats {
 	j.mu.RLock()
 	defer j.mu.RUnlock()
-	st := Stats{Segments: len(j.segs), Syncs: j.syncs.Load(), Refused: j.refused.Load(), Full: j.full.Load()}
+	st := Stats{Segments: len(j.segs), Syncs: j.syncs.Load(), Refused: j.refused.Load(), Full: j.full.Load(), SpareReleased: j.spareGone.Load()}
 	for _, s := range j.segs {
 		st.Bytes += s.size
 		st.LiveBytes += s.liveBytes
@@ -159,6 +186,9 @@ func Open(dir string, opts Options) (*Journal, error) {
 	if opts.SegmentSize <= 0 {
 		opts.SegmentSize = DefaultSegmentSize
 	}
+	if opts.Spare == 0 {
+		opts.Spare = DefaultSpare
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -173,6 +203,10 @@ func Open(dir string, opts Options) (*Journal, error) {
 			return nil, err
 		}
 	} else if err := j.collect(); err != nil { // what a failed rotation left
+		j.closeFiles()
+		return nil, err
+	}
+	if err := j.fillSpare(); err != nil && !noSpace(err) {
 		j.closeFiles()
 		return nil, err
 	}
@@ -548,12 +582,20 @@ func (j *Journal) writer() {
 		if err == nil {
 			err = j.write(ops)
 			if noSpace(err) {
-				// Nothing of the batch is durable, or visible: its
-				// callers get the error, and later batches are tried.
-				j.refused.Add(uint64(len(ops)))
-				j.full.Store(true)
-				err = fmt.Errorf("%w: %w", ErrNoSpace, err)
+				err = j.writeWithoutEntries(ops, err)
+			}
+			if noSpace(err) {
+				// Not even the batch's stable values and deletes found
+				// room: nothing of it is durable, or visible. Its callers
+				// get the error (its entries were counted as refused),
+				// and later batches are tried.
+				if !errors.Is(err, ErrNoSpace) {
+					err = fmt.Errorf("%w: %w", ErrNoSpace, err)
+				}
 				for _, o := range ops {
+					if o.kind != kindEntry {
+						j.refused.Add(1)
+					}
 					if o.err == nil {
 						o.err = err
 					}
@@ -588,6 +630,83 @@ func (j *Journal) writer() {
 	}
 }
 
+// writeWithoutEntries writes the ops of a batch the volume had no room
+// for (cause) except its entries, which are refused: raft's stable values
+// and deletes must go on (see Options.Spare). If even they find no room,
+// the spare is released for them.
+func (j *Journal) writeWithoutEntries(ops []*op, cause error) error {
+	j.full.Store(true)
+	refused := cause
+	if !errors.Is(cause, ErrNoSpace) {
+		refused = fmt.Errorf("%w: %w", ErrNoSpace, cause)
+	}
+	var rest []*op
+	for _, o := range ops {
+		if o.kind == kindEntry {
+			if o.err == nil || !errors.Is(o.err, ErrNoSpace) {
+				j.refused.Add(1)
+			}
+			o.err = refused
+			continue
+		}
+		o.err = nil
+		rest = append(rest, o)
+	}
+	if len(rest) == 0 {
+		return nil
+	}
+	err := j.write(rest)
+	if noSpace(err) && j.releaseSpare() {
+		err = j.write(rest)
+	}
+	return err
+}
+
+// fillSpare writes the spare file (Options.Spare) in full and syncs it; on
+// an error none is left.
+func (j *Journal) fillSpare() error {
+	if j.opts.Spare < 0 {
+		return nil
+	}
+	path := filepath.Join(j.dir, spareName)
+	if fi, err := os.Stat(path); err == nil && fi.Size() >= j.opts.Spare {
+		j.spareGone.Store(false)
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal: spare: %w", err)
+	}
+	for off := int64(0); off < j.opts.Spare && err == nil; off += ahead {
+		_, err = f.WriteAt(zeros[:min(ahead, j.opts.Spare-off)], off)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		j.spareGone.Store(true)
+		return fmt.Errorf("journal: spare: %w", err)
+	}
+	j.spareGone.Store(false)
+	return nil
+}
+
+// releaseSpare removes the spare file, which frees its room at once (the
+// journal holds it open nowhere); it reports whether there was any.
+func (j *Journal) releaseSpare() bool {
+	path := filepath.Join(j.dir, spareName)
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() == 0 {
+		return false
+	}
+	j.spareGone.Store(true)
+	return os.Remove(path) == nil
+}
+
 // fail makes err sticky; the first failure is reported.
 func (j *Journal) fail(err error) {
 	j.qmu.Lock()
@@ -613,17 +732,29 @@ func (j *Journal) write(ops []*op) error {
 	b := j.buf[:0]
 	projs := map[uint32]*proj{}
 	var room error
-	if j.opts.Room != nil {
-		var entries int64
-		for _, o := range ops {
-			if o.kind == kindEntry {
-				entries += int64(len(o.recs))
+	var entries int64
+	for _, o := range ops {
+		if o.kind == kindEntry {
+			entries += int64(len(o.recs))
+		}
+	}
+	if entries > 0 && j.spareGone.Load() {
+		// Entries wait for the spare to be back: what it held must be
+		// there for raft's stable values the next time the volume fills.
+		if time.Since(j.spareTried) >= spareRetry {
+			j.spareTried = time.Now()
+			if err := j.fillSpare(); err != nil && !noSpace(err) {
+				return err
 			}
 		}
-		if entries > 0 {
-			room = j.opts.Room(entries)
-			j.full.Store(room != nil)
+		if j.spareGone.Load() {
+			room = errors.New("the journal's spare room is in use until the volume has room for it again")
+			j.full.Store(true)
 		}
+	}
+	if entries > 0 && room == nil && j.opts.Room != nil {
+		room = j.opts.Room(entries)
+		j.full.Store(room != nil)
 	}
 	j.mu.RLock()
 	for _, o := range ops {
@@ -657,12 +788,17 @@ func (j *Journal) write(ops []*op) error {
 	}
 	j.mu.Lock()
 	s.size = end
+	wrote := false
 	for _, o := range ops {
 		if o.err == nil {
 			j.applyOp(s, o)
+			wrote = wrote || o.kind == kindEntry
 		}
 	}
 	j.mu.Unlock()
+	if wrote {
+		j.full.Store(false)
+	}
 	return nil
 }
 

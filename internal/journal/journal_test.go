@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -614,4 +615,106 @@ func TestNoRoomRefusesEntriesOnly(t *testing.T) {
 	}
 	j.Close()
 	expect(t, open(t, dir, Options{}).Group(1), 4, 12)
+}
+
+// smallVolume mounts a tmpfs of size bytes for one test, or skips it where
+// that is not allowed.
+func smallVolume(t *testing.T, size int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a small volume here: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	return dir
+}
+
+// A volume filled to ENOSPC (no Options.Room to see it coming) refuses
+// entries, and still takes raft's stable values and deletes, past the
+// zeros the segment had written ahead, out of the spare: hashicorp/raft
+// panics when it cannot save its term or vote (a member on a full volume
+// did so when it had to vote). Once room is back, entries are taken again
+// and the spare is filled again.
+func TestFullVolumeStillTakesStableValues(t *testing.T) {
+	vol := smallVolume(t, 8<<20)
+	filler := filepath.Join(vol, "filler")
+	if err := os.WriteFile(filler, make([]byte, 3<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(vol, "journal")
+	failed := make(chan error, 1)
+	j := open(t, dir, Options{OnFail: func(err error) { failed <- err }})
+	if st := j.Stats(); st.SpareReleased {
+		t.Fatalf("no spare at open: %+v", st)
+	}
+	l := j.Group(1)
+	big := strings.Repeat("e", 64<<10)
+	var last uint64
+	for {
+		err := l.StoreLogs([]*raft.Log{{Index: last + 1, Term: 1, Type: raft.LogCommand, Data: []byte(big)}})
+		if errors.Is(err, ErrNoSpace) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last++; last > 200 {
+			t.Fatal("the volume never filled")
+		}
+	}
+	// More than the zeros written ahead can hold: the segment must grow.
+	for term := uint64(1); term <= 6; term++ {
+		if err := l.Set([]byte(fmt.Sprint("big-", term)), []byte(strings.Repeat("s", 200<<10))); err != nil {
+			t.Fatalf("stable value %d on a full volume: %v", term, err)
+		}
+		if err := l.SetUint64([]byte("CurrentTerm"), term); err != nil {
+			t.Fatalf("term %d on a full volume: %v", term, err)
+		}
+	}
+	if err := l.DeleteRange(1, 2); err != nil {
+		t.Fatalf("a delete on a full volume: %v", err)
+	}
+	if st := j.Stats(); !st.Full || !st.SpareReleased || st.Refused == 0 {
+		t.Fatalf("stats %+v: want full, spare released, refusals counted", st)
+	}
+	if err := l.StoreLogs([]*raft.Log{entry(last+1, "still full")}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("an entry while full: %v", err)
+	}
+	os.Remove(filler)
+	// Entries fill the spare again first (tried every spareRetry).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := l.StoreLogs([]*raft.Log{entry(last+1, "room again")})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrNoSpace) || time.Now().After(deadline) {
+			t.Fatalf("an entry once room is back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := j.Stats(); st.Full || st.SpareReleased {
+		t.Fatalf("stats once room is back: %+v", st)
+	}
+	store(t, l, last+2, last+3)
+	if fi, err := os.Stat(filepath.Join(dir, spareName)); err != nil || fi.Size() != DefaultSpare {
+		t.Fatalf("the spare file: %v %v", fi, err)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("the journal failed: %v", err)
+	default:
+	}
+	want, _ := l.LastIndex()
+	j.Close()
+	l = open(t, dir, Options{}).Group(1)
+	if term, _ := l.GetUint64([]byte("CurrentTerm")); term != 6 {
+		t.Fatalf("CurrentTerm after reopening: %d", term)
+	}
+	if first, _ := l.FirstIndex(); first != 3 {
+		t.Fatalf("first index after reopening: %d, want 3", first)
+	}
+	if last, _ := l.LastIndex(); last != want {
+		t.Fatalf("last index after reopening: %d, want %d", last, want)
+	}
 }
