@@ -267,9 +267,10 @@ func (l *Link) serveConn(raw net.Conn) {
 		return
 	}
 	raw.SetDeadline(time.Time{})
-	sess, err := yamux.Server(c, yamuxConfig())
+	bc := newBatchConn(c)
+	sess, err := yamux.Server(bc, yamuxConfig())
 	if err != nil {
-		c.Close()
+		bc.Close()
 		return
 	}
 	l.mu.Lock()
@@ -457,9 +458,10 @@ func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 		return nil, fmt.Errorf("peer: %s: %w", addr, err)
 	}
 	c.SetDeadline(time.Time{})
-	sess, err := yamux.Client(tc, yamuxConfig())
+	bc := newBatchConn(tc)
+	sess, err := yamux.Client(bc, yamuxConfig())
 	if err != nil {
-		c.Close()
+		bc.Close()
 		return nil, err
 	}
 	l.mu.Lock()
