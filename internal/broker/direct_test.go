@@ -124,12 +124,18 @@ func TestSlowConsumerCap(t *testing.T) {
 	}
 	// Once the sender has taken what was pending and waits on the full
 	// socket, 4 packets and 1 MiB may wait behind it.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
 		c.wmu.Lock()
-		taken := c.sending && len(c.pending) == 0
+		sending, pending := c.sending, len(c.pending)
 		c.wmu.Unlock()
-		if taken {
+		if sending && pending == 0 {
 			break
+		}
+		if !sending && pending == 0 {
+			// The socket took it all (its buffers grew): fill it again.
+			if _, err := c.Write(chunk); err != nil {
+				t.Fatalf("refilling the socket: %v", err)
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the sender never took what was pending")

@@ -72,7 +72,10 @@ func TestBackupPagesThroughEveryGroup(t *testing.T) {
 // being read stays; an id is held once.
 func TestBackupCopiesExpire(t *testing.T) {
 	defer copyIdle.Store(copyIdle.Load())
-	copyIdle.Store(int64(100 * time.Millisecond))
+	// Three times the writer's pause (so pages come further apart than
+	// it), with room for a keep-alive call held up on a loaded machine
+	// (at 100 ms one was, under CI's -race load).
+	copyIdle.Store(int64(300 * time.Millisecond))
 	var c copies
 	st := store.New(store.Limits{})
 	st.Apply(&store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v"), Version: hlc.Timestamp{Wall: 1, Node: "n1"}}, nil)
@@ -178,7 +181,10 @@ func TestSlowBackupKeepsItsCopies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	copyIdle.Store(int64(100 * time.Millisecond))
+	// Three times the writer's pause (so pages come further apart than
+	// it), with room for a keep-alive call held up on a loaded machine
+	// (at 100 ms one was, under CI's -race load).
+	copyIdle.Store(int64(300 * time.Millisecond))
 	var buf bytes.Buffer
 	err := h.nodes[0].Backup(context.Background(), func(hlc.Timestamp, int) {}, slowWriter{&buf})
 	if err != nil {
@@ -190,11 +196,11 @@ func TestSlowBackupKeepsItsCopies(t *testing.T) {
 	}
 }
 
-// slowWriter takes 300 ms for each write (the snapshot writer's buffer
+// slowWriter takes 900 ms for each write (the snapshot writer's buffer
 // flushes every 64 KiB): a client on a slow link.
 type slowWriter struct{ w *bytes.Buffer }
 
 func (s slowWriter) Write(p []byte) (int, error) {
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(900 * time.Millisecond)
 	return s.w.Write(p)
 }

@@ -370,7 +370,12 @@ func TestDeadNodeIsRemovedAfterTimeout(t *testing.T) {
 func TestStatusIsTheSameFromEveryNode(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 5, 5)
-	want := h.any().Status().Groups
+	var want []GroupStatus
+	eventuallyT(t, 10*time.Second, "n1 to see a settled cluster", func() bool {
+		st := h.nodes[0].Status()
+		want = st.Groups
+		return st.Settled(3, false)
+	})
 	for i, n := range h.nodes {
 		held := 0
 		for _, g := range want {
