@@ -21,6 +21,7 @@ require (
 	github.com/mochi-mqtt/server/v2 v2.7.9
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.72.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spf13/cobra v1.10.1
 	github.com/spf13/pflag v1.0.9
 	go.etcd.io/bbolt v1.3.6
@@ -59,6 +60,7 @@ require (
 	github.com/relvacode/iso8601 v1.7.0 // indirect
 	github.com/rs/xid v1.4.0 // indirect
 	github.com/sosodev/duration v1.4.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/exp v0.0.0-20230626212559-97b1e661b5df // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect

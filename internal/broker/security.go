@@ -478,3 +478,7 @@ func (b *Broker) updateSecurity(change func(*Security)) {
 	change(&sec)
 	b.security.Store(&sec)
 }
+
+// Security returns the security settings in force (read only): gateways
+// to the state store admit their clients with them.
+func (b *Broker) Security() *Security { return b.security.Load() }

@@ -27,6 +27,7 @@ import (
 	"github.com/mqkv/mqkv/internal/logthrottle"
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/ownership"
+	"github.com/mqkv/mqkv/internal/redis"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/retained"
@@ -60,6 +61,10 @@ type Config struct {
 	// clients are always admitted.
 	AllowAnonymous bool
 	PolicyFile     string // authorization rules (YAML); empty: allow all
+
+	// RESPListen is the address of the Redis protocol (RESP) endpoint;
+	// empty turns it off.
+	RESPListen string
 
 	// AdminListen is the address of the HTTP admin endpoint (health,
 	// metrics, console, backups); empty turns it off.
@@ -158,6 +163,7 @@ type Server struct {
 	service *statestore.Service
 	broker  *broker.Broker
 	admin   *admin.Server
+	resp    *redis.Server // nil unless RESPListen
 	lock    *os.File
 	disk    *replica.DiskGuard
 	NodeID  string
@@ -196,6 +202,9 @@ func Start(cfg Config) (*Server, error) {
 		}
 		close(s.stop)
 		s.bg.Wait()
+		if s.resp != nil {
+			s.resp.Close()
+		}
 		if s.broker != nil {
 			s.broker.Close()
 		}
@@ -418,6 +427,11 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.loadRetained(ret, b, loaded)
+	if cfg.RESPListen != "" {
+		if err := s.serveRESP(cfg.RESPListen, startTime); err != nil {
+			return nil, err
+		}
+	}
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
@@ -437,6 +451,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if s.admin != nil {
 		attrs = append(attrs, "admin", s.admin.Addr())
+	}
+	if s.resp != nil {
+		attrs = append(attrs, "resp", s.resp.Addr())
 	}
 	if s.link != nil {
 		attrs = append(attrs, "cluster", s.link.Addr())
@@ -544,6 +561,9 @@ func (s *Server) Close() error {
 		s.bg.Wait()
 		if s.admin != nil {
 			s.admin.Close()
+		}
+		if s.resp != nil {
+			s.resp.Close()
 		}
 		s.closeErr = s.broker.Close()
 		if s.mesh != nil {

@@ -271,6 +271,40 @@ func (s *Service) Handle(r *Request) {
 		s.fail(r, resp.ErrSyntax)
 		return
 	}
+	s.serve(r, args)
+}
+
+// Replier answers the requests of a gateway (RESP, memcached, HTTP): a
+// Request whose Origin is a Replier is answered through it, not through
+// the transport. Reply is called once per request, from the goroutine that
+// called Do for a read and from the log's for a write; it must not block.
+type Replier interface {
+	Reply(r *Request, payload []byte, version hlc.Timestamp)
+}
+
+// Do serves one request of a gateway: args is the command as the MQTT
+// protocol has it (GET key, SET key value NX PX 10, ...), r says who asks
+// (ClientID, Conn, Grant, the __ts and __ft it stands for) and has a
+// Replier as its Origin. Everything else is as for MQTT: the same checks,
+// authorization, limits, log, notifications and metrics.
+func (s *Service) Do(r *Request, args [][]byte) {
+	s.Counters.Requests.Add(1)
+	if s.OnReply != nil {
+		r.start = time.Now()
+	}
+	if len(args) == 0 {
+		s.fail(r, resp.ErrSyntax)
+		return
+	}
+	s.serve(r, args)
+}
+
+// Clock is the clock versions are read from: a gateway stamps its writes
+// with it as the SDKs stamp theirs with __ts.
+func (s *Service) Clock() *hlc.Clock { return s.router.Clock() }
+
+// serve serves a parsed request.
+func (s *Service) serve(r *Request, args [][]byte) {
 	r.command = commandName(args[0])
 	if len(args) > 1 && r.command != "SCAN" {
 		r.key = args[1]
@@ -315,7 +349,11 @@ func (s *Service) Revoke(clientID string, conn uint64, g *policy.Grant) {
 }
 
 func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
-	s.transport.Reply(r, payload, version)
+	if rp, ok := r.Origin.(Replier); ok {
+		rp.Reply(r, payload, version)
+	} else {
+		s.transport.Reply(r, payload, version)
+	}
 	if s.OnReply != nil {
 		cmd := r.command
 		if cmd == "" {

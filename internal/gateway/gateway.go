@@ -1,0 +1,166 @@
+// Package gateway is what the state store's other protocols (RESP today;
+// memcached and HTTP to come) share: who a client is, whether it may in,
+// what it may do, and one call into the statestore service per command,
+// so that every protocol goes through the same checks, authorization,
+// limits, log, notifications and metrics as MQTT.
+package gateway
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// Guard admits gateway clients with the node's password file and policy,
+// read at each use so that a reload (SIGHUP) applies at once.
+type Guard interface {
+	// Required says a client must authenticate before its first command.
+	Required() bool
+	// Check reports whether password is user's in the password file.
+	Check(user string, password []byte) bool
+	// Policy is the authorization policy in force; nil allows everything.
+	Policy() *policy.Policy
+}
+
+// Open is a Guard that admits everyone and authorizes everything, as a
+// node without a password file or policy does.
+type Open struct{}
+
+func (Open) Required() bool            { return false }
+func (Open) Check(string, []byte) bool { return false }
+func (Open) Policy() *policy.Policy    { return nil }
+
+// Service is the part of the statestore service a gateway calls.
+type Service interface {
+	Do(r *statestore.Request, args [][]byte)
+	Clock() *hlc.Clock
+}
+
+// connIDs numbers gateway connections apart from the broker's (which count
+// up from 1), so that nothing keyed by (client id, connection) mixes them.
+var connIDs atomic.Uint64
+
+func init() { connIDs.Store(1 << 62) }
+
+// ErrNotAuthenticated answers a command before a required AUTH.
+var ErrNotAuthenticated = errors.New("authentication required")
+
+// Client is one gateway connection: its identity and its calls. Its
+// methods are used by one goroutine at a time (the connection's).
+type Client struct {
+	svc   Service
+	guard Guard
+	// ID is the client id the policy sees (${client_id}): the protocol's
+	// name and the connection's number, as "resp-4611686018427387905".
+	ID   string
+	conn uint64
+	user string
+	// authed: the client authenticated, or needs not.
+	authed bool
+
+	pol   *policy.Policy // the policy grant was computed from
+	grant *policy.Grant
+
+	replies chan answer
+}
+
+type answer struct {
+	payload []byte
+	version hlc.Timestamp
+}
+
+// NewClient starts a connection's client; protocol names it ("resp").
+func NewClient(svc Service, guard Guard, protocol string) *Client {
+	conn := connIDs.Add(1)
+	c := &Client{svc: svc, guard: guard, conn: conn, replies: make(chan answer, 1)}
+	c.ID = protocol + "-" + uitoa(conn)
+	c.authed = !guard.Required()
+	return c
+}
+
+func uitoa(v uint64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// Conn is the connection's number.
+func (c *Client) Conn() uint64 { return c.conn }
+
+// User is the name the client authenticated as ("" if anonymous).
+func (c *Client) User() string { return c.user }
+
+// Authenticated says the client may send commands.
+func (c *Client) Authenticated() bool { return c.authed }
+
+// Auth checks user's password; on success the client acts as user from
+// then on. An empty user is "default", as Redis has it: the password
+// file's user of that name.
+func (c *Client) Auth(user string, password []byte) bool {
+	if user == "" {
+		user = "default"
+	}
+	if !c.guard.Check(user, password) {
+		return false
+	}
+	c.user, c.authed, c.pol, c.grant = user, true, nil, nil
+	if g := c.Grant(); !g.CanConnect() {
+		c.user, c.authed = "", !c.guard.Required()
+		return false
+	}
+	return true
+}
+
+// Grant is what the client may do under the policy in force now.
+func (c *Client) Grant() *policy.Grant {
+	p := c.guard.Policy()
+	if p == nil {
+		return nil
+	}
+	if p != c.pol {
+		c.pol, c.grant = p, p.Grant(policy.Principal{ClientID: c.ID, Username: c.user})
+	}
+	return c.grant
+}
+
+// Reply implements statestore.Replier.
+func (c *Client) Reply(_ *statestore.Request, payload []byte, version hlc.Timestamp) {
+	c.replies <- answer{payload, version}
+}
+
+// Call runs one state store command (as the MQTT protocol has it) and
+// returns its reply and the version it carries (__ts). fence, if not
+// empty, is the fencing token (__ft). Writes are stamped with the node's
+// clock, as the SDKs stamp theirs.
+func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) {
+	if !c.authed {
+		return resp.Value{Kind: resp.ErrorReply, Str: []byte(ErrNotAuthenticated.Error())}, hlc.Timestamp{}
+	}
+	g := c.Grant()
+	if !g.CanConnect() {
+		return resp.Value{Kind: resp.ErrorReply, Str: []byte(resp.ErrNotAuthorized)}, hlc.Timestamp{}
+	}
+	r := &statestore.Request{
+		ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: c,
+		Timestamp: c.svc.Clock().Now().String(), HasTimestamp: true,
+		FencingToken: fence, HasFencingToken: fence != "",
+	}
+	c.svc.Do(r, args)
+	a := <-c.replies
+	v, err := resp.ParseReply(a.payload)
+	if err != nil { // the service's own replies always parse
+		return resp.Value{Kind: resp.ErrorReply, Str: []byte("internal error: " + err.Error())}, hlc.Timestamp{}
+	}
+	return v, a.version // an error's text without its "ERR "
+}

@@ -1,0 +1,264 @@
+package redis
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"strconv"
+)
+
+// Limits on what one command may hold: a client is answered with a
+// protocol error and disconnected beyond them, as Redis does.
+const (
+	maxArgs   = 1 << 16 // elements of one command (MGET, DEL of many keys)
+	maxInline = 64 << 10
+)
+
+// ProtocolError is input that is not RESP: Redis answers "-ERR Protocol
+// error: ..." and closes the connection, and so does mqkv.
+type ProtocolError string
+
+func (e ProtocolError) Error() string { return "Protocol error: " + string(e) }
+
+// reader reads commands off a connection.
+type reader struct {
+	br      *bufio.Reader
+	maxBulk int
+}
+
+// next reads one command: a RESP array of bulk strings, or an inline
+// command (a line of words, as typed into telnet). An empty command (a
+// blank line, "*0") is returned as no arguments and no error.
+func (r *reader) next() ([][]byte, error) {
+	c, err := r.br.Peek(1)
+	if err != nil {
+		return nil, err
+	}
+	if c[0] != '*' {
+		return r.inline()
+	}
+	r.br.Discard(1)
+	n, err := r.number('*')
+	if err != nil {
+		return nil, err
+	}
+	if n > maxArgs {
+		return nil, ProtocolError("invalid multibulk length")
+	}
+	if n <= 0 {
+		return nil, nil
+	}
+	args := make([][]byte, 0, min(n, 64))
+	for range n {
+		c, err := r.br.ReadByte()
+		if err != nil {
+			return nil, noEOF(err)
+		}
+		if c != '$' {
+			return nil, ProtocolError("expected '$', got '" + printable(c) + "'")
+		}
+		l, err := r.number('$')
+		if err != nil {
+			return nil, err
+		}
+		if l < 0 || l > r.maxBulk {
+			return nil, ProtocolError("invalid bulk length")
+		}
+		b, err := r.bulk(l)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, b)
+	}
+	return args, nil
+}
+
+// bulk reads l bytes and their CRLF. The buffer grows as bytes come, so
+// a client announcing a large value and sending nothing holds no more
+// memory than it sent.
+func (r *reader) bulk(l int) ([]byte, error) {
+	b := make([]byte, 0, min(l, 64<<10))
+	for len(b) < l {
+		chunk := min(l-len(b), 1<<20)
+		if cap(b)-len(b) < chunk {
+			b = append(b[:cap(b)], make([]byte, chunk)...)[:len(b)]
+		}
+		n, err := io.ReadFull(r.br, b[len(b):len(b)+chunk])
+		b = b[:len(b)+n]
+		if err != nil {
+			return nil, noEOF(err)
+		}
+	}
+	var crlf [2]byte
+	if _, err := io.ReadFull(r.br, crlf[:]); err != nil {
+		return nil, noEOF(err)
+	}
+	if crlf != [2]byte{'\r', '\n'} {
+		return nil, ProtocolError("bulk string not ended by CRLF")
+	}
+	return b, nil
+}
+
+// number reads a decimal up to CRLF (what follows '*' or '$').
+func (r *reader) number(kind byte) (int, error) {
+	line, err := r.line(32)
+	var pe ProtocolError
+	if err != nil && !errors.As(err, &pe) {
+		return 0, err
+	}
+	n, perr := strconv.Atoi(string(line))
+	if err != nil || perr != nil || len(line) == 0 || line[0] == '+' {
+		if kind == '*' {
+			return 0, ProtocolError("invalid multibulk length")
+		}
+		return 0, ProtocolError("invalid bulk length")
+	}
+	return n, nil
+}
+
+// line reads up to CRLF, at most max bytes.
+func (r *reader) line(max int) ([]byte, error) {
+	var out []byte
+	for {
+		frag, err := r.br.ReadSlice('\n')
+		if len(out)+len(frag) > max+2 {
+			return nil, ProtocolError("too big inline request")
+		}
+		out = append(out, frag...)
+		if err == nil {
+			break
+		}
+		if err != bufio.ErrBufferFull {
+			return nil, noEOF(err)
+		}
+	}
+	out = out[:len(out)-1]
+	if len(out) == 0 || out[len(out)-1] != '\r' {
+		// Redis takes a bare LF after an inline command; not in RESP.
+		return out, nil
+	}
+	return out[:len(out)-1], nil
+}
+
+// inline reads a command typed as words: separated by blanks, with "..."
+// (C escapes) and '...' quoting as redis-cli and Redis take them.
+func (r *reader) inline() ([][]byte, error) {
+	line, err := r.line(maxInline)
+	if err != nil {
+		return nil, err
+	}
+	return splitArgs(line)
+}
+
+// splitArgs splits an inline command line.
+func splitArgs(line []byte) ([][]byte, error) {
+	var args [][]byte
+	i := 0
+	for {
+		for i < len(line) && isBlank(line[i]) {
+			i++
+		}
+		if i == len(line) {
+			return args, nil
+		}
+		if len(args) == maxArgs {
+			return nil, ProtocolError("invalid multibulk length")
+		}
+		var arg []byte
+		switch line[i] {
+		case '"':
+			i++
+			for {
+				if i == len(line) {
+					return nil, ProtocolError("unbalanced quotes in request")
+				}
+				c := line[i]
+				if c == '"' {
+					i++
+					break
+				}
+				if c == '\\' && i+1 < len(line) {
+					i++
+					switch e := line[i]; e {
+					case 'n':
+						c = '\n'
+					case 'r':
+						c = '\r'
+					case 't':
+						c = '\t'
+					case 'b':
+						c = '\b'
+					case 'a':
+						c = '\a'
+					case 'x':
+						if i+2 < len(line) {
+							if v, err := strconv.ParseUint(string(line[i+1:i+3]), 16, 8); err == nil {
+								c = byte(v)
+								i += 2
+								break
+							}
+						}
+						c = 'x'
+					default:
+						c = e
+					}
+				}
+				arg = append(arg, c)
+				i++
+			}
+		case '\'':
+			i++
+			for {
+				if i == len(line) {
+					return nil, ProtocolError("unbalanced quotes in request")
+				}
+				c := line[i]
+				if c == '\'' {
+					i++
+					break
+				}
+				if c == '\\' && i+1 < len(line) && line[i+1] == '\'' {
+					i++
+					c = '\''
+				}
+				arg = append(arg, c)
+				i++
+			}
+		default:
+			j := i
+			for j < len(line) && !isBlank(line[j]) {
+				j++
+			}
+			arg = bytes.Clone(line[i:j])
+			i = j
+			args = append(args, arg)
+			continue
+		}
+		// A closing quote must be followed by a blank or the end.
+		if i < len(line) && !isBlank(line[i]) {
+			return nil, ProtocolError("unbalanced quotes in request")
+		}
+		if arg == nil {
+			arg = []byte{}
+		}
+		args = append(args, arg)
+	}
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+func printable(c byte) string {
+	if c < ' ' || c > '~' {
+		return "\\x" + strconv.FormatUint(uint64(c), 16)
+	}
+	return string(c)
+}
+
+// noEOF turns an end of input inside a command into an unexpected one.
+func noEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}

@@ -1,0 +1,57 @@
+package server
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/redis"
+)
+
+// guard admits gateway clients (package gateway) with the broker's
+// security settings as they are now: the same password file and policy
+// as MQTT, reloads included.
+type guard struct{ b *broker.Broker }
+
+func (g guard) Required() bool {
+	sec := g.b.Security()
+	return (sec.Passwords != nil || sec.Certificates) && !sec.AllowAnonymous
+}
+
+func (g guard) HasPasswords() bool { return g.b.Security().Passwords != nil }
+
+func (g guard) Check(user string, password []byte) bool {
+	p := g.b.Security().Passwords
+	return p != nil && p.Check(user, password)
+}
+
+func (g guard) Policy() *policy.Policy { return g.b.Security().Policy }
+
+// serveRESP starts the Redis protocol endpoint.
+func (s *Server) serveRESP(addr string, started time.Time) error {
+	srv := redis.New(redis.Config{
+		Service: s.service,
+		Guard:   guard{s.broker},
+		MaxBulk: int(s.cfg.Limits.MaxPacketSize),
+		Logger:  s.log,
+		Info: func() redis.Info {
+			t := s.node.Totals()
+			return redis.Info{Version: Version, NodeID: s.NodeID, Durable: !s.cfg.InMemory, Started: started,
+				Keys: t.Keys, Bytes: t.Bytes, Partial: t.Partial}
+		},
+	})
+	if err := srv.Listen(addr); err != nil {
+		return fmt.Errorf("resp: %w", err)
+	}
+	s.resp = srv
+	return nil
+}
+
+// RESPAddr is the Redis protocol endpoint's address, or "".
+func (s *Server) RESPAddr() string {
+	if s.resp == nil {
+		return ""
+	}
+	return s.resp.Addr()
+}
