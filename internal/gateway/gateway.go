@@ -64,19 +64,12 @@ type Client struct {
 
 	pol   *policy.Policy // the policy grant was computed from
 	grant *policy.Grant
-
-	replies chan answer
-}
-
-type answer struct {
-	payload []byte
-	version hlc.Timestamp
 }
 
 // NewClient starts a connection's client; protocol names it ("resp").
 func NewClient(svc Service, guard Guard, protocol string) *Client {
 	conn := connIDs.Add(1)
-	c := &Client{svc: svc, guard: guard, conn: conn, replies: make(chan answer, 1)}
+	c := &Client{svc: svc, guard: guard, conn: conn}
 	c.ID = protocol + "-" + uitoa(conn)
 	c.authed = !guard.Required()
 	return c
@@ -134,33 +127,52 @@ func (c *Client) Grant() *policy.Grant {
 	return c.grant
 }
 
-// Reply implements statestore.Replier.
-func (c *Client) Reply(_ *statestore.Request, payload []byte, version hlc.Timestamp) {
-	c.replies <- answer{payload, version}
-}
-
 // Call runs one state store command (as the MQTT protocol has it) and
 // returns its reply and the version it carries (__ts). fence, if not
 // empty, is the fencing token (__ft). Writes are stamped with the node's
 // clock, as the SDKs stamp theirs.
 func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) {
+	ch := make(chan answer, 1)
+	c.Go(fence, args, func(v resp.Value, ver hlc.Timestamp) { ch <- answer{v, ver} })
+	a := <-ch
+	return a.value, a.version
+}
+
+// Go starts a command as Call does and returns at once (a read may have
+// been answered already); done gets the reply, from another goroutine for
+// a write, and must not block. args must stay unchanged until then.
+func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Timestamp)) {
 	if !c.authed {
-		return resp.Value{Kind: resp.ErrorReply, Str: []byte(ErrNotAuthenticated.Error())}, hlc.Timestamp{}
+		done(resp.Value{Kind: resp.ErrorReply, Str: []byte(ErrNotAuthenticated.Error())}, hlc.Timestamp{})
+		return
 	}
 	g := c.Grant()
 	if !g.CanConnect() {
-		return resp.Value{Kind: resp.ErrorReply, Str: []byte(resp.ErrNotAuthorized)}, hlc.Timestamp{}
+		done(resp.Value{Kind: resp.ErrorReply, Str: []byte(resp.ErrNotAuthorized)}, hlc.Timestamp{})
+		return
 	}
 	r := &statestore.Request{
-		ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: c,
+		ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: replier(done),
 		Timestamp: c.svc.Clock().Now().String(), HasTimestamp: true,
 		FencingToken: fence, HasFencingToken: fence != "",
 	}
 	c.svc.Do(r, args)
-	a := <-c.replies
-	v, err := resp.ParseReply(a.payload)
-	if err != nil { // the service's own replies always parse
-		return resp.Value{Kind: resp.ErrorReply, Str: []byte("internal error: " + err.Error())}, hlc.Timestamp{}
+}
+
+type answer struct {
+	value   resp.Value
+	version hlc.Timestamp
+}
+
+// replier hands a request's reply, parsed, to the function that waits for
+// it.
+type replier func(resp.Value, hlc.Timestamp)
+
+// Reply implements statestore.Replier.
+func (f replier) Reply(_ *statestore.Request, payload []byte, version hlc.Timestamp) {
+	v, err := resp.ParseReply(payload) // an error's text comes without its "ERR "
+	if err != nil {                    // the service's own replies always parse
+		v = resp.Value{Kind: resp.ErrorReply, Str: []byte("internal error: " + err.Error())}
 	}
-	return v, a.version // an error's text without its "ERR "
+	f(v, version)
 }

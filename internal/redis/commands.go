@@ -290,8 +290,40 @@ func (c *conn) get(args [][]byte) {
 	c.w.value(v)
 }
 
-// set serves SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t].
+// set serves SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t] when
+// it must run on its own (XX, NX with GET); the others go through
+// startWrite.
 func (c *conn) set(args [][]byte) {
+	cmd, errText := setCommand(args)
+	if errText != "" {
+		c.w.err(errText)
+		return
+	}
+	if has(args[3:], "XX") {
+		c.setIfExists(cmd, has(args[3:], "GET"))
+		return
+	}
+	v, _ := c.call(cmd...)
+	if v.Kind == resp.Integer && v.Int == -1 && has(args[3:], "GET") {
+		c.get(args[:2]) // SET NX GET not applied answers with the value held
+		return
+	}
+	setReply(&c.w, v)
+}
+
+func has(opts [][]byte, name string) bool {
+	for _, o := range opts {
+		if strings.EqualFold(string(o), name) {
+			return true
+		}
+	}
+	return false
+}
+
+// setCommand turns Redis's SET into the store's (NX, PX, GET kept; EX,
+// EXAT and PXAT made PX; XX left to the caller), or says what is wrong
+// with it.
+func setCommand(args [][]byte) (cmd [][]byte, errText string) {
 	var nx, xx, get, haveTTL bool
 	var px int64
 	for i := 3; i < len(args); i++ {
@@ -306,12 +338,10 @@ func (c *conn) set(args [][]byte) {
 		case (opt == "EX" || opt == "PX" || opt == "EXAT" || opt == "PXAT") && !haveTTL && i+1 < len(args):
 			n, err := strconv.ParseInt(string(args[i+1]), 10, 64)
 			if err != nil {
-				c.w.err("ERR value is not an integer or out of range")
-				return
+				return nil, "ERR value is not an integer or out of range"
 			}
-			if n <= 0 {
-				c.w.err("ERR invalid expire time in 'set' command")
-				return
+			if n <= 0 || (opt == "EX" || opt == "EXAT") && n > 1<<53/1000 || n > 1<<53 {
+				return nil, "ERR invalid expire time in 'set' command"
 			}
 			switch opt {
 			case "EX":
@@ -323,22 +353,16 @@ func (c *conn) set(args [][]byte) {
 			case "PXAT":
 				px = n - time.Now().UnixMilli()
 			}
-			if (opt == "EX" && n > 1<<53/1000) || px > 1<<53 {
-				c.w.err("ERR invalid expire time in 'set' command")
-				return
-			}
 			px = max(px, 1) // a moment in the past: gone at once
 			haveTTL = true
 			i++
 		case opt == "KEEPTTL":
-			c.w.err("ERR KEEPTTL is not supported by mqkv: a SET gives the key the expiry it names, or none")
-			return
+			return nil, "ERR KEEPTTL is not supported by mqkv: a SET gives the key the expiry it names, or none"
 		default:
-			c.w.err("ERR syntax error")
-			return
+			return nil, "ERR syntax error"
 		}
 	}
-	cmd := [][]byte{[]byte("SET"), args[1], args[2]}
+	cmd = [][]byte{[]byte("SET"), args[1], args[2]}
 	if nx {
 		cmd = append(cmd, []byte("NX"))
 	}
@@ -348,20 +372,17 @@ func (c *conn) set(args [][]byte) {
 	if get {
 		cmd = append(cmd, []byte("GET"))
 	}
-	if xx {
-		c.setIfExists(cmd, get)
+	return cmd, ""
+}
+
+// setReply writes the store's answer to a SET as Redis gives it: a
+// condition not met is a null.
+func setReply(w *writer, v resp.Value) {
+	if v.Kind == resp.Integer && v.Int == -1 {
+		w.null()
 		return
 	}
-	v, _ := c.call(cmd...)
-	if v.Kind == resp.Integer && v.Int == -1 { // not applied
-		if get { // SET NX GET answers with the value the key holds
-			c.get(args[:2])
-			return
-		}
-		c.w.null()
-		return
-	}
-	c.w.value(v)
+	w.value(v)
 }
 
 // setIfExists serves SET ... XX: the key's version is read, and the SET
@@ -644,9 +665,9 @@ func (c *conn) info(args [][]byte) {
 	}
 	if c.w.proto >= 3 {
 		c.w.line('=', strconv.Itoa(len(b.String())+4)) // verbatim string: "txt:" and the text
-		c.w.bw.WriteString("txt:")
-		c.w.bw.WriteString(b.String())
-		c.w.bw.WriteString("\r\n")
+		c.w.str("txt:")
+		c.w.str(b.String())
+		c.w.str("\r\n")
 		return
 	}
 	c.w.bulkString(b.String())

@@ -15,11 +15,14 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/gateway"
+	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/resp"
 )
 
 // Info is what INFO and DBSIZE report.
@@ -131,40 +134,77 @@ func (s *Server) Close() error {
 	return err
 }
 
-// conn is one client connection.
+// conn is one client connection. Its reader goroutine parses commands
+// and runs them; its writer goroutine writes the replies in the order of
+// the commands. A pipeline's writes to distinct keys are in flight
+// together (as Redis clients expect pipelining to pay), each answered when
+// its log entry is applied; a command that reads, or writes a key a write
+// in flight holds, waits for those before it, so every reply is what
+// Redis running the commands one by one would give.
 type conn struct {
-	s      *Server
-	nc     net.Conn
-	c      *gateway.Client
-	w      *writer
-	name   string
-	since  time.Time
-	quit   bool
+	s     *Server
+	nc    net.Conn
+	c     *gateway.Client
+	w     writer // the reader goroutine's replies
+	name  string
+	since time.Time
+	quit  bool
+
 	cursor cursors
+
+	mu       sync.Mutex
+	cond     *sync.Cond // signalled when a slot is done or the writer ends
+	slots    []*slot    // replies not yet written, in command order
+	writing  map[string]int
+	inFlight int // writes not yet answered
+	ended    bool
 }
+
+// slot is one command's reply, done once known.
+type slot struct {
+	b    []byte
+	done bool
+}
+
+// maxSlots bounds the replies a connection holds unwritten: a client that
+// pipelines faster than it reads waits.
+const maxSlots = 1024
 
 func (s *Server) serve(nc net.Conn) {
 	defer s.wg.Done()
 	s.Connected.Add(1)
 	s.Total.Add(1)
+	br := bufio.NewReaderSize(nc, 16<<10)
+	rd := &reader{br: br, maxBulk: s.cfg.MaxBulk}
+	c := &conn{s: s, nc: nc, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "resp"), since: time.Now(),
+		w: writer{proto: 2}, writing: map[string]int{}}
+	c.cond = sync.NewCond(&c.mu)
+	wrote := make(chan struct{})
+	go c.writeLoop(wrote)
 	defer func() {
+		// Every command's reply is written (writes in flight end within
+		// the service's request timeout), then the connection closes.
+		c.mu.Lock()
+		for c.inFlight > 0 {
+			c.cond.Wait()
+		}
+		c.ended = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		<-wrote
 		s.Connected.Add(-1)
 		s.mu.Lock()
 		delete(s.conns, nc)
 		s.mu.Unlock()
 		nc.Close()
 	}()
-	br := bufio.NewReaderSize(nc, 16<<10)
-	rd := &reader{br: br, maxBulk: s.cfg.MaxBulk}
-	c := &conn{s: s, nc: nc, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "resp"), since: time.Now(),
-		w: &writer{bw: bufio.NewWriterSize(nc, 16<<10), proto: 2}}
 	for !c.quit {
 		args, err := rd.next()
 		if err != nil {
 			var pe ProtocolError
 			if errors.As(err, &pe) {
 				c.w.err("ERR " + pe.Error())
-				c.w.bw.Flush()
+				c.emit()
 				s.log.Debug("resp: protocol error, connection closed", "remote", nc.RemoteAddr(), "error", err)
 			} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.log.Debug("resp: connection ended", "remote", nc.RemoteAddr(), "error", err)
@@ -175,13 +215,145 @@ func (s *Server) serve(nc net.Conn) {
 			continue
 		}
 		s.Commands.Add(1)
+		if key, ok := c.asyncWrite(args); ok {
+			c.startWrite(key, args)
+			continue
+		}
+		c.settle()
 		c.command(args)
-		// Pipelined commands are answered in one write once the input
-		// read so far is used up.
-		if br.Buffered() == 0 || c.quit {
-			if err := c.w.bw.Flush(); err != nil {
-				return
+		c.emit()
+	}
+}
+
+// settle waits until no write is in flight: what comes next may read
+// what they write.
+func (c *conn) settle() {
+	c.mu.Lock()
+	for c.inFlight > 0 {
+		c.cond.Wait()
+	}
+	c.mu.Unlock()
+}
+
+// emit queues what the reader goroutine wrote as the next reply, done.
+func (c *conn) emit() {
+	c.push(&slot{b: c.w.take(), done: true})
+}
+
+// push queues a reply slot, waiting while too many are unwritten.
+func (c *conn) push(sl *slot) {
+	c.mu.Lock()
+	for len(c.slots) >= maxSlots && !c.ended {
+		c.cond.Wait()
+	}
+	c.slots = append(c.slots, sl)
+	c.cond.Broadcast()
+	c.mu.Unlock()
+}
+
+// asyncWrite says whether args is a write that may be in flight with
+// others (a SET with no XX and no NX GET, a DEL of one key), and its key.
+func (c *conn) asyncWrite(args [][]byte) (string, bool) {
+	if !c.c.Authenticated() || len(args) < 2 {
+		return "", false
+	}
+	switch name := string(args[0]); {
+	case len(args) == 2 && strings.EqualFold(name, "DEL"):
+		return string(args[1]), true
+	case len(args) >= 3 && strings.EqualFold(name, "SET"):
+		var nx, get bool
+		for _, a := range args[3:] {
+			switch {
+			case strings.EqualFold(string(a), "XX"):
+				return "", false
+			case strings.EqualFold(string(a), "NX"):
+				nx = true
+			case strings.EqualFold(string(a), "GET"):
+				get = true
 			}
+		}
+		return string(args[1]), !(nx && get)
+	}
+	return "", false
+}
+
+// startWrite sends a write and queues the slot its reply fills, once no
+// other write to its key is in flight.
+func (c *conn) startWrite(key string, args [][]byte) {
+	c.mu.Lock()
+	for c.writing[key] > 0 {
+		c.cond.Wait()
+	}
+	c.writing[key]++
+	c.inFlight++
+	c.mu.Unlock()
+	sl := &slot{}
+	c.push(sl)
+	proto := c.w.proto // HELLO, which changes it, waits for writes in flight
+	finish := func(w *writer) {
+		c.mu.Lock()
+		sl.b, sl.done = w.b, true
+		if c.writing[key]--; c.writing[key] == 0 {
+			delete(c.writing, key)
+		}
+		c.inFlight--
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}
+	if strings.EqualFold(string(args[0]), "DEL") {
+		c.c.Go("", [][]byte{[]byte("DEL"), args[1]}, func(v resp.Value, _ hlc.Timestamp) {
+			w := &writer{proto: proto}
+			w.value(v) // :1 deleted, :0 absent: DEL's count for one key
+			finish(w)
+		})
+		return
+	}
+	cmd, errText := setCommand(args)
+	if errText != "" {
+		w := &writer{proto: proto}
+		w.err(errText)
+		finish(w)
+		return
+	}
+	c.c.Go("", cmd, func(v resp.Value, _ hlc.Timestamp) {
+		w := &writer{proto: proto}
+		setReply(w, v)
+		finish(w)
+	})
+}
+
+// writeLoop writes the replies that are done, in order, as many in one
+// write as are ready, until the connection ends.
+func (c *conn) writeLoop(wrote chan<- struct{}) {
+	defer close(wrote)
+	var buf []byte
+	broken := false
+	for {
+		c.mu.Lock()
+		for !c.ended && (len(c.slots) == 0 || !c.slots[0].done) {
+			c.cond.Wait()
+		}
+		if len(c.slots) == 0 || !c.slots[0].done {
+			c.mu.Unlock()
+			return
+		}
+		buf = buf[:0]
+		n := 0
+		for n < len(c.slots) && c.slots[n].done {
+			buf = append(buf, c.slots[n].b...)
+			n++
+		}
+		c.slots = append(c.slots[:0], c.slots[n:]...)
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		if !broken {
+			if _, err := c.nc.Write(buf); err != nil {
+				broken = true // the reader sees the connection end
+				c.nc.Close()
+			}
+		}
+		if cap(buf) > 1<<20 {
+			buf = nil
 		}
 	}
 }

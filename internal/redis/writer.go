@@ -1,24 +1,32 @@
 package redis
 
 import (
-	"bufio"
 	"strconv"
 	"strings"
 
 	"github.com/mqkv/mqkv/internal/resp"
 )
 
-// writer encodes replies in the connection's protocol version: RESP2, or
-// RESP3 after HELLO 3 (nulls, maps and doubles of their own).
+// writer encodes replies into b in the connection's protocol version:
+// RESP2, or RESP3 after HELLO 3 (nulls and maps of their own).
 type writer struct {
-	bw    *bufio.Writer
+	b     []byte
 	proto int
 }
 
+// take returns what was written and starts over.
+func (w *writer) take() []byte {
+	b := w.b
+	w.b = nil
+	return b
+}
+
+func (w *writer) str(s string) { w.b = append(w.b, s...) }
+
 func (w *writer) line(kind byte, s string) {
-	w.bw.WriteByte(kind)
-	w.bw.WriteString(s)
-	w.bw.WriteString("\r\n")
+	w.b = append(w.b, kind)
+	w.b = append(w.b, s...)
+	w.b = append(w.b, '\r', '\n')
 }
 
 func (w *writer) simple(s string) { w.line('+', s) }
@@ -29,28 +37,18 @@ func (w *writer) err(text string) {
 	w.line('-', strings.NewReplacer("\r", " ", "\n", " ").Replace(text))
 }
 
-func (w *writer) integer(n int64) {
-	w.bw.WriteByte(':')
-	w.bw.Write(strconv.AppendInt(w.bw.AvailableBuffer(), n, 10))
-	w.bw.WriteString("\r\n")
-}
+func (w *writer) integer(n int64) { w.b = resp.AppendInt(w.b, n) }
 
-func (w *writer) bulk(b []byte) {
-	w.bw.WriteByte('$')
-	w.bw.Write(strconv.AppendInt(w.bw.AvailableBuffer(), int64(len(b)), 10))
-	w.bw.WriteString("\r\n")
-	w.bw.Write(b)
-	w.bw.WriteString("\r\n")
-}
+func (w *writer) bulk(b []byte) { w.b = resp.AppendBulk(w.b, b) }
 
 func (w *writer) bulkString(s string) { w.bulk([]byte(s)) }
 
 func (w *writer) null() {
 	if w.proto >= 3 {
-		w.bw.WriteString("_\r\n")
+		w.str("_\r\n")
 		return
 	}
-	w.bw.WriteString("$-1\r\n")
+	w.str("$-1\r\n")
 }
 
 func (w *writer) array(n int) { w.line('*', strconv.Itoa(n)) }

@@ -144,6 +144,45 @@ func TestRESPPipeline(t *testing.T) {
 			t.Fatalf("GET %d of the pipeline: %q %v", i, v, err)
 		}
 	}
+	// Writes to distinct keys are in flight together; the reads after
+	// them, and a DEL of one of them, still see them in order.
+	pipe = rc.Pipeline()
+	var sets []*goredis.StatusCmd
+	for i := range 300 {
+		sets = append(sets, pipe.Set(ctx, fmt.Sprint(k, "-", i), fmt.Sprint(i), 0))
+	}
+	del := pipe.Del(ctx, k+"-7")
+	nx := pipe.SetNX(ctx, k+"-8", "again", 0)
+	gets = gets[:0]
+	for i := range 300 {
+		gets = append(gets, pipe.Get(ctx, fmt.Sprint(k, "-", i)))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		t.Fatal(err)
+	}
+	for i, c := range sets {
+		if err := c.Err(); err != nil {
+			t.Fatalf("SET %d: %v", i, err)
+		}
+	}
+	if n, err := del.Result(); err != nil || n != 1 {
+		t.Fatalf("DEL in the pipeline: %d %v", n, err)
+	}
+	if ok, err := nx.Result(); err != nil || ok {
+		t.Fatalf("SET NX of a key set earlier in the pipeline: %v %v", ok, err)
+	}
+	for i, g := range gets {
+		v, err := g.Result()
+		if i == 7 {
+			if !errors.Is(err, goredis.Nil) {
+				t.Fatalf("GET of the key deleted in the pipeline: %q %v", v, err)
+			}
+			continue
+		}
+		if err != nil || v != fmt.Sprint(i) {
+			t.Fatalf("GET %d after the pipeline's SETs: %q %v", i, v, err)
+		}
+	}
 }
 
 // KEYS and SCAN list what the store holds, SCAN a page at a time with

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# mqkv's RESP endpoint against Redis, with Redis's own load generator:
+# redis-benchmark -t set,get -c 50 -d 256 against
+#   - mqkv serve --resp-listen (durable: every SET fsynced through the log),
+#   - redis-server with appendonly yes, appendfsync always (durable too),
+#   - redis-server as Debian ships it (snapshots only: an acknowledged SET
+#     can be lost),
+# without and with pipelining (-P 16), the servers taking turns each
+# round; and mqkv's MQTT path for the same SET and GET (mqkv bench --server,
+# 50 clients, 256-byte values) against the same mqkv server. Server CPU
+# per request comes from /proc/PID/stat around each run.
+#
+#   bench/resp.sh [ROUNDS] [REQUESTS]
+#
+# Needs redis-server and redis-tools (apt-get install redis-server
+# redis-tools).
+set -euo pipefail
+rounds=${1:-2}
+n=${2:-200000}
+cd "$(dirname "$0")/.."
+work=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+go build -o "$work/mqkv" ./cmd/mqkv
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport)
+"$work/mqkv" serve --data-dir "$work/mqkv-data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$rport" --log-level warn &
+pids+=($!); mqkv_pid=$!
+mkdir -p "$work/aof" "$work/default"
+redis-server --port "$aport" --bind 127.0.0.1 --dir "$work/aof" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning &
+pids+=($!); aof_pid=$!
+redis-server --port "$dport" --bind 127.0.0.1 --dir "$work/default" --daemonize no --loglevel warning &
+pids+=($!); def_pid=$!
+for p in "$rport" "$aport" "$dport"; do
+	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
+done
+
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# run LABEL PID PORT PIPELINE: redis-benchmark's SET, then its GET (on
+# the keys the SETs wrote); prints ops/s, p50 and server CPU per request.
+run() {
+	local op before after out
+	for op in set get; do
+		before=$(ticks "$2")
+		out=$(redis-benchmark -h 127.0.0.1 -p "$3" -t "$op" -c 50 -d 256 -r 10000 -n "$n" -P "$4" --csv 2>/dev/null)
+		after=$(ticks "$2")
+		# CSV: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
+		echo "$out" | awk -F'","' -v label="$1" -v pl="$4" -v cpu="$(((after - before) * 1000000 / hz))" -v n="$n" '
+			/^"SET"|^"GET"/ { gsub(/"/, "", $1); printf "%-26s P%-2s %-3s %9.0f ops/s  p50 %7s ms  server CPU %6.1f µs/op\n", label, pl, $1, $2, $5, cpu / n }'
+	done
+}
+
+mqtt() { # op: mqkv's MQTT path on the same server
+	local before after out
+	before=$(ticks "$mqkv_pid")
+	out=$("$work/mqkv" bench --server "127.0.0.1:$mport" --op "$1" --clients 50 --value-size 256 --duration 10s --warmup 2s 2>&1)
+	after=$(ticks "$mqkv_pid")
+	echo "$out" | awk -v op="$1" -v cpu="$(( (after - before) * 1000000 / hz ))" '
+		$1 == op { ops = $2; printf "%-26s     %-3s %9.0f ops/s  p50 %9s  server CPU %6.1f µs/op (warmup included: an upper bound)\n", "mqkv MQTT (AIO framing)", toupper(op), $4, $5, cpu / ops }'
+}
+
+for ((i = 1; i <= rounds; i++)); do
+	echo "# round $i"
+	for pl in 1 16; do
+		run "mqkv RESP (durable)" "$mqkv_pid" "$rport" "$pl"
+		run "redis appendfsync=always" "$aof_pid" "$aport" "$pl"
+		run "redis default" "$def_pid" "$dport" "$pl"
+	done
+	mqtt set
+	mqtt get
+done
