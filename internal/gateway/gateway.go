@@ -64,6 +64,9 @@ type Client struct {
 
 	pol   *policy.Policy // the policy grant was computed from
 	grant *policy.Grant
+
+	calls  chan answer // Call's, made at its first use
+	answer func(resp.Value, hlc.Timestamp)
 }
 
 // NewClient starts a connection's client; protocol names it ("resp").
@@ -132,9 +135,12 @@ func (c *Client) Grant() *policy.Grant {
 // empty, is the fencing token (__ft). Writes are stamped with the node's
 // clock, as the SDKs stamp theirs.
 func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) {
-	ch := make(chan answer, 1)
-	c.Go(fence, args, func(v resp.Value, ver hlc.Timestamp) { ch <- answer{v, ver} })
-	a := <-ch
+	if c.calls == nil {
+		c.calls = make(chan answer, 1)
+		c.answer = func(v resp.Value, ver hlc.Timestamp) { c.calls <- answer{v, ver} }
+	}
+	c.Go(fence, args, c.answer)
+	a := <-c.calls // one call at a time: the channel serves them all
 	return a.value, a.version
 }
 
@@ -153,8 +159,7 @@ func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Times
 	}
 	r := &statestore.Request{
 		ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: replier(done),
-		Timestamp: c.svc.Clock().Now().String(), HasTimestamp: true,
-		FencingToken: fence, HasFencingToken: fence != "",
+		FencingToken: fence, HasFencingToken: fence != "", StampWrites: true,
 	}
 	c.svc.Do(r, args)
 }

@@ -158,6 +158,10 @@ type conn struct {
 	writing  map[string]int
 	inFlight int // writes not yet answered
 	ended    bool
+	// more: the reader has more of a pipeline buffered, so the writer
+	// waits for it and writes the replies together (a write each cost
+	// a GET -P 16 a sixth of its CPU).
+	more bool
 }
 
 // slot is one command's reply, done once known.
@@ -204,7 +208,7 @@ func (s *Server) serve(nc net.Conn) {
 			var pe ProtocolError
 			if errors.As(err, &pe) {
 				c.w.err("ERR " + pe.Error())
-				c.emit()
+				c.emit(false)
 				s.log.Debug("resp: protocol error, connection closed", "remote", nc.RemoteAddr(), "error", err)
 			} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.log.Debug("resp: connection ended", "remote", nc.RemoteAddr(), "error", err)
@@ -216,12 +220,12 @@ func (s *Server) serve(nc net.Conn) {
 		}
 		s.Commands.Add(1)
 		if key, ok := c.asyncWrite(args); ok {
-			c.startWrite(key, args)
+			c.startWrite(key, args, br.Buffered() > 0)
 			continue
 		}
 		c.settle()
 		c.command(args)
-		c.emit()
+		c.emit(br.Buffered() > 0)
 	}
 }
 
@@ -235,19 +239,25 @@ func (c *conn) settle() {
 	c.mu.Unlock()
 }
 
-// emit queues what the reader goroutine wrote as the next reply, done.
-func (c *conn) emit() {
-	c.push(&slot{b: c.w.take(), done: true})
+// emit queues what the reader goroutine wrote as the next reply, done;
+// more says further commands are buffered already.
+func (c *conn) emit(more bool) {
+	c.push(&slot{b: c.w.take(), done: true}, more)
 }
 
 // push queues a reply slot, waiting while too many are unwritten.
-func (c *conn) push(sl *slot) {
+func (c *conn) push(sl *slot, more bool) {
 	c.mu.Lock()
 	for len(c.slots) >= maxSlots && !c.ended {
+		c.more = false // the writer must take some first
+		c.cond.Broadcast()
 		c.cond.Wait()
 	}
 	c.slots = append(c.slots, sl)
-	c.cond.Broadcast()
+	c.more = more
+	if !more {
+		c.cond.Broadcast()
+	}
 	c.mu.Unlock()
 }
 
@@ -279,7 +289,7 @@ func (c *conn) asyncWrite(args [][]byte) (string, bool) {
 
 // startWrite sends a write and queues the slot its reply fills, once no
 // other write to its key is in flight.
-func (c *conn) startWrite(key string, args [][]byte) {
+func (c *conn) startWrite(key string, args [][]byte, more bool) {
 	c.mu.Lock()
 	for c.writing[key] > 0 {
 		c.cond.Wait()
@@ -288,7 +298,7 @@ func (c *conn) startWrite(key string, args [][]byte) {
 	c.inFlight++
 	c.mu.Unlock()
 	sl := &slot{}
-	c.push(sl)
+	c.push(sl, more)
 	proto := c.w.proto // HELLO, which changes it, waits for writes in flight
 	finish := func(w *writer) {
 		c.mu.Lock()
@@ -330,7 +340,7 @@ func (c *conn) writeLoop(wrote chan<- struct{}) {
 	broken := false
 	for {
 		c.mu.Lock()
-		for !c.ended && (len(c.slots) == 0 || !c.slots[0].done) {
+		for !c.ended && (len(c.slots) == 0 || !c.slots[0].done || c.more) {
 			c.cond.Wait()
 		}
 		if len(c.slots) == 0 || !c.slots[0].done {

@@ -130,6 +130,9 @@ type Request struct {
 	// the Has flags tell an absent property from an empty one.
 	Timestamp, FencingToken       string
 	HasTimestamp, HasFencingToken bool
+	// StampWrites stamps a write without Timestamp with the node's clock
+	// (a gateway's: its clients send no __ts).
+	StampWrites bool
 	// Origin is the transport's own handle on the connection the request
 	// came from, for its Reply; the service does not look at it.
 	Origin any
@@ -419,12 +422,17 @@ func (s *Service) checkKey(r *Request, key []byte, method policy.Method) (hlc.Ti
 		s.Counters.Denied.Add(1)
 		return hlc.Timestamp{}, resp.ErrNotAuthorized
 	}
-	if !r.HasTimestamp && method == policy.Write {
+	var ts hlc.Timestamp
+	switch {
+	case !r.HasTimestamp && method == policy.Write && r.StampWrites:
+		ts = s.router.Clock().Now()
+	case !r.HasTimestamp && method == policy.Write:
 		return hlc.Timestamp{}, resp.ErrTimestampMissing
-	}
-	ts, e := s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew)
-	if e != "" {
-		return ts, e
+	default:
+		var e resp.Error
+		if ts, e = s.parseHLC(r.Timestamp, r.HasTimestamp, resp.ErrTimestampSkew); e != "" {
+			return ts, e
+		}
 	}
 	if !r.Grant.CanAccess(key, method) {
 		s.Counters.Denied.Add(1)
