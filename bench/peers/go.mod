@@ -12,6 +12,7 @@ require (
 )
 
 require (
+	github.com/bradfitz/gomemcache v0.0.0-20260422231931-4d751bb6e37c // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
 	github.com/eclipse/paho.mqtt.golang v1.5.1 // indirect

@@ -69,7 +69,7 @@ func main() {
 	clients := flag.Int("clients", 64, "clients, each with one operation in flight")
 	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
-	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another)")
+	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory)")
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
@@ -116,6 +116,15 @@ func main() {
 			pair[0] = func(addr string) workload { return &mqkvKV{addr: addr, get: get, keys: *keys, value: value} }
 			pair[1] = func(addr string) workload { return &etcdKV{addr: addr, get: get, keys: *keys, value: value} }
 			peer = startEtcd
+		case "mc-set", "mc-get":
+			get := w == "mc-get"
+			pair[0] = func(addr string) workload {
+				return &memcacheKV{label: "mqkv", addr: addr, get: get, keys: *keys, value: value}
+			}
+			pair[1] = func(addr string) workload {
+				return &memcacheKV{label: "memcached", addr: addr, get: get, keys: *keys, value: value}
+			}
+			peer = startMemcached
 		case "pubsub":
 			pair[0] = func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
 			pair[1] = pair[0]
@@ -138,6 +147,9 @@ func main() {
 		start := startMQKV
 		if strings.HasPrefix(w, "across") {
 			start = startMQKVCluster
+		}
+		if strings.HasPrefix(w, "mc-") {
+			start = startMQKVMemcache
 		}
 		if servers[0], err = start(*mqkvBin, filepath.Join(work, w, "mqkv")); err != nil {
 			log.Fatal(err)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark of mqkv against etcd (durable SET/GET),
-# mosquitto (MQTT QoS 1 pub/sub) and a three-node NATS cluster (MQTT
-# across nodes: -only across-qos0,across-qos1), in alternating rounds on
-# this machine. Installs etcd and mosquitto from Debian packages if
+# mosquitto (MQTT QoS 1 pub/sub), a three-node NATS cluster (MQTT
+# across nodes: -only across-qos0,across-qos1) and memcached (mqkv's
+# memcached endpoint: -only mc-set,mc-get), in alternating rounds on this
+# machine. Installs etcd, mosquitto and memcached from Debian packages if
 # missing; nats-server is built from the Go module proxy. Flags go to the
 # program, e.g.:  bench/peers/run.sh -rounds 3 -duration 10s -clients 64
 set -euo pipefail
-if ! command -v etcd >/dev/null || ! command -v mosquitto >/dev/null && ! [ -x /usr/sbin/mosquitto ]; then
+if ! command -v etcd >/dev/null || ! command -v memcached >/dev/null || ! command -v mosquitto >/dev/null && ! [ -x /usr/sbin/mosquitto ]; then
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server mosquitto >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server mosquitto memcached >/dev/null
 fi
 export PATH="$PATH:/usr/sbin"
 cd "$(dirname "$0")"

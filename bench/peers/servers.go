@@ -203,3 +203,41 @@ func startMosquitto(dir string) (*server, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	return &server{name: "mosquitto", proc: p, addr: addr}, awaitListening(p, addr)
 }
+
+// startMQKVMemcache runs mqkv durable with its memcached endpoint; the
+// server's address is that endpoint's.
+func startMQKVMemcache(bin, dir string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	mport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", mport)
+	p, err := spawn(dir, bin, "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--memcache-listen", addr,
+		"--data-dir", filepath.Join(dir, "data"))
+	if err != nil {
+		return nil, err
+	}
+	return &server{name: "mqkv", proc: p, addr: addr}, awaitListening(p, addr)
+}
+
+// startMemcached runs Debian's memcached (in memory: it keeps nothing on
+// disk) with 256 MiB and 4 threads, its defaults but the memory.
+func startMemcached(dir string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p, err := spawn(dir, "memcached", "-l", "127.0.0.1", "-p", fmt.Sprint(port), "-U", "0", "-m", "256", "-u", "root")
+	if err != nil {
+		return nil, err
+	}
+	return &server{name: "memcached", proc: p, addr: addr}, awaitListening(p, addr)
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/eclipse/paho.golang/paho"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -176,5 +177,51 @@ func (w *pubsub) op(ctx context.Context, i, _ int) error {
 func (w *pubsub) close() {
 	for _, c := range w.cs {
 		c.Disconnect(&paho.Disconnect{})
+	}
+}
+
+// memcacheKV: set or get through a memcached client library (gomemcache,
+// one connection per client), against mqkv's memcached endpoint or
+// memcached itself.
+type memcacheKV struct {
+	label string
+	addr  string
+	get   bool
+	keys  int
+	value []byte
+	cs    []*memcache.Client
+}
+
+func (w *memcacheKV) name() string { return w.label }
+
+func (w *memcacheKV) prepare(_ context.Context, n int) error {
+	for range n {
+		c := memcache.New(w.addr)
+		c.MaxIdleConns = 1
+		c.Timeout = 10 * time.Second
+		w.cs = append(w.cs, c)
+	}
+	if w.get {
+		for k := range w.keys {
+			if err := w.cs[k%n].Set(&memcache.Item{Key: string(keyOf(0, k, w.keys)), Value: w.value}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *memcacheKV) op(_ context.Context, i, seq int) error {
+	k := string(keyOf(i, seq, w.keys))
+	if w.get {
+		_, err := w.cs[i].Get(k)
+		return err
+	}
+	return w.cs[i].Set(&memcache.Item{Key: k, Value: w.value})
+}
+
+func (w *memcacheKV) close() {
+	for _, c := range w.cs {
+		c.Close()
 	}
 }

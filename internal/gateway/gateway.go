@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"errors"
+	"io"
 	"sync/atomic"
 
 	"github.com/mqkv/mqkv/internal/hlc"
@@ -118,6 +119,11 @@ func (c *Client) Auth(user string, password []byte) bool {
 	return true
 }
 
+// AdmitAnonymous lets the client in without credentials, for a protocol
+// that has none (memcached's text protocol): the policy's rules for an
+// anonymous principal decide what it may do.
+func (c *Client) AdmitAnonymous() { c.user, c.authed, c.pol, c.grant = "", true, nil, nil }
+
 // Grant is what the client may do under the policy in force now.
 func (c *Client) Grant() *policy.Grant {
 	p := c.guard.Policy()
@@ -180,4 +186,26 @@ func (f replier) Reply(_ *statestore.Request, payload []byte, version hlc.Timest
 		v = resp.Value{Kind: resp.ErrorReply, Str: []byte("internal error: " + err.Error())}
 	}
 	f(v, version)
+}
+
+// ReadValue reads an n-byte value a client announced. The buffer grows as
+// bytes come, so a client that announces a large value and sends nothing
+// holds no more memory than it sent.
+func ReadValue(r io.Reader, n int) ([]byte, error) {
+	b := make([]byte, 0, min(n, 64<<10))
+	for len(b) < n {
+		chunk := min(n-len(b), 1<<20)
+		if cap(b)-len(b) < chunk {
+			b = append(b[:cap(b)], make([]byte, chunk)...)[:len(b)]
+		}
+		got, err := io.ReadFull(r, b[len(b):len(b)+chunk])
+		b = b[:len(b)+got]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	return b, nil
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"strconv"
+
+	"github.com/mqkv/mqkv/internal/gateway"
 )
 
 // Limits on what one command may hold: a client is answered with a
@@ -74,21 +76,11 @@ func (r *reader) next() ([][]byte, error) {
 	return args, nil
 }
 
-// bulk reads l bytes and their CRLF. The buffer grows as bytes come, so
-// a client announcing a large value and sending nothing holds no more
-// memory than it sent.
+// bulk reads l bytes and their CRLF.
 func (r *reader) bulk(l int) ([]byte, error) {
-	b := make([]byte, 0, min(l, 64<<10))
-	for len(b) < l {
-		chunk := min(l-len(b), 1<<20)
-		if cap(b)-len(b) < chunk {
-			b = append(b[:cap(b)], make([]byte, chunk)...)[:len(b)]
-		}
-		n, err := io.ReadFull(r.br, b[len(b):len(b)+chunk])
-		b = b[:len(b)+n]
-		if err != nil {
-			return nil, noEOF(err)
-		}
+	b, err := gateway.ReadValue(r.br, l)
+	if err != nil {
+		return nil, err
 	}
 	var crlf [2]byte
 	if _, err := io.ReadFull(r.br, crlf[:]); err != nil {

@@ -2,9 +2,11 @@ package server
 
 import (
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/redis"
 )
@@ -54,4 +56,48 @@ func (s *Server) RESPAddr() string {
 		return ""
 	}
 	return s.resp.Addr()
+}
+
+// serveMemcache starts the memcached text protocol endpoint. Its clients
+// cannot authenticate, so only a loopback address is taken unless insecure
+// says the operator knows.
+func (s *Server) serveMemcache(addr string, insecure bool, started time.Time) error {
+	if !insecure && !loopback(addr) {
+		return fmt.Errorf("memcache: %s is not a loopback address, and memcached's protocol has no authentication: anyone who reaches it acts as an anonymous client (the policy's rules for one apply); give --memcache-insecure to serve it there anyway", addr)
+	}
+	srv := memcache.New(memcache.Config{
+		Service: s.service,
+		Guard:   guard{s.broker},
+		Logger:  s.log,
+		Info: func() memcache.Info {
+			t := s.node.Totals()
+			return memcache.Info{Version: Version, Started: started, Keys: t.Keys, Bytes: t.Bytes}
+		},
+	})
+	if err := srv.Listen(addr); err != nil {
+		return fmt.Errorf("memcache: %w", err)
+	}
+	s.mc = srv
+	return nil
+}
+
+// loopback says whether a listen address stays on this machine.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// MemcacheAddr is the memcached endpoint's address, or "".
+func (s *Server) MemcacheAddr() string {
+	if s.mc == nil {
+		return ""
+	}
+	return s.mc.Addr()
 }

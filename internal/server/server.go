@@ -25,6 +25,7 @@ import (
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
+	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/ownership"
 	"github.com/mqkv/mqkv/internal/peer"
@@ -65,6 +66,11 @@ type Config struct {
 	// RESPListen is the address of the Redis protocol (RESP) endpoint;
 	// empty turns it off.
 	RESPListen string
+	// MemcacheListen is the address of the memcached text protocol
+	// endpoint; empty turns it off. The protocol has no authentication:
+	// an address other than loopback needs MemcacheInsecure.
+	MemcacheListen   string
+	MemcacheInsecure bool
 
 	// AdminListen is the address of the HTTP admin endpoint (health,
 	// metrics, console, backups); empty turns it off.
@@ -163,7 +169,8 @@ type Server struct {
 	service *statestore.Service
 	broker  *broker.Broker
 	admin   *admin.Server
-	resp    *redis.Server // nil unless RESPListen
+	resp    *redis.Server    // nil unless RESPListen
+	mc      *memcache.Server // nil unless MemcacheListen
 	lock    *os.File
 	disk    *replica.DiskGuard
 	NodeID  string
@@ -204,6 +211,9 @@ func Start(cfg Config) (*Server, error) {
 		s.bg.Wait()
 		if s.resp != nil {
 			s.resp.Close()
+		}
+		if s.mc != nil {
+			s.mc.Close()
 		}
 		if s.broker != nil {
 			s.broker.Close()
@@ -432,6 +442,11 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if cfg.MemcacheListen != "" {
+		if err := s.serveMemcache(cfg.MemcacheListen, cfg.MemcacheInsecure, startTime); err != nil {
+			return nil, err
+		}
+	}
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
@@ -454,6 +469,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if s.resp != nil {
 		attrs = append(attrs, "resp", s.resp.Addr())
+	}
+	if s.mc != nil {
+		attrs = append(attrs, "memcache", s.mc.Addr())
 	}
 	if s.link != nil {
 		attrs = append(attrs, "cluster", s.link.Addr())
@@ -564,6 +582,9 @@ func (s *Server) Close() error {
 		}
 		if s.resp != nil {
 			s.resp.Close()
+		}
+		if s.mc != nil {
+			s.mc.Close()
 		}
 		s.closeErr = s.broker.Close()
 		if s.mesh != nil {
