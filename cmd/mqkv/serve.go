@@ -133,6 +133,8 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cfg.RESPListen, "resp-listen", "", "Redis protocol (RESP2/RESP3) endpoint `address` for redis-cli and Redis clients: the same store, password file and policy; off if empty")
 	fs.StringVar(&cfg.MemcacheListen, "memcache-listen", "", "memcached text protocol endpoint `address` for memcached clients: the same store; no authentication, so a loopback address unless --memcache-insecure; off if empty")
 	fs.BoolVar(&cfg.MemcacheInsecure, "memcache-insecure", false, "allow --memcache-listen on an address other than loopback (its clients are anonymous)")
+	fs.StringVar(&cfg.HTTPListen, "http-listen", "", "HTTP key-value endpoint `address` (/v1/kv/{key} with ETags and conditional requests): the same store, password file (HTTP Basic) and policy; off if empty")
+	fs.BoolVar(&cfg.HTTPTLS, "http-tls", false, "serve --http-listen over TLS (HTTPS) with --tls-cert and --tls-key")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "HTTP admin endpoint `address` (health, metrics, pprof, web console, backups); off if empty; no authentication, keep it on 127.0.0.1 or a trusted network")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", broker.DefaultConnectTimeout, "time a new connection has to send CONNECT (TLS handshake included) before it is closed")
 	fs.Uint16Var(&cfg.ServerKeepAlive, "server-keep-alive", 0, "keep-alive in `seconds` every MQTT 5 client must use (Server Keep Alive in CONNACK; silent for 1.5 times it ends the connection); 0: the client's own")

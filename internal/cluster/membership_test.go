@@ -236,10 +236,17 @@ func TestRequestsCrossAPartialPartition(t *testing.T) {
 		key := keyOfGroup(h.nodes[0], g)
 		for i := range 5 {
 			c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			ch := make(chan error, 1)
-			h.nodes[0].Submit(c, replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(fmt.Sprint(i))},
-				Done: func(_ store.Result, err error) { ch <- err }})
-			err := <-ch
+			var err error
+			// An election in the group (a loaded machine) may leave a
+			// write's outcome unknown: the same SET is sent again.
+			for attempt := 0; attempt < 3; attempt++ {
+				ch := make(chan error, 1)
+				h.nodes[0].Submit(c, replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(fmt.Sprint(i))},
+					Done: func(_ store.Result, err error) { ch <- err }})
+				if err = <-ch; !errors.Is(err, replica.ErrOutcomeUnknown) {
+					break
+				}
+			}
 			if err == nil {
 				var e store.Entry
 				e, _, err = h.nodes[0].Get(c, []byte(key))

@@ -1,11 +1,13 @@
 package server
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/httpkv"
 	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/redis"
@@ -100,4 +102,33 @@ func (s *Server) MemcacheAddr() string {
 		return ""
 	}
 	return s.mc.Addr()
+}
+
+// serveHTTP starts the HTTP key-value endpoint, over TLS with the node's
+// certificate if tlsOn.
+func (s *Server) serveHTTP(addr string, tlsOn bool) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("http: %w", err)
+	}
+	if tlsOn {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("http: --http-tls needs --tls-cert and --tls-key: %w", err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	}
+	srv := httpkv.New(httpkv.Config{Service: s.service, Guard: guard{s.broker}, MaxValue: int64(s.cfg.Limits.MaxPacketSize), Logger: s.log})
+	srv.Serve(ln)
+	s.http = srv
+	return nil
+}
+
+// HTTPAddr is the HTTP endpoint's address, or "".
+func (s *Server) HTTPAddr() string {
+	if s.http == nil {
+		return ""
+	}
+	return s.http.Addr()
 }

@@ -44,7 +44,7 @@ func listenersOf(cfg Config) ([]broker.Listener, error) {
 				tlsCfg.ClientAuth = tls.VerifyClientCertIfGiven
 			}
 		}
-	} else if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSClientCA != "" {
+	} else if (cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSClientCA != "") && !cfg.HTTPTLS {
 		return nil, errors.New("tls: certificate files given but no TLS listener (--tls-listen or --ws-tls)")
 	}
 	if cfg.TLSListen != "" {

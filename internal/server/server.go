@@ -23,6 +23,7 @@ import (
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/hlc"
+	"github.com/mqkv/mqkv/internal/httpkv"
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
 	"github.com/mqkv/mqkv/internal/memcache"
@@ -71,6 +72,10 @@ type Config struct {
 	// an address other than loopback needs MemcacheInsecure.
 	MemcacheListen   string
 	MemcacheInsecure bool
+	// HTTPListen is the address of the HTTP key-value endpoint; empty
+	// turns it off. HTTPTLS serves it over TLS with TLSCert and TLSKey.
+	HTTPListen string
+	HTTPTLS    bool
 
 	// AdminListen is the address of the HTTP admin endpoint (health,
 	// metrics, console, backups); empty turns it off.
@@ -171,6 +176,7 @@ type Server struct {
 	admin   *admin.Server
 	resp    *redis.Server    // nil unless RESPListen
 	mc      *memcache.Server // nil unless MemcacheListen
+	http    *httpkv.Server   // nil unless HTTPListen
 	lock    *os.File
 	disk    *replica.DiskGuard
 	NodeID  string
@@ -214,6 +220,9 @@ func Start(cfg Config) (*Server, error) {
 		}
 		if s.mc != nil {
 			s.mc.Close()
+		}
+		if s.http != nil {
+			s.http.Close()
 		}
 		if s.broker != nil {
 			s.broker.Close()
@@ -447,6 +456,11 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if cfg.HTTPListen != "" {
+		if err := s.serveHTTP(cfg.HTTPListen, cfg.HTTPTLS); err != nil {
+			return nil, err
+		}
+	}
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
@@ -472,6 +486,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if s.mc != nil {
 		attrs = append(attrs, "memcache", s.mc.Addr())
+	}
+	if s.http != nil {
+		attrs = append(attrs, "http", s.http.Addr())
 	}
 	if s.link != nil {
 		attrs = append(attrs, "cluster", s.link.Addr())
@@ -585,6 +602,9 @@ func (s *Server) Close() error {
 		}
 		if s.mc != nil {
 			s.mc.Close()
+		}
+		if s.http != nil {
+			s.http.Close()
 		}
 		s.closeErr = s.broker.Close()
 		if s.mesh != nil {

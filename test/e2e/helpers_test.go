@@ -102,9 +102,22 @@ func newSDKClient(t testing.TB, s *testServer) *sdkClient {
 	return newSDKClientID(t, s, mqtt.RandomClientID())
 }
 
+// newSDKClientAs is an SDK client that connects with a username and
+// password.
+func newSDKClientAs(t testing.TB, s *testServer, user, pass string) *sdkClient {
+	t.Helper()
+	return newSDKClientOpts(t, s, mqtt.RandomClientID(), &mqtt.SessionClientOptions{
+		Username: mqtt.ConstantUsername(user), Password: mqtt.ConstantPassword([]byte(pass))})
+}
+
 func newSDKClientID(t testing.TB, s *testServer, id string) *sdkClient {
 	t.Helper()
-	mc, err := mqtt.NewSessionClient(id, mqtt.TCPConnection(s.host, s.port))
+	return newSDKClientOpts(t, s, id)
+}
+
+func newSDKClientOpts(t testing.TB, s *testServer, id string, opts ...mqtt.SessionClientOption) *sdkClient {
+	t.Helper()
+	mc, err := mqtt.NewSessionClient(id, mqtt.TCPConnection(s.host, s.port), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
