@@ -69,7 +69,7 @@ func main() {
 	clients := flag.Int("clients", 64, "clients, each with one operation in flight")
 	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
-	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory)")
+	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory), http-put and http-get (mqkv's HTTP endpoint against etcd's HTTP/JSON gateway)")
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
@@ -116,6 +116,15 @@ func main() {
 			pair[0] = func(addr string) workload { return &mqkvKV{addr: addr, get: get, keys: *keys, value: value} }
 			pair[1] = func(addr string) workload { return &etcdKV{addr: addr, get: get, keys: *keys, value: value} }
 			peer = startEtcd
+		case "http-put", "http-get":
+			get := w == "http-get"
+			pair[0] = func(addr string) workload {
+				return &httpKV{label: "mqkv", addr: addr, get: get, keys: *keys, value: value}
+			}
+			pair[1] = func(addr string) workload {
+				return &httpKV{label: "etcd", addr: addr, etcd: true, get: get, keys: *keys, value: value}
+			}
+			peer = startEtcd
 		case "mc-set", "mc-get":
 			get := w == "mc-get"
 			pair[0] = func(addr string) workload {
@@ -150,6 +159,9 @@ func main() {
 		}
 		if strings.HasPrefix(w, "mc-") {
 			start = startMQKVMemcache
+		}
+		if strings.HasPrefix(w, "http-") {
+			start = startMQKVHTTP
 		}
 		if servers[0], err = start(*mqkvBin, filepath.Join(work, w, "mqkv")); err != nil {
 			log.Fatal(err)

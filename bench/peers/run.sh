@@ -7,7 +7,7 @@
 # missing; nats-server is built from the Go module proxy. Flags go to the
 # program, e.g.:  bench/peers/run.sh -rounds 3 -duration 10s -clients 64
 set -euo pipefail
-if ! command -v etcd >/dev/null || ! command -v memcached >/dev/null || ! command -v mosquitto >/dev/null && ! [ -x /usr/sbin/mosquitto ]; then
+if ! command -v etcd >/dev/null || ! command -v memcached >/dev/null || { ! command -v mosquitto >/dev/null && ! [ -x /usr/sbin/mosquitto ]; }; then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server mosquitto memcached >/dev/null
 fi

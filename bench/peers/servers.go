@@ -241,3 +241,23 @@ func startMemcached(dir string) (*server, error) {
 	}
 	return &server{name: "memcached", proc: p, addr: addr}, awaitListening(p, addr)
 }
+
+// startMQKVHTTP runs mqkv durable with its HTTP endpoint; the server's
+// address is that endpoint's.
+func startMQKVHTTP(bin, dir string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	hport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", hport)
+	p, err := spawn(dir, bin, "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http-listen", addr,
+		"--data-dir", filepath.Join(dir, "data"))
+	if err != nil {
+		return nil, err
+	}
+	return &server{name: "mqkv", proc: p, addr: addr}, awaitListening(p, addr)
+}

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -223,5 +228,83 @@ func (w *memcacheKV) op(_ context.Context, i, seq int) error {
 func (w *memcacheKV) close() {
 	for _, c := range w.cs {
 		c.Close()
+	}
+}
+
+// httpKV: PUT or GET over HTTP/1.1, one keep-alive connection per client:
+// mqkv's /v1/kv/{key} (the value as the body), or etcd's HTTP/JSON
+// gateway (/v3/kv/put and /v3/kv/range, keys and values in base64).
+type httpKV struct {
+	label string
+	addr  string
+	etcd  bool
+	get   bool
+	keys  int
+	value []byte
+	cs    []*http.Client
+}
+
+func (w *httpKV) name() string { return w.label }
+
+func (w *httpKV) prepare(ctx context.Context, n int) error {
+	for range n {
+		w.cs = append(w.cs, &http.Client{Timeout: 10 * time.Second,
+			Transport: &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1}})
+	}
+	if w.get {
+		for k := range w.keys {
+			if err := w.put(ctx, w.cs[k%n], keyOf(0, k, w.keys)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *httpKV) put(ctx context.Context, c *http.Client, key []byte) error {
+	var req *http.Request
+	if w.etcd {
+		body, _ := json.Marshal(map[string]string{"key": base64.StdEncoding.EncodeToString(key), "value": base64.StdEncoding.EncodeToString(w.value)})
+		req, _ = http.NewRequestWithContext(ctx, "POST", "http://"+w.addr+"/v3/kv/put", bytes.NewReader(body))
+	} else {
+		req, _ = http.NewRequestWithContext(ctx, "PUT", "http://"+w.addr+"/v1/kv/"+string(key), bytes.NewReader(w.value))
+	}
+	return w.send(c, req, 204)
+}
+
+func (w *httpKV) send(c *http.Client, req *http.Request, want int) error {
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	if w.etcd {
+		want = 200
+	}
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s %s: %s", req.Method, req.URL, resp.Status)
+	}
+	return nil
+}
+
+func (w *httpKV) op(ctx context.Context, i, seq int) error {
+	k := keyOf(i, seq, w.keys)
+	if !w.get {
+		return w.put(ctx, w.cs[i], k)
+	}
+	var req *http.Request
+	if w.etcd {
+		body, _ := json.Marshal(map[string]string{"key": base64.StdEncoding.EncodeToString(k)})
+		req, _ = http.NewRequestWithContext(ctx, "POST", "http://"+w.addr+"/v3/kv/range", bytes.NewReader(body))
+	} else {
+		req, _ = http.NewRequestWithContext(ctx, "GET", "http://"+w.addr+"/v1/kv/"+string(k), nil)
+	}
+	return w.send(w.cs[i], req, 200)
+}
+
+func (w *httpKV) close() {
+	for _, c := range w.cs {
+		c.CloseIdleConnections()
 	}
 }
