@@ -14,6 +14,7 @@ import (
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/resp"
 	"github.com/mqkv/mqkv/internal/statestore"
+	"github.com/mqkv/mqkv/internal/store"
 )
 
 // Guard admits gateway clients with the node's password file and policy,
@@ -39,6 +40,8 @@ func (Open) Policy() *policy.Policy    { return nil }
 type Service interface {
 	Do(r *statestore.Request, args [][]byte)
 	Clock() *hlc.Clock
+	// Disconnected ends a client's KEYNOTIFY registrations.
+	Disconnected(clientID string, conn uint64)
 }
 
 // connIDs numbers gateway connections apart from the broker's (which count
@@ -158,21 +161,53 @@ func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) 
 // been answered already); done gets the reply, from another goroutine for
 // a write, and must not block. args must stay unchanged until then.
 func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Timestamp)) {
-	if !c.authed {
-		done(resp.Value{Kind: resp.ErrorReply, Str: []byte(ErrNotAuthenticated.Error())}, hlc.Timestamp{})
+	r, refused := c.request(replier(done))
+	if refused != nil {
+		done(*refused, hlc.Timestamp{})
 		return
+	}
+	r.FencingToken, r.HasFencingToken = fence, fence != ""
+	c.svc.Do(r, args)
+}
+
+// request is a Request of the client's, answered through origin; or the
+// error that answers it at once (not authenticated, or not let in by the
+// policy in force).
+func (c *Client) request(origin any) (*statestore.Request, *resp.Value) {
+	if !c.authed {
+		return nil, &resp.Value{Kind: resp.ErrorReply, Str: []byte(ErrNotAuthenticated.Error())}
 	}
 	g := c.Grant()
 	if !g.CanConnect() {
-		done(resp.Value{Kind: resp.ErrorReply, Str: []byte(resp.ErrNotAuthorized)}, hlc.Timestamp{})
-		return
+		return nil, &resp.Value{Kind: resp.ErrorReply, Str: []byte(resp.ErrNotAuthorized)}
 	}
-	r := &statestore.Request{
-		ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: replier(done),
-		FencingToken: fence, HasFencingToken: fence != "", StampWrites: true,
+	return &statestore.Request{ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: origin, StampWrites: true}, nil
+}
+
+// Watch registers a KEYNOTIFY (args: KEYNOTIFY key [PATTERN] [SINCE v])
+// whose notifications go to notify (on the goroutine that applies the log:
+// it must not block, nor keep the event's bytes; false drops one), and
+// returns its reply. Close ends the registrations.
+func (c *Client) Watch(args [][]byte, notify func(store.Event) bool) resp.Value {
+	ch := make(chan resp.Value, 1)
+	r, refused := c.request(watcher{replier(func(v resp.Value, _ hlc.Timestamp) { ch <- v }), notify})
+	if refused != nil {
+		return *refused
 	}
 	c.svc.Do(r, args)
+	return <-ch
 }
+
+// Close ends what the client registered.
+func (c *Client) Close() { c.svc.Disconnected(c.ID, c.conn) }
+
+// watcher is a watch's Origin: the service replies to it and notifies it.
+type watcher struct {
+	replier
+	notify func(store.Event) bool
+}
+
+func (w watcher) Notify(ev store.Event) bool { return w.notify(ev) }
 
 type answer struct {
 	value   resp.Value

@@ -69,6 +69,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, log: cfg.Logger, creds: map[[32]byte]time.Time{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/kv/", s.kv)
+	mux.HandleFunc("/v1/watch/", s.watch)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, "not_found", "no such endpoint: the store is at /v1/kv/{key}")
 	})
@@ -167,11 +168,10 @@ func (s *Server) checkCached(c *gateway.Client, user, pass string) bool {
 	return true
 }
 
-// keyOf reads the key from the path: everything after /v1/kv/,
-// percent-decoded (so a key may hold '/' as itself or as %2F, and any
-// byte as %XX).
-func keyOf(r *http.Request) ([]byte, error) {
-	k, err := url.PathUnescape(strings.TrimPrefix(r.URL.EscapedPath(), "/v1/kv/"))
+// unescapeKey reads a key from a path: percent-decoded (so a key may hold
+// '/' as itself or as %2F, and any byte as %XX).
+func unescapeKey(p string) ([]byte, error) {
+	k, err := url.PathUnescape(p)
 	return []byte(k), err
 }
 
@@ -180,7 +180,7 @@ func (s *Server) kv(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	key, err := keyOf(r)
+	key, err := keyAfter(r, "/v1/kv/")
 	if err != nil {
 		fail(w, http.StatusBadRequest, "bad_request", "the key is not percent-encoded correctly")
 		return

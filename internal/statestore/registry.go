@@ -19,6 +19,7 @@ type observer struct {
 	conn        uint64
 	topicPrefix string        // NotifyClientPrefix(clientID), computed once
 	grant       *policy.Grant // what the connection may read; nil: everything
+	sink        Notifier      // a gateway client's; nil: the transport delivers
 	// Registrations, with the version after which each has delivered
 	// every change it matches (live from registration, or replayed from
 	// its SINCE): a later SINCE replay skips what they delivered.
@@ -87,7 +88,7 @@ func newRegistry(active *atomic.Int64) *registry {
 
 // observerFor returns the observer of clientID on conn, creating it (and
 // dropping an older connection's).
-func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant) *observer {
+func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant, sink Notifier) *observer {
 	o := r.byClient[clientID]
 	if o != nil && o.conn != conn {
 		// Registrations of an earlier connection that has not yet been
@@ -99,7 +100,7 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]hlc.Timestamp{}, patterns: map[string]patternFrom{}}
 		r.byClient[clientID] = o
 	}
-	o.grant = grant
+	o.grant, o.sink = grant, sink
 	return o
 }
 
@@ -108,14 +109,14 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 // per connection (0: no limit). A registration from a connection older
 // than the client's current one is ignored: that connection is on its way
 // out.
-func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, key []byte, m *glob.Matcher, from hlc.Timestamp, max int) bool {
+func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, sink Notifier, key []byte, m *glob.Matcher, from hlc.Timestamp, max int) bool {
 	pattern := m != nil
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if o := r.byClient[clientID]; o != nil && conn < o.conn {
 		return true
 	}
-	o := r.observerFor(clientID, conn, grant)
+	o := r.observerFor(clientID, conn, grant, sink)
 	k := string(key)
 	_, haveKey := o.keys[k]
 	_, havePattern := o.patterns[k]

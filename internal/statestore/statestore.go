@@ -285,6 +285,20 @@ type Replier interface {
 	Reply(r *Request, payload []byte, version hlc.Timestamp)
 }
 
+// Notifier receives the notifications of a gateway client's KEYNOTIFY
+// registrations (an HTTP watch): a Request whose Origin is a Notifier
+// registers them to it instead of the transport. Notify runs on the
+// goroutine that applies the log and must not block; false drops the
+// notification. ev's bytes must not be kept past the call without a copy.
+type Notifier interface {
+	Notify(ev store.Event) bool
+}
+
+func sinkOf(r *Request) Notifier {
+	n, _ := r.Origin.(Notifier)
+	return n
+}
+
 // Do serves one request of a gateway: args is the command as the MQTT
 // protocol has it (GET key, SET key value NX PX 10, ...), r says who asks
 // (ClientID, Conn, Grant, the __ts and __ft it stands for) and has a
@@ -766,7 +780,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		s.historyOn = true
 	}
 	if !since {
-		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
+		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, sinkOf(r), key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
 		s.dispatch.Unlock()
 		if !ok {
 			s.fail(r, resp.ErrQuotaExceeded)
@@ -786,18 +800,25 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	changes = slices.DeleteFunc(changes, func(c change) bool {
 		return s.observers.delivered(r.ClientID, r.Conn, c.Key, c.Version)
 	})
-	if !s.observers.add(r.ClientID, r.Conn, r.Grant, key, matcher, from, s.limits.MaxRegistrationsPerConn) {
+	if !s.observers.add(r.ClientID, r.Conn, r.Grant, sinkOf(r), key, matcher, from, s.limits.MaxRegistrationsPerConn) {
 		s.dispatch.Unlock()
 		s.fail(r, resp.ErrQuotaExceeded)
 		return
 	}
 	prefix := NotifyClientPrefix(r.ClientID)
+	sink := sinkOf(r)
 	for i := range changes {
 		c := &changes[i]
 		if pattern && !r.Grant.CanAccess(c.Key, policy.Read) {
 			continue
 		}
-		if s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.Key), notifyPayload(c.Kind, c.Value), c.Version) {
+		var sent bool
+		if sink != nil {
+			sent = sink.Notify(c.Event)
+		} else {
+			sent = s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.Key), notifyPayload(c.Kind, c.Value), c.Version)
+		}
+		if sent {
 			s.Counters.NotificationsSent.Add(1)
 		}
 	}
@@ -872,10 +893,19 @@ func (s *Service) Events(events []store.Event) {
 		if len(s.observing) == 0 {
 			continue
 		}
-		payload := notifyPayload(ev.Kind, ev.Value)
-		keyHex := hexUpper(ev.Key)
+		var payload []byte
+		var keyHex string
 		for _, o := range s.observing {
-			if s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version) {
+			var sent bool
+			if o.sink != nil {
+				sent = o.sink.Notify(*ev)
+			} else {
+				if payload == nil {
+					payload, keyHex = notifyPayload(ev.Kind, ev.Value), hexUpper(ev.Key)
+				}
+				sent = s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version)
+			}
+			if sent {
 				s.Counters.NotificationsSent.Add(1)
 			}
 		}

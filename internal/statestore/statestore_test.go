@@ -89,7 +89,7 @@ func TestRegistry(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
 	add := func(id string, conn uint64, key string, max int) bool {
-		return r.add(id, conn, nil, []byte(key), nil, hlc.Timestamp{}, max)
+		return r.add(id, conn, nil, nil, []byte(key), nil, hlc.Timestamp{}, max)
 	}
 	count := func(key string) int { return len(r.lookup([]byte(key), nil)) }
 	add("a", 1, "k1", 0)
@@ -149,14 +149,14 @@ func TestRegistryPatterns(t *testing.T) {
 		}
 		return m
 	}
-	r.add("a", 1, nil, []byte("sensors/*"), pat("sensors/*"), hlc.Timestamp{}, 0)
-	r.add("a", 1, nil, []byte("sensors/site-1/*"), pat("sensors/site-1/*"), hlc.Timestamp{}, 0) // overlaps
-	r.add("a", 1, nil, []byte("sensors/site-1/temp"), nil, hlc.Timestamp{}, 0)
-	r.add("b", 2, nil, []byte("*temp"), pat("*temp"), hlc.Timestamp{}, 0)
-	r.add("c", 3, nil, []byte("other/*"), pat("other/*"), hlc.Timestamp{}, 0)
+	r.add("a", 1, nil, nil, []byte("sensors/*"), pat("sensors/*"), hlc.Timestamp{}, 0)
+	r.add("a", 1, nil, nil, []byte("sensors/site-1/*"), pat("sensors/site-1/*"), hlc.Timestamp{}, 0) // overlaps
+	r.add("a", 1, nil, nil, []byte("sensors/site-1/temp"), nil, hlc.Timestamp{}, 0)
+	r.add("b", 2, nil, nil, []byte("*temp"), pat("*temp"), hlc.Timestamp{}, 0)
+	r.add("c", 3, nil, nil, []byte("other/*"), pat("other/*"), hlc.Timestamp{}, 0)
 	// A late registration from a connection older than the current one is
 	// ignored.
-	r.add("a", 0, nil, []byte("late"), nil, hlc.Timestamp{}, 0)
+	r.add("a", 0, nil, nil, []byte("late"), nil, hlc.Timestamp{}, 0)
 	if len(r.lookup([]byte("late"), nil)) != 0 || len(r.lookup([]byte("sensors/x"), nil)) != 1 {
 		t.Fatal("an older connection's registration replaced the current one's")
 	}
@@ -376,7 +376,7 @@ func TestUnanchoredPatternsAreBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.add(id, conn, nil, []byte(pattern), m, hlc.Timestamp{}, 0)
+		return r.add(id, conn, nil, nil, []byte(pattern), m, hlc.Timestamp{}, 0)
 	}
 	for i := 0; i < maxUnanchoredPerConn; i++ {
 		if !add("a", 1, fmt.Sprintf("*x%d*", i)) {

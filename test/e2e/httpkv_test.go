@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -272,5 +274,121 @@ spec:
 	r, _ := mc.store.Get(ctx, "alice/x")
 	if _, hd, _ := h.do("HEAD", "alice/x", ""); hd.Get("ETag") != `"`+r.Version.String()+`"` {
 		t.Fatalf("ETag %s, SDK version %v", hd.Get("ETag"), r.Version)
+	}
+}
+
+// sseEvent is one server-sent event.
+type sseEvent struct{ id, event, data string }
+
+// sseStream opens a watch and returns its events as they come.
+func sseStream(t *testing.T, u string, headers ...string) <-chan sseEvent {
+	t.Helper()
+	req, _ := http.NewRequest("GET", u, nil)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("watch %s: %s %s", u, resp.Status, b)
+	}
+	ch := make(chan sseEvent, 100)
+	go func() {
+		defer resp.Body.Close()
+		defer close(ch)
+		sc := bufio.NewScanner(resp.Body)
+		var ev sseEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if ev.event != "" {
+					ch <- ev
+				}
+				ev = sseEvent{}
+			case strings.HasPrefix(line, "id: "):
+				ev.id = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				ev.event = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				ev.data = line[6:]
+			}
+		}
+	}()
+	return ch
+}
+
+func nextEvent(t *testing.T, ch <-chan sseEvent) sseEvent {
+	t.Helper()
+	select {
+	case ev, ok := <-ch:
+		if !ok {
+			t.Fatal("the stream ended")
+		}
+		return ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event within 10 s")
+	}
+	return sseEvent{}
+}
+
+// A watch streams every change of a key (or of keys matching a glob),
+// whichever protocol made it, and resumes after its last event id.
+func TestHTTPWatch(t *testing.T) {
+	s := startServer(t, inMemory(), withHTTP())
+	h := newHTTPKV(t, s)
+	k := uniqueKey(t)
+	base := "http://" + s.HTTPAddr() + "/v1/watch/"
+	events := sseStream(t, base+url.PathEscape(k))
+	pattern := sseStream(t, base+"?match="+url.QueryEscape(k+"*"))
+	h.do("PUT", k, "one")
+	sdk := newSDKClient(t, s)
+	ctx := ctxFor(t, 20*time.Second)
+	if _, err := sdk.store.Set(ctx, k, "two"); err != nil {
+		t.Fatal(err)
+	}
+	h.do("PUT", k+"-other", "\xff\xfe") // the pattern's only
+	h.do("DELETE", k, "")
+	var got []sseEvent
+	for range 3 {
+		got = append(got, nextEvent(t, events))
+	}
+	if got[0].event != "set" || !strings.Contains(got[0].data, `"value":"one"`) ||
+		got[1].event != "set" || !strings.Contains(got[1].data, `"value":"two"`) || got[2].event != "delete" {
+		t.Fatalf("events %+v", got)
+	}
+	for i, ev := range got {
+		if ev.id == "" || i > 0 && ev.id <= got[i-1].id {
+			t.Fatalf("event ids not increasing versions: %+v", got)
+		}
+	}
+	var pat []sseEvent
+	for range 4 {
+		pat = append(pat, nextEvent(t, pattern))
+	}
+	if !strings.Contains(pat[2].data, `"value_base64":"//4="`) {
+		t.Fatalf("pattern events %+v", pat)
+	}
+	// Resume after the first event: the two after it are replayed.
+	again := sseStream(t, base+url.PathEscape(k), "Last-Event-ID", got[0].id)
+	if e := nextEvent(t, again); e.id != got[1].id || e.event != "set" {
+		t.Fatalf("first resumed event %+v, want %+v", e, got[1])
+	}
+	if e := nextEvent(t, again); e.id != got[2].id || e.event != "delete" {
+		t.Fatalf("second resumed event %+v, want %+v", e, got[2])
+	}
+	// From before the history's start: "truncated", then live.
+	old := sseStream(t, base+url.PathEscape(k)+"?since="+url.QueryEscape("000000000000001:00000:x"))
+	if e := nextEvent(t, old); e.event != "truncated" {
+		t.Fatalf("resuming from before the history: %+v", e)
+	}
+	h.do("PUT", k, "three")
+	if e := nextEvent(t, old); e.event != "set" || !strings.Contains(e.data, `"three"`) {
+		t.Fatalf("live after truncated: %+v", e)
 	}
 }
