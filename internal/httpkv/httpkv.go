@@ -35,7 +35,9 @@ type Config struct {
 	Guard   gateway.Guard // nil: gateway.Open
 	// MaxValue bounds a PUT's body; 0 is 64 MiB.
 	MaxValue int64
-	Logger   *slog.Logger
+	// Leases keeps the keys' leases; nil serves none.
+	Leases Leases
+	Logger *slog.Logger
 }
 
 // Server is the HTTP endpoint.
@@ -180,9 +182,18 @@ func (s *Server) kv(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	key, err := keyAfter(r, "/v1/kv/")
+	escaped := strings.TrimPrefix(r.URL.EscapedPath(), "/v1/kv/")
+	leaseOp := r.Method == http.MethodPost && strings.HasSuffix(escaped, "/lease")
+	if leaseOp {
+		escaped = strings.TrimSuffix(escaped, "/lease")
+	}
+	key, err := unescapeKey(escaped)
 	if err != nil {
 		fail(w, http.StatusBadRequest, "bad_request", "the key is not percent-encoded correctly")
+		return
+	}
+	if leaseOp && len(key) > 0 {
+		s.leaseOp(w, r, c, key)
 		return
 	}
 	if len(key) == 0 {
@@ -201,7 +212,7 @@ func (s *Server) kv(w http.ResponseWriter, r *http.Request) {
 	case http.MethodDelete:
 		s.delete(w, r, c, key)
 	default:
-		w.Header().Set("Allow", "GET, HEAD, PUT, DELETE")
+		w.Header().Set("Allow", "GET, HEAD, PUT, DELETE; POST .../lease")
 		fail(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not served on a key")
 	}
 }
@@ -363,6 +374,10 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request, c *gateway.Client, 
 		fail(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error())
 		return
 	}
+	fence, ok := s.leaseFence(w, r, key)
+	if !ok {
+		return
+	}
 	cond, ver, ok := condition(w, r, c, key)
 	if !ok {
 		return
@@ -377,7 +392,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request, c *gateway.Client, 
 	if ttl > 0 {
 		cmd = append(cmd, []byte("PX"), strconv.AppendInt(nil, ttl.Milliseconds(), 10))
 	}
-	v, nv := c.Call(r.Header.Get("Mqkv-Fencing-Token"), cmd...)
+	v, nv := c.Call(fence, cmd...)
 	switch {
 	case v.Kind == resp.ErrorReply:
 		storeFail(w, v)
@@ -399,6 +414,10 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request, c *gateway.Clien
 		fail(w, http.StatusBadRequest, "bad_request", "a DELETE takes If-Match or If-Unmodified-Since")
 		return
 	}
+	fence, ok := s.leaseFence(w, r, key)
+	if !ok {
+		return
+	}
 	cond, ver, ok := condition(w, r, c, key)
 	if !ok {
 		return
@@ -407,7 +426,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request, c *gateway.Clien
 	if cond != nil {
 		cmd = append(cmd, []byte("VER"), ver.Append(nil))
 	}
-	v, _ := c.Call(r.Header.Get("Mqkv-Fencing-Token"), cmd...)
+	v, _ := c.Call(fence, cmd...)
 	switch {
 	case v.Kind == resp.ErrorReply:
 		storeFail(w, v)
@@ -416,6 +435,13 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request, c *gateway.Clien
 	case v.Int == 0:
 		fail(w, http.StatusNotFound, "not_found", "no such key")
 	default:
+		if s.cfg.Leases != nil {
+			// The key's fence went with it; so does its lease (a lease
+			// on a deleted blob ends with it).
+			if err := s.cfg.Leases.Drop(r.Context(), key); err != nil {
+				s.log.Warn("http: the lease record of a deleted key stays", "error", err)
+			}
+		}
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

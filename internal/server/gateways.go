@@ -8,6 +8,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/httpkv"
+	"github.com/mqkv/mqkv/internal/lease"
 	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/redis"
@@ -119,7 +120,8 @@ func (s *Server) serveHTTP(addr string, tlsOn bool) error {
 		}
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	}
-	srv := httpkv.New(httpkv.Config{Service: s.service, Guard: guard{s.broker}, MaxValue: int64(s.cfg.Limits.MaxPacketSize), Logger: s.log})
+	srv := httpkv.New(httpkv.Config{Service: s.service, Guard: guard{s.broker}, MaxValue: int64(s.cfg.Limits.MaxPacketSize),
+		Leases: lease.New(s.node), Logger: s.log})
 	srv.Serve(ln)
 	s.http = srv
 	return nil

@@ -392,3 +392,118 @@ func TestHTTPWatch(t *testing.T) {
 		t.Fatalf("live after truncated: %+v", e)
 	}
 }
+
+// leaseOp posts a lease action for key.
+func (h *httpKV) leaseOp(key, action string, headers ...string) (int, http.Header, string) {
+	h.t.Helper()
+	req, _ := http.NewRequest("POST", h.base+url.PathEscape(key)+"/lease?action="+action, nil)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// Leases as Azure Blob has them: while one is active, writes need its id
+// (412 otherwise) and reads stay shared; the key is fenced with the lease
+// record's version, so MQTT writers need a fencing token too.
+func TestHTTPLeases(t *testing.T) {
+	s := startServer(t, inMemory(), withHTTP())
+	h := newHTTPKV(t, s)
+	k := uniqueKey(t)
+	if st, _, body := h.leaseOp(k, "acquire", "Mqkv-Lease-Duration", "15"); st != 404 || errorCode(t, body) != "not_found" {
+		t.Fatalf("acquire on a missing key: %d %s", st, body)
+	}
+	h.do("PUT", k, "v0")
+	st, hd, body := h.leaseOp(k, "acquire", "Mqkv-Lease-Duration", "15")
+	l1 := hd.Get("Mqkv-Lease-Id")
+	if st != 201 || len(l1) != 36 || hd.Get("Mqkv-Fencing-Token") == "" || hd.Get("Mqkv-Lease-State") != "leased" {
+		t.Fatalf("acquire: %d %v %s", st, hd, body)
+	}
+	if st, _, body := h.leaseOp(k, "acquire", "Mqkv-Lease-Duration", "15", "Mqkv-Proposed-Lease-Id", "other"); st != 409 || errorCode(t, body) != "lease_already_present" {
+		t.Fatalf("acquire of a leased key: %d %s", st, body)
+	}
+	if st, _, body := h.leaseOp(k, "acquire", "Mqkv-Lease-Duration", "10"); st != 400 {
+		t.Fatalf("acquire for 10 s: %d %s", st, body)
+	}
+	if st, _, body := h.do("PUT", k, "x"); st != 412 || errorCode(t, body) != "lease_id_missing" {
+		t.Fatalf("a write without the lease id: %d %s", st, body)
+	}
+	if st, _, body := h.do("PUT", k, "x", "Mqkv-Lease-Id", "wrong"); st != 412 || errorCode(t, body) != "lease_id_mismatch" {
+		t.Fatalf("a write with another lease id: %d %s", st, body)
+	}
+	if st, _, body := h.do("DELETE", k, ""); st != 412 {
+		t.Fatalf("a delete without the lease id: %d %s", st, body)
+	}
+	if st, _, _ := h.do("PUT", k, "v1", "Mqkv-Lease-Id", l1); st != 204 {
+		t.Fatalf("a write with the lease id: %d", st)
+	}
+	if st, _, body := h.do("GET", k, ""); st != 200 || body != "v1" {
+		t.Fatalf("a read during the lease: %d %q", st, body)
+	}
+	// The key is fenced: an MQTT write without a fencing token is refused.
+	sdk := newSDKClient(t, s)
+	ctx := ctxFor(t, 20*time.Second)
+	if _, err := sdk.store.Set(ctx, k, "from-mqtt"); err == nil || !strings.Contains(err.Error(), "fencing token") {
+		t.Fatalf("an MQTT write to a leased key without a fencing token: %v", err)
+	}
+	// Renew, change.
+	if st, _, _ := h.leaseOp(k, "renew", "Mqkv-Lease-Id", l1); st != 200 {
+		t.Fatalf("renew: %d", st)
+	}
+	if st, _, body := h.leaseOp(k, "renew", "Mqkv-Lease-Id", "wrong"); st != 409 || errorCode(t, body) != "lease_id_mismatch" {
+		t.Fatalf("renew with another id: %d %s", st, body)
+	}
+	if st, hd, _ := h.leaseOp(k, "change", "Mqkv-Lease-Id", l1, "Mqkv-Proposed-Lease-Id", "l2"); st != 200 || hd.Get("Mqkv-Lease-Id") != "l2" {
+		t.Fatalf("change: %d %v", st, hd)
+	}
+	if st, _, _ := h.do("PUT", k, "x", "Mqkv-Lease-Id", l1); st != 412 {
+		t.Fatalf("a write with the old id after change: %d", st)
+	}
+	// Break with a period: still held (by its id) until it ends, not
+	// renewable, then anyone writes.
+	st, hd, _ = h.leaseOp(k, "break", "Mqkv-Lease-Break-Period", "1")
+	if st != 202 || hd.Get("Mqkv-Lease-Time") != "1" || hd.Get("Mqkv-Lease-State") != "breaking" {
+		t.Fatalf("break: %d %v", st, hd)
+	}
+	if st, _, body := h.leaseOp(k, "renew", "Mqkv-Lease-Id", "l2"); st != 409 || errorCode(t, body) != "lease_is_broken" {
+		t.Fatalf("renew while breaking: %d %s", st, body)
+	}
+	if st, _, _ := h.do("PUT", k, "x"); st != 412 {
+		t.Fatalf("a write without the id while breaking: %d", st)
+	}
+	eventually(t, "the break period to end", func() bool { st, _, _ := h.do("PUT", k, "v2"); return st == 204 })
+	if st, _, body := h.do("PUT", k, "v3", "Mqkv-Lease-Id", "l2"); st != 412 || errorCode(t, body) != "lease_not_present" {
+		t.Fatalf("a write naming a broken lease: %d %s", st, body)
+	}
+	// An infinite lease, released.
+	st, hd, _ = h.leaseOp(k, "acquire", "Mqkv-Lease-Duration", "-1", "Mqkv-Proposed-Lease-Id", "forever")
+	if st != 201 || hd.Get("Mqkv-Lease-Id") != "forever" {
+		t.Fatalf("an infinite lease: %d %v", st, hd)
+	}
+	if st, _, _ := h.do("PUT", k, "x"); st != 412 {
+		t.Fatalf("a write without the infinite lease's id: %d", st)
+	}
+	if st, _, _ := h.leaseOp(k, "release", "Mqkv-Lease-Id", "forever"); st != 200 {
+		t.Fatalf("release: %d", st)
+	}
+	if st, _, _ := h.do("PUT", k, "v4"); st != 204 {
+		t.Fatalf("a write after release: %d", st)
+	}
+	// Deleting a leased key needs the id, and ends the lease with it.
+	h.leaseOp(k, "acquire", "Mqkv-Lease-Duration", "60", "Mqkv-Proposed-Lease-Id", "del")
+	if st, _, _ := h.do("DELETE", k, "", "Mqkv-Lease-Id", "del"); st != 204 {
+		t.Fatalf("delete with the lease id: %d", st)
+	}
+	if st, _, _ := h.do("PUT", k, "new"); st != 204 {
+		t.Fatalf("a write to the key made again: %d", st)
+	}
+	if _, err := sdk.store.Set(ctx, k, "from-mqtt"); err != nil {
+		t.Fatalf("an MQTT write to the key made again: %v", err)
+	}
+}
