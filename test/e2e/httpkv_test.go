@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -505,5 +507,35 @@ func TestHTTPLeases(t *testing.T) {
 	}
 	if _, err := sdk.store.Set(ctx, k, "from-mqtt"); err != nil {
 		t.Fatalf("an MQTT write to the key made again: %v", err)
+	}
+}
+
+// --http-tls serves the endpoint over TLS with the node's certificate.
+func TestHTTPOverTLS(t *testing.T) {
+	p := newPKI(t)
+	s := startServer(t, inMemory(), withHTTP(), func(c *server.Config) {
+		c.HTTPTLS, c.TLSCert, c.TLSKey = true, p.serverCert, p.serverKey
+	})
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "localhost"}}}
+	k := url.PathEscape(uniqueKey(t))
+	req, _ := http.NewRequest("PUT", "https://"+s.HTTPAddr()+"/v1/kv/"+k, strings.NewReader("secret"))
+	resp, err := cl.Do(req)
+	if err != nil || resp.StatusCode != 204 {
+		t.Fatalf("PUT over TLS: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	resp, err = cl.Get("https://" + s.HTTPAddr() + "/v1/kv/" + k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "secret" {
+		t.Fatalf("GET over TLS: %d %q", resp.StatusCode, b)
+	}
+	if resp, err := http.Get("http://" + s.HTTPAddr() + "/v1/kv/" + k); err == nil && resp.StatusCode == 200 {
+		t.Fatal("plain HTTP answered on the TLS endpoint")
 	}
 }
