@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,12 +43,6 @@ type Config struct {
 type Server struct {
 	cfg Config
 	log *slog.Logger
-	ln  net.Listener
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
 
 	stats counters
 }
@@ -63,7 +56,7 @@ type counters struct {
 	decrMisses, deleteHits, deleteMisses atomic.Int64
 }
 
-// New returns a server; Listen starts it.
+// New returns a server; gateway.Listen(addr, s.Serve) serves it.
 func New(cfg Config) *Server {
 	if cfg.Guard == nil {
 		cfg.Guard = gateway.Open{}
@@ -74,62 +67,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}}
-}
-
-// Listen starts listening on addr and serving in the background.
-func (s *Server) Listen(addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	s.ln = ln
-	s.wg.Add(1)
-	go s.accept()
-	return nil
-}
-
-// Addr is the listener's address.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
-
-func (s *Server) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
-// Close stops listening and ends every connection.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	var err error
-	if s.ln != nil {
-		err = s.ln.Close()
-	}
-	s.wg.Wait()
-	return err
+	return &Server{cfg: cfg, log: cfg.Logger}
 }
 
 // conn is one client connection; commands are answered in order, the
@@ -140,17 +78,11 @@ type conn struct {
 	bw *bufio.Writer
 }
 
-func (s *Server) serve(nc net.Conn) {
-	defer s.wg.Done()
+// Serve serves one client connection until it ends.
+func (s *Server) Serve(nc net.Conn) {
 	s.stats.connected.Add(1)
 	s.stats.total.Add(1)
-	defer func() {
-		s.stats.connected.Add(-1)
-		s.mu.Lock()
-		delete(s.conns, nc)
-		s.mu.Unlock()
-		nc.Close()
-	}()
+	defer s.stats.connected.Add(-1)
 	br := bufio.NewReaderSize(nc, 16<<10)
 	c := &conn{s: s, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "memcache"), bw: bufio.NewWriterSize(nc, 16<<10)}
 	c.c.AdmitAnonymous()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mqkv/mqkv/internal/broker"
+	"github.com/mqkv/mqkv/internal/gateway"
 	"github.com/mqkv/mqkv/internal/httpkv"
 	"github.com/mqkv/mqkv/internal/lease"
 	"github.com/mqkv/mqkv/internal/memcache"
@@ -46,10 +47,11 @@ func (s *Server) serveRESP(addr string, started time.Time) error {
 				Keys: t.Keys, Bytes: t.Bytes, Partial: t.Partial}
 		},
 	})
-	if err := srv.Listen(addr); err != nil {
+	ln, err := gateway.Listen(addr, srv.Serve)
+	if err != nil {
 		return fmt.Errorf("resp: %w", err)
 	}
-	s.resp = srv
+	s.resp = ln
 	return nil
 }
 
@@ -77,10 +79,11 @@ func (s *Server) serveMemcache(addr string, insecure bool, started time.Time) er
 			return memcache.Info{Version: Version, Started: started, Keys: t.Keys, Bytes: t.Bytes}
 		},
 	})
-	if err := srv.Listen(addr); err != nil {
+	ln, err := gateway.Listen(addr, srv.Serve)
+	if err != nil {
 		return fmt.Errorf("memcache: %w", err)
 	}
-	s.mc = srv
+	s.mc = ln
 	return nil
 }
 

@@ -22,15 +22,14 @@ import (
 	"github.com/mqkv/mqkv/internal/admin"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
+	"github.com/mqkv/mqkv/internal/gateway"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/httpkv"
 	"github.com/mqkv/mqkv/internal/journal"
 	"github.com/mqkv/mqkv/internal/logthrottle"
-	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/ownership"
 	"github.com/mqkv/mqkv/internal/peer"
-	"github.com/mqkv/mqkv/internal/redis"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/retained"
 	"github.com/mqkv/mqkv/internal/roaming"
@@ -174,9 +173,9 @@ type Server struct {
 	service *statestore.Service
 	broker  *broker.Broker
 	admin   *admin.Server
-	resp    *redis.Server    // nil unless RESPListen
-	mc      *memcache.Server // nil unless MemcacheListen
-	http    *httpkv.Server   // nil unless HTTPListen
+	resp    *gateway.Listener // nil unless RESPListen
+	mc      *gateway.Listener // nil unless MemcacheListen
+	http    *httpkv.Server    // nil unless HTTPListen
 	lock    *os.File
 	disk    *replica.DiskGuard
 	NodeID  string
@@ -215,29 +214,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		close(s.stop)
 		s.bg.Wait()
-		if s.resp != nil {
-			s.resp.Close()
-		}
-		if s.mc != nil {
-			s.mc.Close()
-		}
-		if s.http != nil {
-			s.http.Close()
-		}
-		if s.broker != nil {
-			s.broker.Close()
-		}
-		if s.mesh != nil {
-			s.mesh.Close()
-		}
-		if s.node != nil {
-			s.node.Close()
-		}
-		if s.link != nil {
-			s.link.Close()
-		}
-		s.disk.Close()
-		s.unlock()
+		s.release()
 	}()
 	var raftDir, mqttDir string
 	if cfg.InMemory {
@@ -594,32 +571,46 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.bg.Wait()
-		if s.admin != nil {
-			s.admin.Close()
-		}
-		if s.resp != nil {
-			s.resp.Close()
-		}
-		if s.mc != nil {
-			s.mc.Close()
-		}
-		if s.http != nil {
-			s.http.Close()
-		}
-		s.closeErr = s.broker.Close()
-		if s.mesh != nil {
-			s.mesh.Close()
-		}
-		if err := s.node.Close(); s.closeErr == nil {
-			s.closeErr = err
-		}
-		if s.link != nil {
-			s.link.Close()
-		}
-		s.disk.Close()
-		s.unlock()
+		s.closeErr = s.release()
 	})
 	return s.closeErr
+}
+
+// release stops what the server started, clients' endpoints first, then
+// the log, and lets the data directory go: what Close does, and what a
+// failed Start does with what it got. It reports the broker's or the
+// node's error.
+func (s *Server) release() error {
+	if s.admin != nil {
+		s.admin.Close()
+	}
+	if s.resp != nil {
+		s.resp.Close()
+	}
+	if s.mc != nil {
+		s.mc.Close()
+	}
+	if s.http != nil {
+		s.http.Close()
+	}
+	var err error
+	if s.broker != nil {
+		err = s.broker.Close()
+	}
+	if s.mesh != nil {
+		s.mesh.Close()
+	}
+	if s.node != nil {
+		if e := s.node.Close(); err == nil {
+			err = e
+		}
+	}
+	if s.link != nil {
+		s.link.Close()
+	}
+	s.disk.Close()
+	s.unlock()
+	return err
 }
 
 func (s *Server) unlock() {

@@ -216,28 +216,7 @@ func TestHTTPList(t *testing.T) {
 // HTTP Basic against the password file; the policy per key; a write
 // through HTTP reaches MQTT readers and observers.
 func TestHTTPAuthPolicyAndMQTT(t *testing.T) {
-	dir := t.TempDir()
-	pw := filepath.Join(dir, "passwords")
-	auth.SetPassword(pw, "alice", []byte("alice-secret"))
-	pol := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pol, []byte(`apiVersion: mqttbroker.iotoperations.azure.com/v1
-kind: BrokerAuthorization
-spec:
-  authorizationPolicies:
-    rules:
-      - principals:
-          usernames: ["alice"]
-        brokerResources:
-          - method: Connect
-          - method: Publish
-            topics: ["#"]
-          - method: Subscribe
-            topics: ["#"]
-        stateStoreResources:
-          - method: ReadWrite
-            keyType: Pattern
-            keys: ["alice/*"]
-`), 0o600)
+	pw, pol := aliceKeysOnly(t)
 	s := startServer(t, inMemory(), withHTTP(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
 	h := newHTTPKV(t, s)
 	st, hd, body := h.do("GET", "alice/x", "")
@@ -538,4 +517,36 @@ func TestHTTPOverTLS(t *testing.T) {
 	if resp, err := http.Get("http://" + s.HTTPAddr() + "/v1/kv/" + k); err == nil && resp.StatusCode == 200 {
 		t.Fatal("plain HTTP answered on the TLS endpoint")
 	}
+}
+
+// aliceKeysOnly writes a password file with alice (password
+// "alice-secret") and a policy letting her connect, publish, subscribe and
+// read and write the keys alice/*, and nobody anything else.
+func aliceKeysOnly(t *testing.T) (passwords, policy string) {
+	t.Helper()
+	dir := t.TempDir()
+	passwords = filepath.Join(dir, "passwords")
+	if err := auth.SetPassword(passwords, "alice", []byte("alice-secret")); err != nil {
+		t.Fatal(err)
+	}
+	policy = filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(`apiVersion: mqttbroker.iotoperations.azure.com/v1
+kind: BrokerAuthorization
+spec:
+  authorizationPolicies:
+    rules:
+      - principals:
+          usernames: ["alice"]
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics: ["#"]
+          - method: Subscribe
+            topics: ["#"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: Pattern
+            keys: ["alice/*"]
+`), 0o600)
+	return passwords, policy
 }

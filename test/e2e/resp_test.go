@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/mqkv/mqkv/internal/auth"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -277,26 +275,7 @@ func TestRESPAndMQTTShareTheStore(t *testing.T) {
 // With a password file, commands wait for AUTH; the policy decides per key
 // as for MQTT, with the username as principal.
 func TestRESPAuthenticationAndPolicy(t *testing.T) {
-	dir := t.TempDir()
-	pw := filepath.Join(dir, "passwords")
-	if err := auth.SetPassword(pw, "alice", []byte("alice-secret")); err != nil {
-		t.Fatal(err)
-	}
-	pol := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pol, []byte(`apiVersion: mqttbroker.iotoperations.azure.com/v1
-kind: BrokerAuthorization
-spec:
-  authorizationPolicies:
-    rules:
-      - principals:
-          usernames: ["alice"]
-        brokerResources:
-          - method: Connect
-        stateStoreResources:
-          - method: ReadWrite
-            keyType: Pattern
-            keys: ["alice/*"]
-`), 0o600)
+	pw, pol := aliceKeysOnly(t)
 	s := startServer(t, inMemory(), withRESP(), func(c *server.Config) { c.PasswordFile, c.PolicyFile = pw, pol })
 	ctx := ctxFor(t, 30*time.Second)
 	anon := redisClient(t, s, 2, "", "")

@@ -1,0 +1,80 @@
+package gateway
+
+import (
+	"errors"
+	"net"
+	"sync"
+)
+
+// Listener accepts a gateway's connections, serves each on its own
+// goroutine, and ends them all on Close.
+type Listener struct {
+	ln    net.Listener
+	serve func(net.Conn)
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Listen listens on addr and serves every connection with serve (which
+// need not close it).
+func Listen(addr string, serve func(net.Conn)) (*Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	l := &Listener{ln: ln, serve: serve, conns: map[net.Conn]struct{}{}}
+	l.wg.Add(1)
+	go l.accept()
+	return l, nil
+}
+
+// Addr is the listener's address.
+func (l *Listener) Addr() string { return l.ln.Addr().String() }
+
+func (l *Listener) accept() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			c.Close()
+			return
+		}
+		l.conns[c] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go func() {
+			defer l.wg.Done()
+			l.serve(c)
+			l.mu.Lock()
+			delete(l.conns, c)
+			l.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+// Close stops listening, closes every connection and waits for their
+// goroutines.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	for c := range l.conns {
+		c.Close()
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	l.wg.Wait()
+	return err
+}
