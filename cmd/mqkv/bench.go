@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -47,6 +48,7 @@ func benchCmd() *cobra.Command {
 	addAfter := fs.Duration("add-node-after", 0, "with --cluster: start one more node this `long` into the measured time and report the rebalancing: how long until its replicas are in place, MB moved to it, and the throughput before and meanwhile")
 	rate := fs.Float64("rate", 0, "pace the clients to about this many requests a `second` in all (0: as fast as replies come); compares CPU per op at the same load")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the load generator (this process, not the server) to `file`")
+	stopAfter := fs.Duration("stop-after", 0, "like --kill-after, with SIGTERM: the node hands its leaderships over and stops gracefully; reports the same figures")
 	killAfter := fs.Duration("kill-after", 0, "with --cluster 3 or more: SIGKILL the last node this `long` into the measured time (clients use the other nodes) and report the failover: the longest time no request completed, and latencies in the 10 s after")
 	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
 it, waits for the reply, and sends the next. Prints throughput and latency
@@ -95,6 +97,13 @@ Baselines, measured in the same run:
 		}
 		if *clients < 1 || *rounds < 1 || *duration <= 0 || *keys < 1 || *responders < 1 {
 			return fmt.Errorf("bench: --clients, --rounds, --duration, --keys and --responders must be positive")
+		}
+		graceful := *stopAfter > 0
+		if graceful {
+			if *killAfter > 0 {
+				return fmt.Errorf("bench: --stop-after or --kill-after, not both")
+			}
+			*killAfter = *stopAfter
 		}
 		if *killAfter > 0 && (*nodes < 3 || *rounds != 1 || *baseline != "" || *killAfter >= *duration) {
 			return fmt.Errorf("bench: --kill-after needs --cluster 3 or more, one round, no baseline, and a time inside --duration")
@@ -229,6 +238,9 @@ Baselines, measured in the same run:
 			p := children[len(children)-1]
 			victim = fmt.Sprintf("b%d", len(children))
 			cfg.Fault, cfg.FaultAt = p.Kill, *killAfter
+			if graceful {
+				cfg.Fault = func() { p.Signal(syscall.SIGTERM) }
+			}
 		}
 		fmt.Printf("mqkv bench: %s at %s; %d clients, %d-byte values, %d keys, %d round(s) of %v (+%v warmup)\n",
 			mode, *addr, cfg.Clients, cfg.ValueSize, cfg.Keys, *rounds, cfg.Duration, cfg.Warmup)
@@ -340,8 +352,12 @@ Baselines, measured in the same run:
 			fmt.Printf("load generator CPU (this process: %s): %s\n", who, strings.Join(own, ", "))
 		}
 		if m := rows[len(rows)-1]; victim != "" {
-			fmt.Printf("failover: node %s SIGKILLed %v into the round; no request completed for at most %s; in the %v after: %d requests, p99 %s, max %s, %d answered with an error\n",
-				victim, *killAfter, ms(m.Stall), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
+			how := "SIGKILLed"
+			if graceful {
+				how = "SIGTERMed (a graceful stop)"
+			}
+			fmt.Printf("failover: node %s %s %v into the round; no request completed for at most %s; in the %v after: %d requests, p99 %s, max %s, %d answered with an error\n",
+				victim, how, *killAfter, ms(m.Stall), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
 		}
 		if m := rows[len(rows)-1]; joined != nil {
 			// What moved is the state of the groups it now holds (by

@@ -111,7 +111,9 @@ password files; SIGINT or SIGTERM stop the server.`,
 					break wait
 				}
 			}
-			return srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
+			defer cancel()
+			return srv.Stop(ctx)
 		},
 	}
 	fs := cmd.Flags()
@@ -175,6 +177,10 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole run to `file` (for performance work)")
 	return cmd
 }
+
+// handOverTimeout bounds how long a stopping cluster member tries to hand
+// its leaderships over before it stops anyway.
+const handOverTimeout = 5 * time.Second
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level

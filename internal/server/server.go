@@ -565,6 +565,25 @@ func (s *Server) Failed() <-chan struct{} { return s.node.Failed() }
 // Err returns why the node failed, or nil.
 func (s *Server) Err() error { return s.node.Err() }
 
+// Stop stops the node gracefully: a cluster member first hands the
+// leadership of the groups it leads (and of the metadata group) to the
+// other members, within ctx, so that writes to them pause for a transfer
+// rather than for a dead leader to be noticed; then it closes as Close
+// does (requests in progress answered, clients told 0x8B). A node that
+// cannot hand over (no other member up) stops anyway once ctx ends, and
+// says why.
+func (s *Server) Stop(ctx context.Context) error {
+	if s.link != nil {
+		start := time.Now()
+		if left, err := s.node.HandOver(ctx); err != nil {
+			s.log.Warn("stopping without handing over every leadership", "still_led", len(left), "error", err)
+		} else {
+			s.log.Info("leadership handed over before stopping", "took", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	return s.Close()
+}
+
 // Close stops accepting clients, then stops the log, then releases the data
 // directory.
 func (s *Server) Close() error {
