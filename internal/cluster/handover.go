@@ -21,9 +21,11 @@ import (
 func (n *Node) HandOver(ctx context.Context) ([]int, error) {
 	for {
 		var led []int
+		reachable := false // another voter of a group still led answers
 		for g, r := range n.Groups() {
 			if r.Raft().State() == raft.Leader {
 				led = append(led, g)
+				reachable = reachable || n.anotherVoterAnswers(r.Raft())
 				// Does not block; while a transfer runs, another is
 				// refused (ErrLeadershipTransferInProgress); one that
 				// failed is tried again.
@@ -32,10 +34,16 @@ func (n *Node) HandOver(ctx context.Context) ([]int, error) {
 		}
 		if n.meta != nil && n.meta.State() == raft.Leader {
 			led = append(led, -1)
+			reachable = reachable || n.anotherVoterAnswers(n.meta)
 			n.meta.LeadershipTransfer()
 		}
 		if len(led) == 0 {
 			return nil, nil
+		}
+		if !reachable {
+			// The last member of a cluster being stopped, say: nobody
+			// to hand over to, and nothing to wait for.
+			return led, fmt.Errorf("cluster: no other voter of the %d groups led here answers", len(led))
 		}
 		select {
 		case <-ctx.Done():
@@ -43,4 +51,19 @@ func (n *Node) HandOver(ctx context.Context) ([]int, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// anotherVoterAnswers says whether a voter of r's group other than this
+// node answers (see alive).
+func (n *Node) anotherVoterAnswers(r *raft.Raft) bool {
+	f := r.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if id := string(s.ID); id != n.cfg.NodeID && s.Suffrage == raft.Voter && n.alive(id) {
+			return true
+		}
+	}
+	return false
 }
