@@ -235,17 +235,22 @@ func TestRequestsCrossAPartialPartition(t *testing.T) {
 		led++
 		key := keyOfGroup(h.nodes[0], g)
 		for i := range 5 {
-			c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			var err error
+			var c context.Context
+			var cancel context.CancelFunc
 			// An election in the group (a loaded machine) may leave a
-			// write's outcome unknown: the same SET is sent again.
+			// write's outcome unknown, or the group without a leader for
+			// a moment: the same SET is sent again. Each try has 2 s: a
+			// request that stalls on the cut fails.
 			for attempt := 0; attempt < 3; attempt++ {
+				c, cancel = context.WithTimeout(context.Background(), 2*time.Second)
 				ch := make(chan error, 1)
 				h.nodes[0].Submit(c, replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte(fmt.Sprint(i))},
 					Done: func(_ store.Result, err error) { ch <- err }})
-				if err = <-ch; !errors.Is(err, replica.ErrOutcomeUnknown) {
+				if err = <-ch; !errors.Is(err, replica.ErrOutcomeUnknown) && !errors.Is(err, ErrNoLeader) {
 					break
 				}
+				cancel()
 			}
 			if err == nil {
 				var e store.Entry

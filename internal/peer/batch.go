@@ -98,6 +98,11 @@ func (b *batchConn) flusher() {
 			_, err = b.Conn.Write(out)
 		}
 		b.mu.Lock()
+		// The buffer just written is the next one writers fill; one
+		// grown past maxPending is dropped. Never keep the spare given
+		// out above: writers fill it now (the race detector caught a
+		// buffer written while it was being sent).
+		b.spare = nil
 		if cap(out) <= maxPending {
 			b.spare = out[:0]
 		}

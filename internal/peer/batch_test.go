@@ -102,3 +102,35 @@ func TestBatchConnBoundsWhatWaits(t *testing.T) {
 		t.Fatalf("close took %v", d)
 	}
 }
+
+// Writes of every size, some past maxPending (so the flusher's buffer
+// grows beyond what it keeps), arrive whole and in order: a grown buffer
+// once stayed the spare while writers filled it, and was sent while being
+// written (caught by the race detector under CI's load).
+func TestBatchConnKeepsOrderAcrossLargeWrites(t *testing.T) {
+	a, z := net.Pipe()
+	b := newBatchConn(a)
+	var want bytes.Buffer
+	sizes := []int{10, 3 << 20, 100, 5, 2 << 20, 64 << 10, 1, 1 << 20, 77}
+	for round := range 4 {
+		for i, n := range sizes {
+			want.Write(bytes.Repeat([]byte{byte('a' + (round+i)%26)}, n))
+		}
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		all, _ := io.ReadAll(z)
+		got <- all
+	}()
+	go func() {
+		for round := range 4 {
+			for i, n := range sizes {
+				b.Write(bytes.Repeat([]byte{byte('a' + (round+i)%26)}, n))
+			}
+		}
+		b.Close()
+	}()
+	if all := <-got; !bytes.Equal(all, want.Bytes()) {
+		t.Fatalf("read %d bytes, want %d, or in another order", len(all), want.Len())
+	}
+}
