@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -48,6 +49,7 @@ func benchCmd() *cobra.Command {
 	addAfter := fs.Duration("add-node-after", 0, "with --cluster: start one more node this `long` into the measured time and report the rebalancing: how long until its replicas are in place, MB moved to it, and the throughput before and meanwhile")
 	rate := fs.Float64("rate", 0, "pace the clients to about this many requests a `second` in all (0: as fast as replies come); compares CPU per op at the same load")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the load generator (this process, not the server) to `file`")
+	rollingAfter := fs.Duration("rolling-restart-after", 0, "with --cluster 3 or more: this `long` into the measured time, restart every node in turn (SIGTERM, start again, wait until the cluster has settled) while clients use all nodes, reconnecting to another node when theirs stops; reports the longest time no request completed and the latencies meanwhile")
 	stopAfter := fs.Duration("stop-after", 0, "like --kill-after, with SIGTERM: the node hands its leaderships over and stops gracefully; reports the same figures")
 	killAfter := fs.Duration("kill-after", 0, "with --cluster 3 or more: SIGKILL the last node this `long` into the measured time (clients use the other nodes) and report the failover: the longest time no request completed, and latencies in the 10 s after")
 	cmd.Long = `Closed-loop load: each client sends a request exactly as the AIO SDKs frame
@@ -98,6 +100,9 @@ Baselines, measured in the same run:
 		if *clients < 1 || *rounds < 1 || *duration <= 0 || *keys < 1 || *responders < 1 {
 			return fmt.Errorf("bench: --clients, --rounds, --duration, --keys and --responders must be positive")
 		}
+		if *rollingAfter > 0 && (*nodes < 3 || *rounds != 1 || *baseline != "" || *killAfter > 0 || *stopAfter > 0 || *rollingAfter >= *duration) {
+			return fmt.Errorf("bench: --rolling-restart-after needs --cluster 3 or more, one round, no baseline, no other fault, and a time inside --duration")
+		}
 		graceful := *stopAfter > 0
 		if graceful {
 			if *killAfter > 0 {
@@ -125,6 +130,7 @@ Baselines, measured in the same run:
 		mode := "existing server"
 		baseAddr := *addr
 		var children []*server.Process // the servers whose CPU is counted
+		var childArgs [][]string        // a cluster node's arguments, to restart it
 		var baseChild *server.Process  // the baseline's own server (nopolicy)
 		// storage gives a child server its flags: in memory, or a fresh
 		// data directory, removed once the servers have stopped.
@@ -172,14 +178,19 @@ Baselines, measured in the same run:
 				mode += ", policy " + *policyFile
 			}
 			if *nodes > 0 {
-				procs, err := spawnCluster(*nodes, storage)
-				for _, p := range procs {
-					defer p.Stop()
-				}
+				procs, args, err := spawnCluster(*nodes, storage)
 				if err != nil {
+					for _, p := range procs {
+						p.Stop()
+					}
 					return err
 				}
-				children = procs
+				children, childArgs = procs, args
+				defer func() { // the children then, restarted ones included
+					for _, p := range children {
+						p.Stop()
+					}
+				}()
 				var addrs []string
 				for _, p := range procs {
 					addrs = append(addrs, p.Addr())
@@ -232,6 +243,28 @@ Baselines, measured in the same run:
 					joined.Stop()
 				}
 			}()
+		}
+		var restarted time.Duration // how long the rolling restart took
+		if *rollingAfter > 0 {
+			cfg.Reconnect = true
+			cfg.FaultAt = *rollingAfter
+			cfg.Fault = func() {
+				start := time.Now()
+				for i := range children {
+					children[i].Stop()
+					p, err := spawnSelf(childArgs[i]...)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "bench: restarting b%d: %v\n", i+1, err)
+						return
+					}
+					children[i] = p
+					if !awaitSettled(p.AdminAddr(), cluster.DefaultRF, time.Minute) {
+						fmt.Fprintf(os.Stderr, "bench: the cluster did not settle after b%d restarted\n", i+1)
+						return
+					}
+				}
+				restarted = time.Since(start)
+			}
 		}
 		var victim string
 		if *killAfter > 0 {
@@ -359,6 +392,10 @@ Baselines, measured in the same run:
 			fmt.Printf("failover: node %s %s %v into the round; no request completed for at most %s; in the %v after: %d requests, p99 %s, max %s, %d answered with an error\n",
 				victim, how, *killAfter, ms(m.Stall), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
 		}
+		if m := rows[len(rows)-1]; *rollingAfter > 0 {
+			fmt.Printf("rolling restart: %d nodes stopped (SIGTERM), started again and settled in turn from %v into the round, in %v; no request completed for at most %s (from %v into the round); while it ran (and at least %v): %d requests, p99 %s, max %s, %d answered with an error (the server CPU above misses the restarted processes)\n",
+				len(children), *rollingAfter, restarted.Round(time.Millisecond), ms(m.Stall), m.StallFrom.Round(time.Millisecond), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
+		}
 		if m := rows[len(rows)-1]; joined != nil {
 			// What moved is the state of the groups it now holds (by
 			// snapshot or by log, whichever raft chose): the benchmark's
@@ -434,36 +471,61 @@ func cpuOf(ps []*server.Process) time.Duration {
 
 // spawnCluster starts n child nodes as one cluster and waits until every
 // group has its replicas.
-func spawnCluster(n int, storage func(string) ([]string, error)) ([]*server.Process, error) {
+func spawnCluster(n int, storage func(string) ([]string, error)) ([]*server.Process, [][]string, error) {
 	var procs []*server.Process
+	var argsOf [][]string
 	var first string
 	for i := 0; i < n; i++ {
 		args, err := storage("mqkv-bench-node-")
 		if err != nil {
-			return procs, err
+			return procs, argsOf, err
 		}
-		args = append(args, "--node-id", fmt.Sprintf("b%d", i+1), "--cluster-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+		// Fixed ports, so that a node restarted with the same arguments
+		// (--rolling-restart-after) is where its clients and peers look.
+		var ports [3]string
+		for j := range ports {
+			if ports[j], err = freeAddr(); err != nil {
+				return procs, argsOf, err
+			}
+		}
+		args = append(args, "--node-id", fmt.Sprintf("b%d", i+1), "--listen", ports[0], "--cluster-listen", ports[1], "--admin-listen", ports[2])
 		if i > 0 {
 			args = append(args, "--join", first)
 		}
 		p, err := spawnSelf(args...)
 		if err != nil {
-			return procs, err
+			return procs, argsOf, err
 		}
 		procs = append(procs, p)
+		argsOf = append(argsOf, args)
 		if i == 0 {
 			first = p.ClusterAddr()
 		}
 	}
-	rf := min(n, cluster.DefaultRF)
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if settled(procs[0].AdminAddr(), rf) {
-			return procs, nil
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !awaitSettled(procs[0].AdminAddr(), min(n, cluster.DefaultRF), 2*time.Minute) {
+		return procs, argsOf, errors.New("bench: the cluster did not settle within two minutes")
 	}
-	return procs, errors.New("bench: the cluster did not settle within two minutes")
+	return procs, argsOf, nil
+}
+
+// awaitSettled waits until the node at admin sees a settled cluster.
+func awaitSettled(admin string, rf int, within time.Duration) bool {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if settled(admin, rf) {
+			return true
+		}
+	}
+	return false
+}
+
+// freeAddr is a loopback address with a port free now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // settled reports whether every group has rf replicas and its preferred

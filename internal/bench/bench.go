@@ -79,6 +79,11 @@ type Config struct {
 	// Window, if set, is called as the measured time begins (true) and
 	// ends (false), to sample what the server used in it.
 	Window func(begin bool)
+	// Reconnect has a client whose request fails (its node stopped) dial
+	// the next node of Addr and send the request again, its latency
+	// counted from the first try; and the Result describes the latencies
+	// over the whole Fault, not only its first FaultWindow.
+	Reconnect bool
 	// SessionExpiry, for OpPubSub and OpSameNode, is the subscribing
 	// connections' Session Expiry Interval (seconds): above 0, their
 	// sessions are kept in a cluster's store (each message written).
@@ -99,6 +104,7 @@ type Result struct {
 	// no request completed, and the requests that completed in the
 	// FaultWindow after the fault (errors included).
 	Stall                 time.Duration
+	StallFrom             time.Duration // when it began, from the round's start
 	FaultOps, FaultErrors int
 	FaultP99, FaultMax    time.Duration
 	// The throughput before the fault, and while Fault ran (zero if it
@@ -371,6 +377,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	rand.Read(value)
 	message := bytes.Repeat([]byte("m"), cfg.ValueSize) // OpPubSub's: never read as an error reply
 
+	addrs := strings.Split(cfg.Addr, ",") // where a client reconnects (Reconnect)
 	var measuring atomic.Bool
 	stop := make(chan struct{})
 	type tally struct {
@@ -435,8 +442,19 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				}
 				start := time.Now()
 				r, err := cl.callTopic(ctx, topic, payload)
+				for err != nil && cfg.Reconnect && ctx.Err() == nil && !stopped(stop) {
+					var again *client
+					if again, err = redial(ctx, addrs, n, cl.id); err == nil {
+						cl.c.Disconnect(&paho.Disconnect{})
+						cl, clients[n] = again, again
+						r, err = cl.callTopic(ctx, topic, payload)
+					}
+				}
 				d := time.Since(start)
 				if err != nil {
+					if stopped(stop) {
+						return // the round ended while it reconnected
+					}
 					tallies[n].err = err
 					return
 				}
@@ -503,9 +521,40 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	slices.Sort(res.latencies)
 	if cfg.Fault != nil {
 		<-faulted // a Fault still running past the round is waited for
-		res.describeFault(dones, start, start.Add(elapsed), faultAt, faultEnd)
+		res.describeFault(dones, start, start.Add(elapsed), faultAt, faultEnd, cfg.Reconnect)
 	}
 	return res, nil
+}
+
+// stopped says whether the round is over.
+func stopped(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// redial connects client n again with its id, to the first node of addrs
+// after its own that answers, trying for up to a minute.
+func redial(ctx context.Context, addrs []string, n int, id string) (*client, error) {
+	var err error
+	for try := 1; try < 600; try++ {
+		var cl *client
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		cl, err = dial(dctx, addrs[(n+try)%len(addrs)], id)
+		cancel()
+		if err == nil {
+			return cl, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil, err
 }
 
 // done is one completed request of a round with a fault.
@@ -517,14 +566,20 @@ type done struct {
 
 // describeFault finds the longest time without a completed request and
 // the latencies in the FaultWindow after the fault.
-func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time) {
+func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time, whole bool) {
 	slices.SortFunc(ds, func(a, b done) int { return a.end.Compare(b.end) })
+	windowEnd := fault.Add(FaultWindow)
+	if whole && faultEnd.After(windowEnd) {
+		windowEnd = faultEnd
+	}
 	last := from
 	var window []time.Duration
 	before, during := 0, 0
 	for _, d := range ds {
 		if !d.failed {
-			r.Stall = max(r.Stall, d.end.Sub(last))
+			if gap := d.end.Sub(last); gap > r.Stall {
+				r.Stall, r.StallFrom = gap, last.Sub(from)
+			}
 			last = d.end
 			switch {
 			case d.end.Before(fault):
@@ -533,7 +588,7 @@ func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time) {
 				during++
 			}
 		}
-		if fault.IsZero() || d.end.Before(fault) || d.end.After(fault.Add(FaultWindow)) {
+		if fault.IsZero() || d.end.Before(fault) || d.end.After(windowEnd) {
 			continue
 		}
 		r.FaultOps++
@@ -543,7 +598,9 @@ func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time) {
 			window = append(window, d.lat)
 		}
 	}
-	r.Stall = max(r.Stall, to.Sub(last))
+	if gap := to.Sub(last); gap > r.Stall {
+		r.Stall, r.StallFrom = gap, last.Sub(from)
+	}
 	if !fault.IsZero() {
 		r.Before = float64(before) / fault.Sub(from).Seconds()
 		r.FaultTook = faultEnd.Sub(fault)

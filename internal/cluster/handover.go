@@ -9,61 +9,94 @@ import (
 )
 
 // HandOver gives the leadership of every group this node leads, and of
-// the metadata group, to another voter (hashicorp/raft's leadership
-// transfer, to the most up-to-date follower), and waits until it leads
-// none or ctx ends. A graceful stop calls it before Close: writes to
-// those groups then pause for one transfer (an election without the wait
-// for a missed heartbeat) instead of for the followers to notice a dead
-// leader (seconds). The new leaders keep the leadership for balanceAfter
-// before the placement's preference may move it back, which outlasts a
-// stop. It reports the groups still led when ctx ended (-1 for the
-// metadata group): with no other voter up, nothing can be handed over.
+// the metadata group, to another voter that answers and has caught up
+// (hashicorp/raft's leadership transfer, to a server named: left to
+// itself raft picks the most up-to-date follower, which may be a member
+// already stopped, and each such try waits for an election timeout), and
+// waits until it leads none or ctx ends. A graceful stop calls it before
+// Close: writes to those groups then pause for one transfer instead of
+// for the followers to notice a dead leader (seconds). The new leaders
+// keep the leadership for balanceAfter before the placement's preference
+// may move it back, which outlasts a stop. It reports the groups still
+// led (-1 for the metadata group) when it gives up: when ctx ends, or at
+// once when no other voter of them answers (the last member of a cluster
+// being stopped).
 func (n *Node) HandOver(ctx context.Context) ([]int, error) {
+	tried := map[int]time.Time{}
 	for {
 		var led []int
-		reachable := false // another voter of a group still led answers
+		reachable := false
+		try := func(g int, r *raft.Raft) {
+			led = append(led, g)
+			if time.Since(tried[g]) < handOverRetry {
+				reachable = true // a transfer is under way
+				return
+			}
+			id, addr, ok := n.handOverTo(r, g)
+			if !ok {
+				return
+			}
+			reachable = true
+			tried[g] = time.Now()
+			r.LeadershipTransferToServer(id, addr) // does not block
+		}
 		for g, r := range n.Groups() {
 			if r.Raft().State() == raft.Leader {
-				led = append(led, g)
-				reachable = reachable || n.anotherVoterAnswers(r.Raft())
-				// Does not block; while a transfer runs, another is
-				// refused (ErrLeadershipTransferInProgress); one that
-				// failed is tried again.
-				r.Raft().LeadershipTransfer()
+				try(g, r.Raft())
 			}
 		}
 		if n.meta != nil && n.meta.State() == raft.Leader {
-			led = append(led, -1)
-			reachable = reachable || n.anotherVoterAnswers(n.meta)
-			n.meta.LeadershipTransfer()
+			try(-1, n.meta)
 		}
 		if len(led) == 0 {
 			return nil, nil
 		}
 		if !reachable {
-			// The last member of a cluster being stopped, say: nobody
-			// to hand over to, and nothing to wait for.
 			return led, fmt.Errorf("cluster: no other voter of the %d groups led here answers", len(led))
 		}
 		select {
 		case <-ctx.Done():
-			return led, fmt.Errorf("cluster: %d groups still led here when the handover ended (no other voter took them): %w", len(led), ctx.Err())
+			return led, fmt.Errorf("cluster: %d groups still led here when the handover ended: %w", len(led), ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-// anotherVoterAnswers says whether a voter of r's group other than this
-// node answers (see alive).
-func (n *Node) anotherVoterAnswers(r *raft.Raft) bool {
+// handOverRetry is how long a transfer is given before another is asked
+// for (one that fails, fails within an election timeout).
+const handOverRetry = time.Second
+
+// handOverTo picks the voter of r's group (g; -1 the metadata group) to
+// hand its leadership to: one that answers and has caught up, else one
+// that answers (raft brings it up to date before it hands over).
+func (n *Node) handOverTo(r *raft.Raft, g int) (raft.ServerID, raft.ServerAddress, bool) {
 	f := r.GetConfiguration()
 	if f.Error() != nil {
-		return false
+		return "", "", false
 	}
+	applied := r.AppliedIndex()
+	var behind *raft.Server
 	for _, s := range f.Configuration().Servers {
-		if id := string(s.ID); id != n.cfg.NodeID && s.Suffrage == raft.Voter && n.alive(id) {
-			return true
+		id := string(s.ID)
+		if id == n.cfg.NodeID || s.Suffrage != raft.Voter || !n.alive(id) {
+			continue
+		}
+		if g < 0 {
+			return s.ID, s.Address, true
+		}
+		at, full, ok := n.replicaStatus(id, g)
+		if !ok || full {
+			continue
+		}
+		if at+catchUpSlack >= applied {
+			return s.ID, s.Address, true
+		}
+		if behind == nil {
+			behind = &s
 		}
 	}
-	return false
+	if behind != nil {
+		return behind.ID, behind.Address, true
+	}
+	return "", "", false
 }
