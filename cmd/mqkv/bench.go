@@ -130,7 +130,7 @@ Baselines, measured in the same run:
 		mode := "existing server"
 		baseAddr := *addr
 		var children []*server.Process // the servers whose CPU is counted
-		var childArgs [][]string        // a cluster node's arguments, to restart it
+		var childArgs [][]string       // a cluster node's arguments, to restart it
 		var baseChild *server.Process  // the baseline's own server (nopolicy)
 		// storage gives a child server its flags: in memory, or a fresh
 		// data directory, removed once the servers have stopped.

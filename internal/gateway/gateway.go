@@ -39,7 +39,6 @@ func (Open) Policy() *policy.Policy    { return nil }
 // Service is the part of the statestore service a gateway calls.
 type Service interface {
 	Do(r *statestore.Request, args [][]byte)
-	Clock() *hlc.Clock
 	// Disconnected ends a client's KEYNOTIFY registrations.
 	Disconnected(clientID string, conn uint64)
 }
@@ -145,8 +144,8 @@ func (c *Client) Grant() *policy.Grant {
 
 // Call runs one state store command (as the MQTT protocol has it) and
 // returns its reply and the version it carries (__ts). fence, if not
-// empty, is the fencing token (__ft). Writes are stamped with the node's
-// clock, as the SDKs stamp theirs.
+// empty, is the fencing token (__ft). The service stamps writes with the
+// node's clock, as the SDKs stamp theirs (StampWrites).
 func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) {
 	if c.calls == nil {
 		c.calls = make(chan answer, 1)
@@ -155,6 +154,29 @@ func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) 
 	c.Go(fence, args, c.answer)
 	a := <-c.calls // one call at a time: the channel serves them all
 	return a.value, a.version
+}
+
+// SetIfUnchanged reads key and SETs it to what next makes of the value
+// read (the new value, then SET's options such as PX), on condition that
+// the key still holds the version read (VER); again if another write came
+// between. found is false when the key does not exist (nothing is
+// written). v is the SET's reply, or the error that ended it.
+func (c *Client) SetIfUnchanged(fence string, key []byte, next func(cur []byte) (value []byte, opts [][]byte)) (v resp.Value, found bool) {
+	for range 16 {
+		cur, ver := c.Call("", []byte("GET"), key)
+		if cur.Kind == resp.ErrorReply {
+			return cur, true
+		}
+		if cur.Null {
+			return cur, false
+		}
+		value, opts := next(cur.Str)
+		cmd := append([][]byte{[]byte("SET"), key, value, []byte("VER"), ver.Append(nil)}, opts...)
+		if v, _ = c.Call(fence, cmd...); !(v.Kind == resp.Integer && v.Int == -1) {
+			return v, true
+		}
+	}
+	return resp.Value{Kind: resp.ErrorReply, Str: []byte("the key changed too often to be written; try again")}, true
 }
 
 // Go starts a command as Call does and returns at once (a read may have
@@ -240,11 +262,16 @@ func ReadValue(r io.Reader, n int) ([]byte, error) {
 		got, err := io.ReadFull(r, b[len(b):len(b)+chunk])
 		b = b[:len(b)+got]
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, err
+			return nil, NoEOF(err)
 		}
 	}
 	return b, nil
+}
+
+// NoEOF turns the end of input inside a command into an unexpected one.
+func NoEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }

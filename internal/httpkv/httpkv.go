@@ -358,6 +358,17 @@ func condition(w http.ResponseWriter, r *http.Request, c *gateway.Client, key []
 	return []byte("VER"), cv, true
 }
 
+// preconditions checks a write against the key's lease and its
+// conditional headers: the fencing token it carries, and the store's
+// condition (see condition). ok false: answered.
+func (s *Server) preconditions(w http.ResponseWriter, r *http.Request, c *gateway.Client, key []byte) (fence string, cond []byte, ver hlc.Timestamp, ok bool) {
+	if fence, ok = s.leaseFence(w, r, key); !ok {
+		return
+	}
+	cond, ver, ok = condition(w, r, c, key)
+	return
+}
+
 func (s *Server) put(w http.ResponseWriter, r *http.Request, c *gateway.Client, key []byte) {
 	ttl, err := ttlOf(r)
 	if err != nil {
@@ -374,11 +385,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request, c *gateway.Client, 
 		fail(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error())
 		return
 	}
-	fence, ok := s.leaseFence(w, r, key)
-	if !ok {
-		return
-	}
-	cond, ver, ok := condition(w, r, c, key)
+	fence, cond, ver, ok := s.preconditions(w, r, c, key)
 	if !ok {
 		return
 	}
@@ -414,11 +421,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request, c *gateway.Clien
 		fail(w, http.StatusBadRequest, "bad_request", "a DELETE takes If-Match or If-Unmodified-Since")
 		return
 	}
-	fence, ok := s.leaseFence(w, r, key)
-	if !ok {
-		return
-	}
-	cond, ver, ok := condition(w, r, c, key)
+	fence, cond, ver, ok := s.preconditions(w, r, c, key)
 	if !ok {
 		return
 	}

@@ -124,24 +124,11 @@ func leaseFail(w http.ResponseWriter, err error) {
 
 // fenceKey writes key again, as it is, with fence as its fencing token.
 func (s *Server) fenceKey(c *gateway.Client, key []byte, fence hlc.Timestamp) *resp.Value {
-	for range 16 {
-		v, ver := c.Call("", []byte("GET"), key)
-		if v.Kind == resp.ErrorReply {
-			return &v
-		}
-		if v.Null {
-			return nil // deleted meanwhile: nothing to protect
-		}
-		w, _ := c.Call(fence.String(), []byte("SET"), key, v.Str, []byte("VER"), ver.Append(nil))
-		if w.Kind == resp.ErrorReply {
-			return &w
-		}
-		if !(w.Kind == resp.Integer && w.Int == -1) {
-			return nil
-		}
+	v, found := c.SetIfUnchanged(fence.String(), key, func(cur []byte) ([]byte, [][]byte) { return cur, nil })
+	if found && v.Kind == resp.ErrorReply {
+		return &v
 	}
-	e := resp.Value{Kind: resp.ErrorReply, Str: []byte("the key changed too often to take the lease's fence; try again")}
-	return &e
+	return nil // written; or deleted meanwhile, nothing to protect
 }
 
 // leaseFence checks a write to key against its lease: while one is

@@ -83,6 +83,14 @@ const spareRetry = 200 * time.Millisecond
 // again once space is freed.
 var ErrNoSpace = errors.New("journal: no space left on the data volume")
 
+// noRoom is err, a refusal for want of room, wrapping ErrNoSpace.
+func noRoom(err error) error {
+	if errors.Is(err, ErrNoSpace) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrNoSpace, err)
+}
+
 // noSpace reports whether err is the volume's being full.
 func noSpace(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, ErrNoSpace)
@@ -589,9 +597,7 @@ func (j *Journal) writer() {
 				// room: nothing of it is durable, or visible. Its callers
 				// get the error (its entries were counted as refused),
 				// and later batches are tried.
-				if !errors.Is(err, ErrNoSpace) {
-					err = fmt.Errorf("%w: %w", ErrNoSpace, err)
-				}
+				err = noRoom(err)
 				for _, o := range ops {
 					if o.kind != kindEntry {
 						j.refused.Add(1)
@@ -636,10 +642,7 @@ func (j *Journal) writer() {
 // the spare is released for them.
 func (j *Journal) writeWithoutEntries(ops []*op, cause error) error {
 	j.full.Store(true)
-	refused := cause
-	if !errors.Is(cause, ErrNoSpace) {
-		refused = fmt.Errorf("%w: %w", ErrNoSpace, cause)
-	}
+	refused := noRoom(cause)
 	var rest []*op
 	for _, o := range ops {
 		if o.kind == kindEntry {
@@ -759,7 +762,7 @@ func (j *Journal) write(ops []*op) error {
 	j.mu.RLock()
 	for _, o := range ops {
 		if room != nil && o.kind == kindEntry {
-			o.err = fmt.Errorf("%w: %w", ErrNoSpace, room)
+			o.err = noRoom(room)
 			j.refused.Add(1)
 			continue
 		}

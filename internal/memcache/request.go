@@ -97,7 +97,7 @@ func readRequest(br *bufio.Reader, maxValue int) (*request, error) {
 		if int(n) > maxValue {
 			// Read past the block, as memcached does, to stay in step.
 			if _, err := br.Discard(int(n) + 2); err != nil {
-				return nil, noEOF(err)
+				return nil, gateway.NoEOF(err)
 			}
 			return nil, errTooLarge
 		}
@@ -107,7 +107,7 @@ func readRequest(br *bufio.Reader, maxValue int) (*request, error) {
 		}
 		var crlf [2]byte
 		if _, err := io.ReadFull(br, crlf[:]); err != nil {
-			return nil, noEOF(err)
+			return nil, gateway.NoEOF(err)
 		}
 		if crlf != [2]byte{'\r', '\n'} {
 			// A length that does not match the block: the rest of the
@@ -198,11 +198,4 @@ func validKey(k []byte) bool {
 		}
 	}
 	return true
-}
-
-func noEOF(err error) error {
-	if errors.Is(err, io.EOF) {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }

@@ -300,7 +300,7 @@ func (c *conn) set(args [][]byte) {
 		return
 	}
 	if has(args[3:], "XX") {
-		c.setIfExists(cmd, has(args[3:], "GET"))
+		c.setIfExists(cmd)
 		return
 	}
 	v, _ := c.call(cmd...)
@@ -385,29 +385,15 @@ func setReply(w *writer, v resp.Value) {
 	w.value(v)
 }
 
-// setIfExists serves SET ... XX: the key's version is read, and the SET
-// made conditional on it (VER), again if another write came between.
-func (c *conn) setIfExists(cmd [][]byte, get bool) {
-	for range 16 {
-		cur, ver := c.call([]byte("GET"), cmd[1])
-		if cur.Kind == resp.ErrorReply {
-			c.w.value(cur)
-			return
-		}
-		if cur.Null {
-			c.w.null() // nothing to replace: not set (GET: the nil it holds)
-			return
-		}
-		with := append(cmd[:3:3], []byte("VER"), []byte(ver.String()))
-		with = append(with, cmd[3:]...)
-		v, _ := c.call(with...)
-		if v.Kind == resp.Integer && v.Int == -1 {
-			continue // changed meanwhile
-		}
-		c.w.value(v)
+// setIfExists serves SET ... XX: the key is set on condition that it
+// still holds the version read (gateway.SetIfUnchanged).
+func (c *conn) setIfExists(cmd [][]byte) {
+	v, found := c.c.SetIfUnchanged("", cmd[1], func([]byte) ([]byte, [][]byte) { return cmd[2], cmd[3:] })
+	if !found {
+		c.w.null() // nothing to replace: not set (GET: the nil it holds)
 		return
 	}
-	c.w.err("ERR the key changed too often to SET XX it; try again")
+	c.w.value(v)
 }
 
 // del serves DEL and UNLINK: one write per key (not one atomic write).

@@ -55,7 +55,7 @@ func (r *reader) next() ([][]byte, error) {
 	for range n {
 		c, err := r.br.ReadByte()
 		if err != nil {
-			return nil, noEOF(err)
+			return nil, gateway.NoEOF(err)
 		}
 		if c != '$' {
 			return nil, ProtocolError("expected '$', got '" + printable(c) + "'")
@@ -84,7 +84,7 @@ func (r *reader) bulk(l int) ([]byte, error) {
 	}
 	var crlf [2]byte
 	if _, err := io.ReadFull(r.br, crlf[:]); err != nil {
-		return nil, noEOF(err)
+		return nil, gateway.NoEOF(err)
 	}
 	if crlf != [2]byte{'\r', '\n'} {
 		return nil, ProtocolError("bulk string not ended by CRLF")
@@ -122,7 +122,7 @@ func (r *reader) line(max int) ([]byte, error) {
 			break
 		}
 		if err != bufio.ErrBufferFull {
-			return nil, noEOF(err)
+			return nil, gateway.NoEOF(err)
 		}
 	}
 	out = out[:len(out)-1]
@@ -245,12 +245,4 @@ func printable(c byte) string {
 		return "\\x" + strconv.FormatUint(uint64(c), 16)
 	}
 	return string(c)
-}
-
-// noEOF turns an end of input inside a command into an unexpected one.
-func noEOF(err error) error {
-	if errors.Is(err, io.EOF) {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }

@@ -250,10 +250,7 @@ func (s *Service) SetTransport(t Transport) { s.transport = t }
 // Handle serves one request. Reads are answered before it returns; writes
 // are answered when their log entry has been applied.
 func (s *Service) Handle(r *Request) {
-	s.Counters.Requests.Add(1)
-	if s.OnReply != nil {
-		r.start = time.Now()
-	}
+	s.begin(r)
 	if r.ResponseTopic == "" {
 		s.Counters.NoResponseTopic.Add(1)
 		s.log.Debug("state store request without response topic dropped", "client", r.ClientID)
@@ -305,10 +302,7 @@ func sinkOf(r *Request) Notifier {
 // Replier as its Origin. Everything else is as for MQTT: the same checks,
 // authorization, limits, log, notifications and metrics.
 func (s *Service) Do(r *Request, args [][]byte) {
-	s.Counters.Requests.Add(1)
-	if s.OnReply != nil {
-		r.start = time.Now()
-	}
+	s.begin(r)
 	if len(args) == 0 {
 		s.fail(r, resp.ErrSyntax)
 		return
@@ -316,9 +310,13 @@ func (s *Service) Do(r *Request, args [][]byte) {
 	s.serve(r, args)
 }
 
-// Clock is the clock versions are read from: a gateway stamps its writes
-// with it as the SDKs stamp theirs with __ts.
-func (s *Service) Clock() *hlc.Clock { return s.router.Clock() }
+// begin counts a request and, for its metrics, notes when it came.
+func (s *Service) begin(r *Request) {
+	s.Counters.Requests.Add(1)
+	if s.OnReply != nil {
+		r.start = time.Now()
+	}
+}
 
 // serve serves a parsed request.
 func (s *Service) serve(r *Request, args [][]byte) {
@@ -779,8 +777,9 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		s.history.begin(s.router.Clock().Now())
 		s.historyOn = true
 	}
+	sink := sinkOf(r)
 	if !since {
-		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, sinkOf(r), key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
+		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
 		s.dispatch.Unlock()
 		if !ok {
 			s.fail(r, resp.ErrQuotaExceeded)
@@ -800,27 +799,18 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	changes = slices.DeleteFunc(changes, func(c change) bool {
 		return s.observers.delivered(r.ClientID, r.Conn, c.Key, c.Version)
 	})
-	if !s.observers.add(r.ClientID, r.Conn, r.Grant, sinkOf(r), key, matcher, from, s.limits.MaxRegistrationsPerConn) {
+	if !s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, from, s.limits.MaxRegistrationsPerConn) {
 		s.dispatch.Unlock()
 		s.fail(r, resp.ErrQuotaExceeded)
 		return
 	}
 	prefix := NotifyClientPrefix(r.ClientID)
-	sink := sinkOf(r)
 	for i := range changes {
 		c := &changes[i]
 		if pattern && !r.Grant.CanAccess(c.Key, policy.Read) {
 			continue
 		}
-		var sent bool
-		if sink != nil {
-			sent = sink.Notify(c.Event)
-		} else {
-			sent = s.transport.Deliver(r.ClientID, r.Conn, prefix+hexUpper(c.Key), notifyPayload(c.Kind, c.Value), c.Version)
-		}
-		if sent {
-			s.Counters.NotificationsSent.Add(1)
-		}
+		s.notify(sink, r.ClientID, r.Conn, prefix, &c.Event, new(encoded))
 	}
 	s.dispatch.Unlock()
 	s.reply(r, resp.OK, hlc.Timestamp{})
@@ -893,21 +883,9 @@ func (s *Service) Events(events []store.Event) {
 		if len(s.observing) == 0 {
 			continue
 		}
-		var payload []byte
-		var keyHex string
+		var enc encoded
 		for _, o := range s.observing {
-			var sent bool
-			if o.sink != nil {
-				sent = o.sink.Notify(*ev)
-			} else {
-				if payload == nil {
-					payload, keyHex = notifyPayload(ev.Kind, ev.Value), hexUpper(ev.Key)
-				}
-				sent = s.transport.Deliver(o.clientID, o.conn, o.topicPrefix+keyHex, payload, ev.Version)
-			}
-			if sent {
-				s.Counters.NotificationsSent.Add(1)
-			}
+			s.notify(o.sink, o.clientID, o.conn, o.topicPrefix, ev, &enc)
 		}
 	}
 	clear(s.observing[:cap(s.observing)]) // hold no observer past the batch
@@ -916,6 +894,30 @@ func (s *Service) Events(events []store.Event) {
 // EventsGap hears that changes were lost to this node before they reached
 // Events (see cluster.Config.OnEventsGap): KEYNOTIFY ... SINCE answers
 // "history truncated" where they could be missing.
+// encoded is a change's notification payload and its key in hex, made
+// once for all the observers of the change that get it over MQTT.
+type encoded struct {
+	payload []byte
+	keyHex  string
+}
+
+// notify delivers ev to one registration: to its gateway's sink, or over
+// MQTT to the client's notify topic for the key.
+func (s *Service) notify(sink Notifier, clientID string, conn uint64, topicPrefix string, ev *store.Event, enc *encoded) {
+	var sent bool
+	if sink != nil {
+		sent = sink.Notify(*ev)
+	} else {
+		if enc.payload == nil {
+			enc.payload, enc.keyHex = notifyPayload(ev.Kind, ev.Value), hexUpper(ev.Key)
+		}
+		sent = s.transport.Deliver(clientID, conn, topicPrefix+enc.keyHex, enc.payload, ev.Version)
+	}
+	if sent {
+		s.Counters.NotificationsSent.Add(1)
+	}
+}
+
 func (s *Service) EventsGap(resume hlc.Timestamp) {
 	s.dispatch.Lock()
 	defer s.dispatch.Unlock()

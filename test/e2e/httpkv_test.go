@@ -38,11 +38,17 @@ func newHTTPKV(t *testing.T, s *testServer) *httpKV {
 // status, headers and body.
 func (h *httpKV) do(method, key, body string, headers ...string) (int, http.Header, string) {
 	h.t.Helper()
+	return h.send(method, h.base+url.PathEscape(key), body, headers...)
+}
+
+// send sends a request to u.
+func (h *httpKV) send(method, u, body string, headers ...string) (int, http.Header, string) {
+	h.t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequest(method, h.base+url.PathEscape(key), rd)
+	req, err := http.NewRequest(method, u, rd)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -149,12 +155,9 @@ func TestHTTPConditionalRequests(t *testing.T) {
 		t.Fatalf("DELETE of a missing key: %d", st)
 	}
 	// TTL by query or header.
-	req, _ := http.NewRequest("PUT", h.base+url.PathEscape(k)+"?ttl=300ms", strings.NewReader("short"))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != 204 {
-		t.Fatalf("PUT ?ttl=300ms: %v %v", resp, err)
+	if st, _, body := h.send("PUT", h.base+url.PathEscape(k)+"?ttl=300ms", "short"); st != 204 {
+		t.Fatalf("PUT ?ttl=300ms: %d %s", st, body)
 	}
-	resp.Body.Close()
 	eventually(t, "a 300 ms key to expire", func() bool { st, _, _ := h.do("GET", k, ""); return st == 404 })
 	if st, _, body := h.do("PUT", k, "x", "Mqkv-TTL", "soon"); st != 400 || errorCode(t, body) != "bad_request" {
 		t.Fatalf("PUT with a bad TTL: %d %s", st, body)
@@ -377,17 +380,7 @@ func TestHTTPWatch(t *testing.T) {
 // leaseOp posts a lease action for key.
 func (h *httpKV) leaseOp(key, action string, headers ...string) (int, http.Header, string) {
 	h.t.Helper()
-	req, _ := http.NewRequest("POST", h.base+url.PathEscape(key)+"/lease?action="+action, nil)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b)
+	return h.send("POST", h.base+url.PathEscape(key)+"/lease?action="+action, "", headers...)
 }
 
 // Leases as Azure Blob has them: while one is active, writes need its id
