@@ -393,8 +393,9 @@ Baselines, measured in the same run:
 				victim, how, *killAfter, ms(m.Stall), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
 		}
 		if m := rows[len(rows)-1]; *rollingAfter > 0 {
-			fmt.Printf("rolling restart: %d nodes stopped (SIGTERM), started again and settled in turn from %v into the round, in %v; no request completed for at most %s (from %v into the round); while it ran (and at least %v): %d requests, p99 %s, max %s, %d answered with an error (the server CPU above misses the restarted processes)\n",
-				len(children), *rollingAfter, restarted.Round(time.Millisecond), ms(m.Stall), m.StallFrom.Round(time.Millisecond), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors)
+			fmt.Printf("rolling restart: %d nodes stopped (SIGTERM), started again and settled in turn from %v into the round, in %v; no request completed for at most %s (from %v into the round); while it ran (and at least %v): %d requests, p99 %s, max %s, %d answered with an error; before it: p99 %s; throughput while it ran %.0f/s against %.0f/s before (%.2fx) (the server CPU above misses the restarted processes)\n",
+				len(children), *rollingAfter, restarted.Round(time.Millisecond), ms(m.Stall), m.StallFrom.Round(time.Millisecond), bench.FaultWindow, m.FaultOps, ms(m.FaultP99), ms(m.FaultMax), m.FaultErrors,
+				ms(m.BeforeP99), m.During, m.Before, m.During/m.Before)
 		}
 		if m := rows[len(rows)-1]; joined != nil {
 			// What moved is the state of the groups it now holds (by

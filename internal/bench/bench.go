@@ -107,6 +107,7 @@ type Result struct {
 	StallFrom             time.Duration // when it began, from the round's start
 	FaultOps, FaultErrors int
 	FaultP99, FaultMax    time.Duration
+	BeforeP99             time.Duration // of the requests completed before the fault
 	// The throughput before the fault, and while Fault ran (zero if it
 	// outlasted the round).
 	Before, During float64
@@ -138,16 +139,24 @@ type client struct {
 	corr      uint64
 	sub       *paho.Client // OpPubSub: the subscribing connection, to pubTopic
 	pubTopic  string
+	// lost is done once either connection broke or the server ended it:
+	// paho keeps a QoS 1 PUBLISH of a lost connection waiting for its
+	// PUBACK until PacketTimeout (10 s), which a client that reconnects
+	// (Config.Reconnect) must not count as the server's pause.
+	lost     context.Context
+	loseConn context.CancelFunc
 }
 
 // openConn opens an MQTT v5 connection with a clean session as id,
 // subscribed to filter, handing every message received to onPublish.
 func openConn(ctx context.Context, addr, id, filter string, onPublish func(*paho.Client, *paho.Publish)) (*paho.Client, error) {
-	return openSession(ctx, addr, id, filter, 0, onPublish)
+	return openSession(ctx, addr, id, filter, 0, onPublish, nil)
 }
 
-// openSession is openConn with a Session Expiry Interval (seconds).
-func openSession(ctx context.Context, addr, id, filter string, expiry uint32, onPublish func(*paho.Client, *paho.Publish)) (*paho.Client, error) {
+// openSession is openConn with a Session Expiry Interval (seconds), and
+// onLost, if not nil, called when the connection breaks or the server
+// ends it.
+func openSession(ctx context.Context, addr, id, filter string, expiry uint32, onPublish func(*paho.Client, *paho.Publish), onLost func()) (*paho.Client, error) {
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -160,7 +169,16 @@ func openSession(ctx context.Context, addr, id, filter string, expiry uint32, on
 			onPublish(c, pr.Packet)
 			return true, nil
 		}},
-		OnClientError: func(error) {},
+		OnClientError: func(error) {
+			if onLost != nil {
+				onLost()
+			}
+		},
+		OnServerDisconnect: func(*paho.Disconnect) {
+			if onLost != nil {
+				onLost()
+			}
+		},
 	})
 	cp := &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 60}
 	if expiry > 0 {
@@ -184,7 +202,8 @@ func dial(ctx context.Context, addr, id string) (*client, error) {
 		respTopic: "clients/" + id + "/services/" + statestore.RequestTopic + "/response",
 		replies:   make(chan *paho.Publish, 16),
 	}
-	c, err := openConn(ctx, addr, id, cl.respTopic, func(_ *paho.Client, p *paho.Publish) { cl.replies <- p })
+	cl.lost, cl.loseConn = context.WithCancel(context.Background())
+	c, err := openSession(ctx, addr, id, cl.respTopic, 0, func(_ *paho.Client, p *paho.Publish) { cl.replies <- p }, cl.loseConn)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +211,10 @@ func dial(ctx context.Context, addr, id string) (*client, error) {
 	return cl, nil
 }
 
-var errTimeout = errors.New("no reply within 10s")
+var (
+	errTimeout = errors.New("no reply within 10s")
+	errLost    = errors.New("connection lost before the reply")
+)
 
 // call sends one request framed as the SDKs frame it and waits for the
 // reply with the same correlation data.
@@ -205,6 +227,9 @@ func (cl *client) callTopic(ctx context.Context, topic string, payload []byte) (
 	corr := make([]byte, 16)
 	binary.BigEndian.PutUint64(corr[8:], cl.corr)
 	ts := fmt.Sprintf("%015d:%05d:%s", time.Now().UnixMilli(), 0, cl.id)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(cl.lost, cancel)()
 	_, err := cl.c.Publish(ctx, &paho.Publish{
 		Topic:   topic,
 		QoS:     1,
@@ -230,12 +255,16 @@ func (cl *client) callTopic(ctx context.Context, topic string, payload []byte) (
 		case <-timer.C:
 			return nil, errTimeout
 		case <-ctx.Done():
+			if cl.lost.Err() != nil {
+				return nil, errLost
+			}
 			return nil, ctx.Err()
 		}
 	}
 }
 
 func (cl *client) close() {
+	defer cl.loseConn()
 	cl.c.Disconnect(&paho.Disconnect{})
 	if cl.sub != nil {
 		// Ends the session, kept or not (MQTT 5: expiry 0 at DISCONNECT).
@@ -252,7 +281,7 @@ func dialPubSub(ctx context.Context, pubAddr, subAddr, id string, expiry uint32)
 		return nil, err
 	}
 	cl.pubTopic = "bench/pubsub/" + id
-	cl.sub, err = openSession(ctx, subAddr, id+"-sub", cl.pubTopic, expiry, func(_ *paho.Client, p *paho.Publish) { cl.replies <- p })
+	cl.sub, err = openSession(ctx, subAddr, id+"-sub", cl.pubTopic, expiry, func(_ *paho.Client, p *paho.Publish) { cl.replies <- p }, cl.loseConn)
 	if err != nil {
 		cl.close()
 		return nil, err
@@ -446,6 +475,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					var again *client
 					if again, err = redial(ctx, addrs, n, cl.id); err == nil {
 						cl.c.Disconnect(&paho.Disconnect{})
+						cl.loseConn()
 						cl, clients[n] = again, again
 						r, err = cl.callTopic(ctx, topic, payload)
 					}
@@ -573,7 +603,7 @@ func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time, w
 		windowEnd = faultEnd
 	}
 	last := from
-	var window []time.Duration
+	var window, steady []time.Duration
 	before, during := 0, 0
 	for _, d := range ds {
 		if !d.failed {
@@ -584,6 +614,7 @@ func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time, w
 			switch {
 			case d.end.Before(fault):
 				before++
+				steady = append(steady, d.lat)
 			case !d.end.After(faultEnd):
 				during++
 			}
@@ -612,6 +643,10 @@ func (r *Result) describeFault(ds []done, from, to, fault, faultEnd time.Time, w
 	if len(window) > 0 {
 		r.FaultP99 = window[max(0, int(math.Ceil(0.99*float64(len(window))))-1)]
 		r.FaultMax = window[len(window)-1]
+	}
+	slices.Sort(steady)
+	if len(steady) > 0 {
+		r.BeforeP99 = steady[max(0, int(math.Ceil(0.99*float64(len(steady))))-1)]
 	}
 }
 
