@@ -20,7 +20,10 @@ import (
 // switch for this: with one, sysmon stays on its ordinary backoff (at
 // most one wakeup per 10 ms when idle). The longest period, 2^31-1 ms,
 // prints one scheduler status line on stderr every 24.8 days of the
-// host's uptime (so once at start on a host up longer than that).
+// host's uptime (so once at start on a host up longer than that): a
+// line a log pipeline reading JSON cannot parse, and a GODEBUG in the
+// process's environment its operator did not set. So it is opt-in
+// (serve --sysmon-awake), not the default.
 const schedtraceSetting = "schedtrace=2147483647"
 
 // keepSysmonAwake runs the server again, in the same process (exec, so

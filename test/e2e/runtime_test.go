@@ -27,27 +27,38 @@ func godebugOf(t *testing.T, p *server.Process) []string {
 	return found
 }
 
-// TestServeKeepsSysmonAwake: `mqkv serve` runs with a schedtrace period
-// in GODEBUG, which keeps the runtime's monitor thread out of its deep
-// sleep (the cost it saves is in docs/benchmarks.md), keeping the user's
-// other settings; a user's own schedtrace, 0 included, is left alone.
+// TestServeKeepsSysmonAwake: `mqkv serve --sysmon-awake` runs with a
+// schedtrace period in GODEBUG, which keeps the runtime's monitor thread
+// out of its deep sleep (the cost it saves is in docs/benchmarks.md),
+// keeping the user's other settings; a user's own schedtrace, 0
+// included, is left alone. Without the flag the environment is the
+// user's, untouched: the period makes the runtime print SCHED lines a log
+// pipeline cannot parse.
 func TestServeKeepsSysmonAwake(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	for _, c := range []struct{ godebug, want string }{
-		{"madvdontneed=1", "madvdontneed=1,schedtrace=2147483647"},
-		{"schedtrace=0", "schedtrace=0"}, // the user's, left alone
+	for _, c := range []struct {
+		flag          bool
+		godebug, want string
+	}{
+		{false, "madvdontneed=1", "madvdontneed=1"},
+		{true, "madvdontneed=1", "madvdontneed=1,schedtrace=2147483647"},
+		{true, "schedtrace=0", "schedtrace=0"}, // the user's, left alone
 	} {
 		t.Setenv("GODEBUG", c.godebug)
-		p, err := server.Spawn(mqkvBinary(t), "--in-memory")
+		args := []string{"--in-memory"}
+		if c.flag {
+			args = append(args, "--sysmon-awake")
+		}
+		p, err := server.Spawn(mqkvBinary(t), args...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := godebugOf(t, p)
 		p.Kill()
 		if len(got) != 1 || got[0] != c.want {
-			t.Fatalf("GODEBUG=%s: the server runs with %q, want exactly [%s]", c.godebug, got, c.want)
+			t.Fatalf("%v with GODEBUG=%s: the server runs with %q, want exactly [%s]", args, c.godebug, got, c.want)
 		}
 	}
 }
