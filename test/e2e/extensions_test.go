@@ -318,7 +318,7 @@ func TestVersionModel(t *testing.T) {
 // of changes, reconnects with SINCE the last version it saw, and ends up
 // with every change exactly once, in order.
 func TestResumeNotifications(t *testing.T) {
-	skipInCluster(t, "a PATTERN ... SINCE across groups can miss a change another group delivered late (per-key SINCE is exact); see the Cluster section of the README")
+	skipInCluster(t, "a PATTERN ... SINCE across groups can miss a change another group delivered late (per-key SINCE is exact); see Notifications in docs/cluster.md")
 	s := startServer(t, inMemory())
 	writer := dialRaw(t, s, "stream-writer", rawOpts{cleanStart: true})
 	type ev = notifyEv

@@ -653,7 +653,7 @@ func TestPolicyReloadOnSIGHUP(t *testing.T) {
 	c := dialRaw(t, p, "sighup", rawOpts{cleanStart: true})
 	expectPayload(t, c.call("SET", "y/1", "v"), "-ERR not authorized\r\n")
 	os.WriteFile(pol, rule("y/*"), 0o600)
-	// kill -HUP "$(cat mqkv.pid)", as the README says.
+	// kill -HUP "$(cat mqkv.pid)", as docs/security.md says.
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		t.Fatalf("--pid-file: %v", err)
