@@ -231,10 +231,15 @@ func exportSession(cl *mqtt.Client) *roaming.Session {
 	held := cl.State.Inflight.GetAll(false)
 	slices.SortFunc(held, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
 	for _, m := range held {
-		if m.FixedHeader.Type != packets.Publish || m.FixedHeader.Qos == 0 {
-			continue // acknowledgements of the client's own, and QoS 2 exchanges past PUBREC
+		switch {
+		case m.FixedHeader.Type == packets.Pubrel: // a QoS 2 message past the client's PUBREC
+			s.Messages = append(s.Messages, roaming.Message{ID: m.PacketID, Released: true})
+		case m.FixedHeader.Type == packets.Publish && m.FixedHeader.Qos > 0:
+			s.Messages = append(s.Messages, roaming.Message{Msg: *meshMessage(&m), Dup: true, ID: m.PacketID})
 		}
-		s.Messages = append(s.Messages, roaming.Message{Msg: *meshMessage(&m), Dup: true, ID: m.PacketID})
+		// The rest are the client's own QoS 2 messages (PUBREC sent): its
+		// PUBREL to the next node is answered PUBCOMP 0x92, which ends
+		// its exchange (they were delivered when they came).
 	}
 	return s
 }
@@ -284,8 +289,16 @@ func (b *Broker) importSession(clientID string, s *roaming.Session) {
 	b.routes.changed()
 	now := time.Now()
 	for _, m := range s.Messages {
+		if m.Released {
+			// Its PUBREL, sent again on resumption under its id; the
+			// record of its PUBLISH stays until PUBCOMP (OnQosComplete).
+			pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: m.ID,
+				ProtocolVersion: s.ProtocolVersion, Created: now.Unix()}
+			cl.State.Inflight.Set(pk)
+			continue
+		}
 		if b.roam != nil {
-			b.roam.DeleteMessage(clientID, m.ID) // its record is made anew, under the id given here
+			b.roam.DeleteMessage(clientID, m.ID) // made anew below, unless it expired
 		}
 		m, live := m.Live(now)
 		if !live {
@@ -294,11 +307,16 @@ func (b *Broker) importSession(clientID string, s *roaming.Session) {
 		pk := packetOf(&m.Msg)
 		pk.FixedHeader.Dup = m.Dup
 		b.seq.stamp(&pk)
-		id, err := cl.NextPacketID()
-		if err != nil {
-			break
+		// Under its id (MQTT-4.4.0-1): a QoS 2 message the client has
+		// seen under another would be delivered twice.
+		pk.PacketID = m.ID
+		if _, used := cl.State.Inflight.Get(m.ID); used || m.ID == 0 {
+			id, err := cl.NextPacketID()
+			if err != nil {
+				break
+			}
+			pk.PacketID = uint16(id)
 		}
-		pk.PacketID = uint16(id)
 		if cl.State.Inflight.Set(pk) {
 			if b.sessions != nil {
 				b.sessions.OnQosPublish(cl, pk, pk.Created, 0)

@@ -103,6 +103,13 @@ type Message struct {
 	Msg mesh.Message
 	Dup bool
 	ID  uint16 // its packet id (in a record, also its key's)
+	// Released says the client answered it with PUBREC and was sent
+	// PUBREL: what is left of its QoS 2 exchange is that PUBREL, sent
+	// again under ID until the client's PUBCOMP (MQTT-4.4.0-1); Msg is
+	// empty then. Only in a session handed over: a record keeps the
+	// PUBLISH until PUBCOMP, and a PUBLISH sent again with DUP under its
+	// id is answered with PUBREC again, not delivered twice.
+	Released bool
 }
 
 // Live returns m as it is to be sent now, its expiry shortened by the time

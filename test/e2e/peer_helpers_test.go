@@ -145,6 +145,10 @@ func (p *peer) read(r *bufio.Reader) {
 			}
 			p.msgs <- m
 		case 6: // PUBREL for a QoS 2 message received
+			if p.manual {
+				p.acks <- pk // completed by the test, or not
+				continue
+			}
 			p.write(packet(0x70, pk.body[:2]))
 		case 5: // PUBREC of the client's QoS 2 message: release it
 			p.write(packet(0x62, pk.body[:2]))

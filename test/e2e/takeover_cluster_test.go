@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"testing"
@@ -113,4 +114,57 @@ func (p *peer) pings() bool {
 	case <-time.After(5 * time.Second):
 		return false
 	}
+}
+
+// TestTakeoverKeepsQoS2Flows: a QoS 2 exchange open when a session moves
+// to another node goes on there under its packet id (MQTT-4.4.0-1): a
+// message the client has not acknowledged is sent again with DUP under
+// its id, and one it answered with PUBREC gets its PUBREL again, under
+// its id. Before, the session came with its messages renumbered and
+// without the released one: the client, still waiting for that PUBREL,
+// took the next message under the same id for the old one's duplicate
+// and dropped it (exactly once broken), and a renumbered message was
+// delivered twice.
+func TestTakeoverKeepsQoS2Flows(t *testing.T) {
+	t.Parallel()
+	nodes := sharedCluster(t)
+	first := dialPeer(t, nodes[0].Addr(), "q2roamer", peerOpts{clean: true, sessionExpiry: 300, manualAck: true})
+	first.subscribe(subOpt{filter: "q2roam/#", qos: 2})
+	pub := dialPeer(t, nodes[2].Addr(), "q2roam-pub", peerOpts{clean: true})
+	pub.publish("q2roam/t", "released", pubOpt{qos: 2})
+	pub.publish("q2roam/t", "open", pubOpt{qos: 2})
+	released := first.expect("q2roam/t", "released")
+	open := first.expect("q2roam/t", "open")
+	first.write(packet(0x50, binary.BigEndian.AppendUint16(nil, released.packetID))) // PUBREC
+	if rel := first.nextAck(6); binary.BigEndian.Uint16(rel.body) != released.packetID {
+		t.Fatalf("PUBREL for id %d, want %d", binary.BigEndian.Uint16(rel.body), released.packetID)
+	}
+	// No PUBCOMP: the flow is open when the session moves.
+	var present bool
+	second := dialPeer(t, nodes[1].Addr(), "q2roamer", peerOpts{sessionExpiry: 300, sessionPresent: &present, manualAck: true})
+	first.expectDisconnect(0x8E)
+	if !present {
+		t.Fatal("the session did not come along: Session Present 0")
+	}
+	rel := second.nextAck(6)
+	if id := binary.BigEndian.Uint16(rel.body); id != released.packetID {
+		t.Fatalf("PUBREL on the new node for id %d, want %d (the released message's)", id, released.packetID)
+	}
+	again := second.expect("q2roam/t", "open")
+	if !again.dup || again.packetID != open.packetID {
+		t.Fatalf("the open message sent again with DUP %v under id %d, want DUP under %d", again.dup, again.packetID, open.packetID)
+	}
+	second.write(packet(0x70, binary.BigEndian.AppendUint16(nil, released.packetID))) // PUBCOMP
+	second.write(packet(0x50, binary.BigEndian.AppendUint16(nil, open.packetID)))     // PUBREC
+	if rel := second.nextAck(6); binary.BigEndian.Uint16(rel.body) != open.packetID {
+		t.Fatalf("PUBREL for id %d, want %d", binary.BigEndian.Uint16(rel.body), open.packetID)
+	}
+	second.write(packet(0x70, binary.BigEndian.AppendUint16(nil, open.packetID)))
+	// The exchange is over: the next messages arrive once each.
+	pub.publish("q2roam/t", "after", pubOpt{qos: 2})
+	m := second.expect("q2roam/t", "after")
+	second.write(packet(0x50, binary.BigEndian.AppendUint16(nil, m.packetID)))
+	second.nextAck(6)
+	second.write(packet(0x70, binary.BigEndian.AppendUint16(nil, m.packetID)))
+	second.expectNone(300*time.Millisecond, "a message twice")
 }
