@@ -159,3 +159,49 @@ func legacyData(cfg Config, nodeID string) (*store.Store, string, error) {
 	}
 	return g.Copy(), legacy, nil
 }
+
+// joinTargets is --join as the node uses it: its own address left out,
+// and none at all (the node creates the cluster) for a node without
+// cluster data whose own address comes first in the list while no other
+// listed address answers. So every node can be given the same --join,
+// as an orchestrator's stable names give it (a StatefulSet's mqkv-0,
+// mqkv-1, ...): started in order, the first creates the cluster and the
+// others join through it. A first node that lost its data while the
+// others run finds them answering and asks to join, which they refuse
+// with what to do (remove the member first), rather than creating a
+// second cluster.
+func joinTargets(cfg Config, self, dataDir string) []string {
+	join := cfg.Cluster.Join
+	if len(join) == 0 {
+		return nil
+	}
+	mine := func(a string) bool { return a == self || a == cfg.Cluster.Listen }
+	var others []string
+	for _, a := range join {
+		if !mine(a) {
+			others = append(others, a)
+		}
+	}
+	if !mine(join[0]) || hasClusterData(cfg, dataDir) {
+		return others
+	}
+	for _, a := range others {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			cfg.Logger.Info("first in --join, and another listed member answers: joining through it", "answered", a)
+			return others
+		}
+	}
+	cfg.Logger.Info("first in --join, no data, and no other listed member answers: creating the cluster", "join", join)
+	return nil
+}
+
+// hasClusterData reports whether the node's cluster directory holds
+// anything (a node that was a member starts from it, whatever --join says).
+func hasClusterData(cfg Config, dir string) bool {
+	if cfg.InMemory {
+		return false
+	}
+	entries, err := os.ReadDir(dir)
+	return err == nil && len(entries) > 0
+}

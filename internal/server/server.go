@@ -233,6 +233,9 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.lock = lock
+		if err := checkFormat(cfg.DataDir); err != nil {
+			return nil, err
+		}
 		if s.NodeID, err = loadNodeID(cfg.DataDir, cfg.Cluster.NodeID); err != nil {
 			return nil, err
 		}
@@ -295,12 +298,16 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var join []string
+	if s.link != nil {
+		join = joinTargets(cfg, s.link.Addr(), raftDir)
+	}
 	s.node, err = cluster.Start(cluster.Config{
 		Seed:     seed,
 		NodeID:   s.NodeID,
 		Dir:      raftDir,
 		Link:     s.link,
-		Join:     cfg.Cluster.Join,
+		Join:     join,
 		Rejoin:   cfg.Cluster.Rejoin,
 		Groups:   cfg.Cluster.Groups,
 		RF:       cfg.Cluster.Replicas,

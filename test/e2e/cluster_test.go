@@ -61,10 +61,17 @@ type procCluster struct {
 	admin            []string
 	procs            []*server.Process
 	groups           int
+	bins             []string // each node's binary, if not this tree's (see TestRollingUpgrade)
 }
 
 func startProcCluster(t *testing.T, n, groups int) *procCluster {
-	c := &procCluster{t: t, groups: groups}
+	return startProcClusterOf(t, n, groups, nil)
+}
+
+// startProcClusterOf is startProcCluster with each node's binary: bins[i],
+// or this tree's if it is empty or bins is short.
+func startProcClusterOf(t *testing.T, n, groups int, bins []string) *procCluster {
+	c := &procCluster{t: t, groups: groups, bins: bins}
 	for i := 0; i < n; i++ {
 		c.dirs = append(c.dirs, t.TempDir())
 		c.mqtt = append(c.mqtt, freePort(t))
@@ -98,9 +105,13 @@ func (c *procCluster) start(i int) {
 	if i > 0 || len(c.procs) > 0 && c.procs[1] != nil {
 		args = append(args, "--join", strings.Join(join, ","))
 	}
-	p, err := server.Spawn(mqkvBinary(c.t), args...)
+	bin := mqkvBinary(c.t)
+	if i < len(c.bins) && c.bins[i] != "" {
+		bin = c.bins[i]
+	}
+	p, err := server.Spawn(bin, args...)
 	if err != nil {
-		c.t.Fatalf("start n%d: %v", i+1, err)
+		c.t.Fatalf("start n%d (%s): %v", i+1, bin, err)
 	}
 	c.procs[i] = p
 }

@@ -150,3 +150,66 @@ func TestJoinByName(t *testing.T) {
 		}
 	}
 }
+
+// TestSameJoinListOnEveryNode: every node given the same --join, its own
+// address included, as a StatefulSet gives its pods one list of names:
+// started in order, the first creates the cluster (no data, first in the
+// list, no other answers) and the others join through it. The first node
+// started again without its data while the others run does not create a
+// second cluster: it asks to join, and is refused with what to do
+// (remove the member whose data is lost, then start it again).
+func TestSameJoinListOnEveryNode(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	var link []string
+	for range 3 {
+		link = append(link, freePort(t))
+	}
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	start := func(i int) (*server.Server, error) {
+		return server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: dirs[i], Logger: quietLogger(),
+			Cluster: server.ClusterConfig{NodeID: fmt.Sprint("j", i+1), Listen: link[i], Join: link, Groups: 4}})
+	}
+	var nodes []*server.Server
+	t.Cleanup(func() {
+		for _, s := range nodes {
+			s.Close()
+		}
+	})
+	for i := range 3 {
+		s, err := start(i)
+		if err != nil {
+			t.Fatalf("j%d: %v", i+1, err)
+		}
+		nodes = append(nodes, s)
+	}
+	awaitSettled(t, nodes[2])
+	if n := len(nodes[2].Node().Status().Nodes); n != 3 {
+		t.Fatalf("%d members, want 3", n)
+	}
+
+	// j1 loses its data while j2 and j3 run.
+	nodes[0].Close()
+	nodes = nodes[1:]
+	if err := os.RemoveAll(dirs[0]); err != nil {
+		t.Fatal(err)
+	}
+	s, err := start(0)
+	if err == nil {
+		nodes = append(nodes, s)
+		t.Fatalf("j1 without its data started (members it sees: %d): a second cluster?", len(s.Node().Status().Nodes))
+	}
+	if !strings.Contains(err.Error(), "already a member") || !strings.Contains(err.Error(), "mqkv cluster remove j1") {
+		t.Fatalf("j1 without its data refused, but not told what to do: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + nodes[0].Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Set(ctx, []byte("still"), []byte("one cluster")); err != nil {
+		t.Fatalf("the two members left: %v", err)
+	}
+}

@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/server"
+)
+
+// TestRollingUpgrade replaces the nodes of a three-node cluster of the
+// previous release (MQKV_PREVIOUS_BINARY: .ci/run builds the commit named
+// in .ci/previous-release) one at a time with this tree's build, as an
+// operator upgrades (SIGTERM, the new binary started on the same data
+// directory and addresses, the cluster settled before the next), and
+// then rolls one node back to the previous release, all under clients
+// doing SET, SET NX, GET, DEL and VDEL through every node. The history
+// must be linearizable (porcupine): no acknowledged write lost, no stale
+// read, across both releases.
+func TestRollingUpgrade(t *testing.T) {
+	prev := os.Getenv("MQKV_PREVIOUS_BINARY")
+	if prev == "" {
+		if os.Getenv("MQKV_REQUIRE_UPGRADE") != "" {
+			t.Fatal("MQKV_REQUIRE_UPGRADE is set and MQKV_PREVIOUS_BINARY is not")
+		}
+		t.Skip("no previous release to upgrade from: set MQKV_PREVIOUS_BINARY (.ci/run builds it)")
+	}
+	if testing.Short() {
+		t.Skip("starts three processes of two releases")
+	}
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	c := startProcClusterOf(t, 3, 4, []string{prev, prev, prev})
+	c.awaitSettled(0, 3)
+	_, stop := load(c.mqtt)
+	replace := func(i int, bin, what string) {
+		time.Sleep(time.Second) // some load on each configuration
+		t.Logf("n%d: %s", i+1, what)
+		c.procs[i].Stop() // SIGTERM: it hands its leaderships over first
+		c.bins[i] = bin
+		c.start(i)
+		c.awaitSettled((i+1)%3, 3)
+	}
+	for i := range 3 {
+		replace(i, mqkvBinary(t), "upgraded")
+	}
+	replace(0, prev, "rolled back to the previous release")
+	time.Sleep(time.Second)
+	h := stop()
+	h.mu.Lock()
+	ops, unknown := len(h.ops), 0
+	for _, op := range h.ops {
+		if op.Output.(kvOutput).unknown {
+			unknown++
+		}
+	}
+	h.mu.Unlock()
+	if ops < 200 {
+		t.Fatalf("only %d operations", ops)
+	}
+	checkLinearizable(t, h, fmt.Sprintf("across the upgrade and the rollback (%d with unknown outcome)", unknown))
+}
+
+// TestNewerDataFormatRefused: a data directory marked with a newer data
+// format than this release reads is refused at start with a message that
+// names both, and nothing in it is touched; a new one is marked with this
+// release's.
+func TestNewerDataFormatRefused(t *testing.T) {
+	t.Parallel()
+	fresh := t.TempDir()
+	s := startServerIn(t, fresh)
+	s.Close()
+	if b, err := os.ReadFile(filepath.Join(fresh, "FORMAT")); err != nil || strings.TrimSpace(string(b)) != fmt.Sprintf("mqkv data format %d", server.DataFormat) {
+		t.Fatalf("a new data directory's marker: %q, %v", b, err)
+	}
+
+	dir := t.TempDir()
+	newer := fmt.Sprintf("mqkv data format %d\n", server.DataFormat+1)
+	if err := os.WriteFile(filepath.Join(dir, "FORMAT"), []byte(newer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := server.Start(server.Config{Listen: "127.0.0.1:0", DataDir: dir, Logger: quietLogger()})
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("data format %d", server.DataFormat+1)) || !strings.Contains(err.Error(), fmt.Sprintf("data format %d at most", server.DataFormat)) {
+		t.Fatalf("a newer data format: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 { // FORMAT and the lock file
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("the refused data directory was written to: %v", names)
+	}
+}
