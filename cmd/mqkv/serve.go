@@ -166,6 +166,7 @@ password files; SIGINT or SIGTERM stop the server.`,
 	fs.StringVar(&cc.NodeID, "node-id", "", "this node's `id` (letters, digits, - and _; no ':'); default: the one in the data directory, or a new random one")
 	fs.StringVar(&cc.Listen, "cluster-listen", "", "node link `address` (host:port): makes this node a cluster member; one port carries all node-to-node traffic")
 	fs.StringVar(&cc.Advertise, "cluster-advertise", "", "the node link `address` other nodes dial, if not --cluster-listen's")
+	fs.StringVar(&cc.MQTTAdvertise, "mqtt-advertise", "", "the `address` (host:port) MQTT clients reach this node at, given to the clients of another member that stops (Server Reference in its DISCONNECT); default: --listen's, unless it is a wildcard address")
 	fs.StringSliceVar(&cc.Join, "join", nil, "node link `addresses` (comma-separated) of members to join through; without it a new node creates a cluster")
 	fs.BoolVar(&cc.Rejoin, "rejoin", false, "make a node that was removed from its cluster (or left it) a member again: its stale replicas and metadata are dropped once a member confirms the removal, and it joins through --join without data")
 	fs.IntVar(&cc.Replicas, "replicas", cluster.DefaultRF, "replicas per group in a new cluster (fewer while there are fewer nodes)")

@@ -194,6 +194,9 @@ type Broker struct {
 	retained Retained
 	owners   Owners
 	claims   sync.Map // client id → its ownership.Claim, while its session is here
+	// reference is the Server Reference given to the clients told the
+	// server is shutting down (see SetServerReference).
+	reference atomic.Pointer[string]
 	roam     *roaming.Store
 	roamed   roamed
 	taken    sync.Map // client id → the member that died holding its session, taken up here (see GivenUp)
@@ -431,6 +434,11 @@ func (b *Broker) sweep() {
 		})
 	}
 }
+
+// SetServerReference names another server ("host:port") that the MQTT 5
+// clients disconnected when the broker closes are told to use (a Server
+// Reference with DISCONNECT 0x8B), or none ("").
+func (b *Broker) SetServerReference(ref string) { b.reference.Store(&ref) }
 
 // closeListenerClients disconnects every client connected through the
 // listener, telling them the server is shutting down. They are

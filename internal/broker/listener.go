@@ -837,7 +837,7 @@ func (c *clientConn) Close() error {
 		c.timer.Stop()
 	}
 	if c.tooLarge.Swap(false) && c.werr == nil {
-		c.pending = append(c.pending, disconnectPacket(packets.ErrPacketTooLarge, true, 0)...)
+		c.pending = append(c.pending, disconnectPacket(packets.ErrPacketTooLarge, true, 0, "")...)
 	}
 	c.sendLocked()
 	c.wmu.Unlock()

@@ -359,9 +359,15 @@ func (b *Broker) kick(cl *mqtt.Client, code packets.Code) { b.disconnect(cl, cod
 // background (see endConnection); the channel is closed when that is done.
 func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) <-chan struct{} {
 	ended := make(chan struct{})
+	ref := ""
+	if code == packets.ErrServerShuttingDown {
+		if r := b.reference.Load(); r != nil {
+			ref = *r
+		}
+	}
 	go func() {
 		defer close(ended)
-		endConnection(cl, code)
+		endConnectionRef(cl, code, ref)
 	}()
 	return ended
 }
@@ -416,13 +422,17 @@ func (b *Broker) overReceiveMaximum(cl *mqtt.Client, pk *packets.Packet) bool {
 // is bounded to endTimeout from here on (Hurry): a writer stuck on a
 // socket nobody reads gives up the lock in time, or the connection is
 // closed without a DISCONNECT.
-func endConnection(cl *mqtt.Client, code packets.Code) {
+func endConnection(cl *mqtt.Client, code packets.Code) { endConnectionRef(cl, code, "") }
+
+// endConnectionRef is endConnection with a Server Reference (another
+// server the client may use; "" for none) in the DISCONNECT.
+func endConnectionRef(cl *mqtt.Client, code packets.Code, ref string) {
 	defer cl.Stop(code)
 	if cl.Properties.ProtocolVersion < 5 || cl.Net.Conn == nil {
 		return // MQTT 3.1.1 has no DISCONNECT from the server
 	}
 	quiet := cl.Properties.Props.RequestProblemInfoFlag && cl.Properties.Props.RequestProblemInfo == 0
-	pk := disconnectPacket(code, !quiet, cl.Properties.Props.MaximumPacketSize)
+	pk := disconnectPacket(code, !quiet, cl.Properties.Props.MaximumPacketSize, ref)
 	if h, ok := cl.Net.Conn.(interface{ Hurry() }); ok {
 		h.Hurry()
 	}
@@ -435,18 +445,24 @@ func endConnection(cl *mqtt.Client, code packets.Code) {
 	_, _ = cl.Net.Conn.Write(pk)
 }
 
-// disconnectPacket encodes an MQTT 5 DISCONNECT with a reason code, and
-// its reason string if asked and if it fits the client's maximum packet
-// size (0: none given).
-func disconnectPacket(code packets.Code, reason bool, max uint32) []byte {
+// disconnectPacket encodes an MQTT 5 DISCONNECT with a reason code, its
+// reason string if asked, and a Server Reference if ref is not empty,
+// each if it fits the client's maximum packet size (0: none given).
+func disconnectPacket(code packets.Code, reason bool, max uint32, ref string) []byte {
 	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code, ProtocolVersion: 5}
 	if reason && code.Code >= packets.ErrUnspecifiedError.Code {
 		pk.Properties.ReasonString = code.Reason
 	}
+	pk.Properties.ServerReference = ref
 	var buf bytes.Buffer
 	_ = pk.DisconnectEncode(&buf)
-	if max > 0 && uint32(buf.Len()) > max && pk.Properties.ReasonString != "" {
-		return disconnectPacket(code, false, max)
+	if max > 0 && uint32(buf.Len()) > max {
+		switch {
+		case pk.Properties.ReasonString != "":
+			return disconnectPacket(code, false, max, ref)
+		case ref != "":
+			return disconnectPacket(code, false, max, "")
+		}
 	}
 	return buf.Bytes()
 }

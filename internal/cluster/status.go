@@ -46,6 +46,9 @@ type MQTTFigures struct {
 	Sessions      int   `json:"sessions"`      // held, connected or not
 	Subscriptions int64 `json:"subscriptions"` // of those sessions
 	RouteFilters  int   `json:"route_filters"` // filters the other nodes said they want (its route table)
+	// Addr is where its MQTT clients connect (--advertise, else its
+	// listener's address unless that is a wildcard); empty if unknown.
+	Addr string `json:"addr,omitempty"`
 }
 
 // GroupStatus is one replica group.
@@ -276,6 +279,26 @@ func (n *Node) Members() map[string]string {
 		}
 	}
 	return out
+}
+
+// OtherMQTT returns the MQTT address of another member that answers now
+// (one of those that do, the first in id order), or "" if none does
+// within ctx: where this node's clients may go when it stops.
+func (n *Node) OtherMQTT(ctx context.Context) string {
+	var ids []string
+	for id := range n.Members() {
+		if id != n.cfg.NodeID && n.alive(id) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		var resp callResp
+		if err := n.call(ctx, id, callReq{Op: opStatus}, &resp); err == nil && resp.MQTT != nil && resp.MQTT.Addr != "" {
+			return resp.MQTT.Addr
+		}
+	}
+	return ""
 }
 
 // Alive reports whether member id answers this node's probes (see

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -327,6 +328,9 @@ func Start(cfg Config) (*Server, error) {
 			if m := toMesh.Load(); m != nil {
 				f.RouteFilters = m.TableSize()
 			}
+			if b := toBroker.Load(); b != nil {
+				f.Addr = mqttAdvertised(cfg, b.Addr())
+			}
 			return f
 		},
 	})
@@ -587,8 +591,29 @@ func (s *Server) Stop(ctx context.Context) error {
 		} else {
 			s.log.Info("leadership handed over before stopping", "took", time.Since(start).Round(time.Millisecond))
 		}
+		if s.broker != nil {
+			// Where its MQTT 5 clients may go: another member that
+			// answers (a Server Reference with their DISCONNECT 0x8B).
+			rctx, cancel := context.WithTimeout(ctx, time.Second)
+			s.broker.SetServerReference(s.node.OtherMQTT(rctx))
+			cancel()
+		}
 	}
 	return s.Close()
+}
+
+// mqttAdvertised is where this node's MQTT clients connect, as other
+// nodes tell theirs: --mqtt-advertise, else listening (the first MQTT
+// listener's address) unless it is a wildcard one; "" if neither.
+func mqttAdvertised(cfg Config, listening string) string {
+	if cfg.Cluster.MQTTAdvertise != "" {
+		return cfg.Cluster.MQTTAdvertise
+	}
+	host, _, err := net.SplitHostPort(listening)
+	if ip := net.ParseIP(host); err != nil || ip == nil || ip.IsUnspecified() {
+		return ""
+	}
+	return listening
 }
 
 // Close stops accepting clients, then stops the log, then releases the data

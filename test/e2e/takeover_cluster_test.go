@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mqkv/mqkv/internal/server"
 )
 
 // One client id, one session, cluster-wide: a client whose persistent
@@ -167,4 +170,85 @@ func TestTakeoverKeepsQoS2Flows(t *testing.T) {
 	second.nextAck(6)
 	second.write(packet(0x70, binary.BigEndian.AppendUint16(nil, m.packetID)))
 	second.expectNone(300*time.Millisecond, "a message twice")
+}
+
+// TestStoppingNodeNamesAnother: a member stopped gracefully (SIGTERM:
+// Server.Stop) tells its MQTT 5 clients DISCONNECT 0x8B, server shutting
+// down, with a Server Reference naming another member that answers, at
+// the address that member advertises for MQTT (--mqtt-advertise, or its
+// listener's): a client that follows it reconnects at once.
+func TestStoppingNodeNamesAnother(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	first := startNode(t, "sr1", nil, nil)
+	startNode(t, "sr2", []string{first.ClusterAddr()}, func(c *server.Config) { c.Cluster.MQTTAdvertise = "sr2.example.test:1883" })
+	startNode(t, "sr3", []string{first.ClusterAddr()}, nil)
+	awaitSettled(t, first)
+	c := dialPeer(t, first.Addr(), "sr-client", peerOpts{clean: true})
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- first.Stop(ctx)
+	}()
+	var d rawPacket
+	select {
+	case d = <-c.disc:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no DISCONNECT from the stopping node")
+	}
+	if len(d.body) < 2 || d.body[0] != 0x8B {
+		t.Fatalf("DISCONNECT % x, want reason 0x8B", d.body)
+	}
+	ref, ok := stringProp(d.body[1:], 0x1C)
+	if !ok || ref != "sr2.example.test:1883" {
+		t.Fatalf("Server Reference %q (present %v), want sr2's advertised address (DISCONNECT % x)", ref, ok, d.body)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stringProp finds a UTF-8 string property in a properties block (its
+// length varint first).
+func stringProp(b []byte, id byte) (string, bool) {
+	n, used := 0, 0
+	for shift := 0; used < len(b); shift += 7 {
+		n |= int(b[used]&0x7f) << shift
+		used++
+		if b[used-1] < 0x80 {
+			break
+		}
+	}
+	props := b[used:min(len(b), used+n)]
+	for len(props) > 0 {
+		pid := props[0]
+		props = props[1:]
+		switch pid {
+		case 0x1C, 0x1F: // Server Reference, Reason String
+			if len(props) < 2 {
+				return "", false
+			}
+			l := int(binary.BigEndian.Uint16(props))
+			if len(props) < 2+l {
+				return "", false
+			}
+			if pid == id {
+				return string(props[2 : 2+l]), true
+			}
+			props = props[2+l:]
+		case 0x11: // Session Expiry Interval
+			props = props[min(4, len(props)):]
+		case 0x26: // User Property: two strings
+			for range 2 {
+				if len(props) < 2 {
+					return "", false
+				}
+				props = props[min(len(props), 2+int(binary.BigEndian.Uint16(props))):]
+			}
+		default:
+			return "", false
+		}
+	}
+	return "", false
 }
