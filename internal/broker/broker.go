@@ -197,9 +197,9 @@ type Broker struct {
 	// reference is the Server Reference given to the clients told the
 	// server is shutting down (see SetServerReference).
 	reference atomic.Pointer[string]
-	roam     *roaming.Store
-	roamed   roamed
-	taken    sync.Map // client id → the member that died holding its session, taken up here (see GivenUp)
+	roam      *roaming.Store
+	roamed    roamed
+	taken     sync.Map // client id → the member that died holding its session, taken up here (see GivenUp)
 	// retainedIndex orders the changes to mochi's index of retained
 	// messages (mirror) against mochi's reading of it for a new
 	// subscription: mochi (v2.7.9) reads a topic's retained path without

@@ -19,14 +19,14 @@ import (
 
 // ClusterConfig makes a node a cluster member.
 type ClusterConfig struct {
-	NodeID    string   // this node's id; default: the data directory's, or a new one
-	Listen    string   // node link address; empty: the node is on its own
-	Advertise string   // the address other nodes dial, if not Listen's
+	NodeID    string // this node's id; default: the data directory's, or a new one
+	Listen    string // node link address; empty: the node is on its own
+	Advertise string // the address other nodes dial, if not Listen's
 	// MQTTAdvertise is the address MQTT clients reach this node at (a
 	// stopping member's clients are told it in a Server Reference); if
 	// empty, the MQTT listener's, unless that is a wildcard address.
 	MQTTAdvertise string
-	Join      []string // link addresses of members to join through; empty creates a cluster
+	Join          []string // link addresses of members to join through; empty creates a cluster
 	// Rejoin makes a node removed from its cluster a member again,
 	// dropping its stale data (see cluster.Config.Rejoin).
 	Rejoin   bool
