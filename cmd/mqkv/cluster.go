@@ -59,7 +59,7 @@ func clusterStatusCmd() *cobra.Command {
 
 func printCluster(w io.Writer, st cluster.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tLEADS\tREPLICAS\tPARTITIONS LED\tCLIENTS\tSESSIONS\tSUBSCRIPTIONS\tROUTE TABLE")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tLEADS\tREPLICAS\tPARTITIONS LED\tCLIENTS\tSESSIONS\tSUBSCRIPTIONS\tROUTE TABLE\tRELEASE\tPROTOCOLS")
 	perGroup := 0
 	if len(st.Groups) > 0 {
 		perGroup = st.Groups[0].Partitions
@@ -73,7 +73,11 @@ func printCluster(w io.Writer, st cluster.Status) {
 		if n.MQTT != nil {
 			mq = fmt.Sprintf("%d\t%d\t%d\t%d", n.MQTT.Clients, n.MQTT.Sessions, n.MQTT.Subscriptions, n.MQTT.RouteFilters)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t~%d\t%s\n", n.ID, n.Addr, state, n.Leads, n.Replicas, n.Leads*perGroup, mq)
+		release := n.Release
+		if release == "" {
+			release = "(older)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t~%d\t%s\t%s\t%d-%d\n", n.ID, n.Addr, state, n.Leads, n.Replicas, n.Leads*perGroup, mq, release, n.ProtoMin, n.ProtoMax)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -89,7 +93,7 @@ func printCluster(w io.Writer, st cluster.Status) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", g.ID, g.Leader, strings.Join(g.Replicas, ","), strings.Join(g.Placement, ","), g.Partitions, mark)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\n%d nodes, %d groups, %d migrating (as seen by %s)\n", len(st.Nodes), len(st.Groups), migrating, st.Node)
+	fmt.Fprintf(w, "\n%d nodes, %d groups, %d migrating (as seen by %s); cluster protocol %d\n", len(st.Nodes), len(st.Groups), migrating, st.Node, st.Protocol)
 	if st.NotMember {
 		fmt.Fprintf(w, "%s is not a member of the cluster any more (it left, or was removed): the above is the cluster as it was then\n", st.Node)
 	}

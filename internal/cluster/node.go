@@ -54,6 +54,19 @@ const (
 	DefaultRF     = 3
 )
 
+// The cluster protocols this release speaks. The protocol is what the
+// members write to the logs and send each other: a release that adds a
+// log entry type or a node link message raises ProtocolMax and uses the
+// addition only once the cluster runs at that protocol (Node.Protocol),
+// which it does once every member speaks it (meta.OpProtocol); a release
+// that drops the old form raises ProtocolMin. So a cluster upgrades one
+// node at a time, and an older release joins while the cluster's protocol
+// allows it, or is refused with both named.
+const (
+	ProtocolMin = 1
+	ProtocolMax = 1
+)
+
 // metaGroup is the stream layer id of the metadata group (replica groups
 // are numbered from 0).
 const metaGroup = 1<<32 - 1
@@ -96,6 +109,12 @@ type Config struct {
 	// MQTT, if set, returns the node's broker's figures for the cluster's
 	// status (the broker is made after the node).
 	MQTT func() MQTTFigures
+
+	// Release names the mqkv release, for the metadata and the status.
+	Release string
+	// Protocols, if not zero, is the range of cluster protocols the node
+	// claims to speak instead of ProtocolMin to ProtocolMax (tests).
+	Protocols [2]int
 
 	// Rejoin makes a node that was removed from its cluster (its data
 	// stale: see meta.ErrRemoved) a member again: once a member confirms
@@ -700,7 +719,8 @@ func (n *Node) create() error {
 			return fmt.Errorf("group %d: %w", g, err)
 		}
 	}
-	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Cluster: randomID(), Node: n.self()}
+	_, hi := n.protocols()
+	op := meta.Op{Kind: meta.OpInit, Groups: n.cfg.Groups, RF: n.cfg.RF, Cluster: randomID(), Node: n.self(), Protocol: hi}
 	if err := n.applyMeta(op); err != nil {
 		return err
 	}
@@ -764,7 +784,25 @@ func (n *Node) Removed() bool { return n.removed.Load() }
 
 // self is this node as a member.
 func (n *Node) self() meta.Node {
-	return meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr(), Inc: n.inc}
+	lo, hi := n.protocols()
+	return meta.Node{ID: n.cfg.NodeID, Addr: n.link.Addr(), Inc: n.inc, Release: n.cfg.Release, ProtoMin: lo, ProtoMax: hi}
+}
+
+// protocols returns the cluster protocols this node speaks.
+func (n *Node) protocols() (lo, hi int) {
+	if p := n.cfg.Protocols; p != [2]int{} {
+		return p[0], p[1]
+	}
+	return ProtocolMin, ProtocolMax
+}
+
+// Protocol returns the cluster protocol the cluster runs at, as this node
+// knows it: what it may write to the logs and send the other members.
+func (n *Node) Protocol() int {
+	if st := n.state.Load(); st != nil {
+		return st.Running()
+	}
+	return ProtocolMin
 }
 
 func randomID() string {

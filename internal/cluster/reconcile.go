@@ -67,6 +67,30 @@ func (n *Node) nameCluster(st *meta.State) {
 	}
 }
 
+// announceRelease records this node's release and protocols in the
+// metadata if its record says otherwise: a member restarted on another
+// release (an upgrade, a rollback) that did not join again through
+// Join (it knew nobody yet) is known as it is now.
+func (n *Node) announceRelease(st *meta.State) {
+	m, ok := st.Node(n.cfg.NodeID)
+	me := n.self()
+	if !ok || m.Release == me.Release && m.ProtoMin == me.ProtoMin && m.ProtoMax == me.ProtoMax {
+		return
+	}
+	if lo, hi := n.protocols(); st.Running() < lo || st.Running() > hi {
+		// Restarted on a release that does not speak the cluster's
+		// protocol, and let in without a join that would have refused it.
+		n.Fail(fmt.Errorf("%w: this node runs mqkv %s, which speaks cluster protocol %d to %d, and the cluster runs at protocol %d: "+
+			"start it with a release that speaks protocol %d", meta.ErrProtocol, me.Release, lo, hi, st.Running(), st.Running()))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := n.proposeMeta(ctx, meta.Op{Kind: meta.OpJoin, Checked: true, Cluster: st.ID, Node: me}, n.reopenAddrs(), ""); err != nil {
+		n.log.Warn("cannot record this node's release in the metadata", "release", me.Release, "error", err)
+	}
+}
+
 func (n *Node) reconcileLoop() {
 	defer n.wg.Done()
 	rc := &reconciler{leaderSince: map[int]time.Time{}, checked: map[int]time.Time{}, dead: newDeadWatch()}
@@ -102,12 +126,21 @@ func (n *Node) reconcile(rc *reconciler) {
 			rc.namingTried = time.Now()
 			n.nameCluster(st)
 		}
+		if spoken := st.Spoken(); spoken > st.Running() {
+			// Every member speaks a higher protocol: the cluster runs at it.
+			if err := n.applyMeta(meta.Op{Kind: meta.OpProtocol, Protocol: spoken}); err != nil {
+				n.log.Warn("cannot raise the cluster protocol", "to", spoken, "error", err)
+			} else {
+				n.log.Info("the cluster runs at a new protocol: every member speaks it", "protocol", spoken)
+			}
+		}
 	} else {
 		rc.dead.forget()
 	}
 	if err := n.recordClusterID(st.ID); err != nil {
 		n.log.Warn("cannot record the cluster's id in the data directory", "error", err)
 	}
+	n.announceRelease(st)
 	table := st.Placement()
 	migrating := 0 // non-voters being caught up by groups this node leads
 	for _, r := range n.Groups() {

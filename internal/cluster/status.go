@@ -21,6 +21,9 @@ type Status struct {
 	NotMember bool          `json:"not_member,omitempty"`
 	Nodes     []NodeStatus  `json:"nodes"`
 	Groups    []GroupStatus `json:"groups"`
+	// Protocol is the cluster protocol the cluster runs at (see
+	// ProtocolMax).
+	Protocol int `json:"protocol"`
 }
 
 // NodeStatus is one member. State is alive (answered just now), suspect
@@ -37,6 +40,12 @@ type NodeStatus struct {
 	// MQTT is what the node's broker holds (see MQTTFigures); nil when it
 	// did not answer.
 	MQTT *MQTTFigures `json:"mqtt,omitempty"`
+	// Release is the mqkv release it last joined with ("" for one before
+	// releases were recorded), speaking cluster protocols ProtoMin to
+	// ProtoMax.
+	Release  string `json:"release,omitempty"`
+	ProtoMin int    `json:"protocol_min"`
+	ProtoMax int    `json:"protocol_max"`
 }
 
 // MQTTFigures are a node's MQTT figures, in the cluster's status. Wire
@@ -69,6 +78,7 @@ func (n *Node) Status() Status {
 	if st == nil {
 		return out
 	}
+	out.Protocol = st.Running()
 	table := st.Placement()
 	leads, holds := map[string]int{}, map[string]int{}
 	// Each group's configuration is asked of its leader (following
@@ -113,7 +123,8 @@ func (n *Node) Status() Status {
 	}
 	out.Groups = groups
 	for _, m := range st.Nodes {
-		ns := NodeStatus{ID: m.ID, Addr: m.Addr, State: m.State.String(), Leads: leads[m.ID], Replicas: holds[m.ID]}
+		ns := NodeStatus{ID: m.ID, Addr: m.Addr, State: m.State.String(), Leads: leads[m.ID], Replicas: holds[m.ID], Release: m.Release}
+		ns.ProtoMin, ns.ProtoMax = m.Protocols()
 		if ns.State == "active" {
 			ns.State, ns.VolumeFull, ns.MQTT = n.liveness(m.ID)
 		}

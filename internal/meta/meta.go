@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/mqkv/mqkv/internal/placement"
 )
@@ -47,7 +48,16 @@ type Node struct {
 	// node, random per start: a join retried by the same process is
 	// told apart from another process claiming the id.
 	Inc string
+	// Release is the mqkv release the node last joined with, and
+	// ProtoMin and ProtoMax the cluster protocols it speaks (see
+	// State.Protocol); zero for a release before them, which speaks
+	// protocol 1 only.
+	Release            string
+	ProtoMin, ProtoMax int
 }
+
+// Protocols returns the cluster protocols the node speaks.
+func (n Node) Protocols() (lo, hi int) { return max(n.ProtoMin, 1), max(n.ProtoMax, 1) }
 
 // State is the whole metadata.
 type State struct {
@@ -65,6 +75,27 @@ type State struct {
 	// was let in and took replicas; found by trying it). It may join
 	// again without data (Op.Fresh).
 	Gone []string
+	// Protocol is the cluster protocol the cluster runs at (zero:
+	// 1, a cluster of releases before it): what its members may write to
+	// the logs and send each other. It rises (OpProtocol) once every
+	// member speaks a higher one, never falls, and a node that does not
+	// speak it cannot join, as etcd's cluster version.
+	Protocol int
+}
+
+// Running returns the protocol the cluster runs at.
+func (s *State) Running() int { return max(s.Protocol, 1) }
+
+// Spoken returns the highest protocol every member speaks (at least
+// the running one: a member below it could not have joined).
+func (s *State) Spoken() int {
+	spoken := 0
+	for _, n := range s.Nodes {
+		if _, hi := n.Protocols(); spoken == 0 || hi < spoken {
+			spoken = hi
+		}
+	}
+	return max(spoken, s.Running())
 }
 
 // maxGone bounds State.Gone: the oldest are forgotten first.
@@ -84,6 +115,10 @@ const (
 	OpLeave  OpKind = 3 // mark Node.ID leaving
 	OpRemove OpKind = 4 // forget Node.ID
 	OpName   OpKind = 5 // name a cluster that has no ID yet Cluster
+	// OpProtocol raises the cluster's protocol to Protocol. Proposed
+	// only once every member speaks it, so never while a release that
+	// does not know this kind is a member.
+	OpProtocol OpKind = 6
 )
 
 // Op is one metadata change.
@@ -104,6 +139,8 @@ type Op struct {
 	// cluster, the id, the address); ops logged before are applied as
 	// they were.
 	Checked bool
+	// Protocol is OpInit's and OpProtocol's cluster protocol.
+	Protocol int
 }
 
 // Errors of Apply; the state is unchanged when one is returned.
@@ -122,6 +159,9 @@ var (
 	// ErrRemoved refuses a node that was removed from the cluster and
 	// comes back with its data.
 	ErrRemoved = errors.New("meta: the node was removed from the cluster")
+	// ErrProtocol refuses a node that does not speak the cluster's
+	// protocol, and a protocol some member does not speak.
+	ErrProtocol = errors.New("meta: cluster protocol not spoken")
 )
 
 // Apply applies op.
@@ -137,8 +177,10 @@ func (s *State) Apply(op Op) error {
 		if op.Groups <= 0 || op.RF <= 0 || op.Node.ID == "" {
 			return fmt.Errorf("meta: bad init %+v", op)
 		}
-		s.ID, s.Groups, s.RF = op.Cluster, op.Groups, op.RF
-		s.Nodes = []Node{{ID: op.Node.ID, Addr: op.Node.Addr, State: Active, Inc: op.Node.Inc}}
+		s.ID, s.Groups, s.RF, s.Protocol = op.Cluster, op.Groups, op.RF, op.Protocol
+		n := op.Node
+		n.State = Active
+		s.Nodes = []Node{n}
 	case OpName:
 		if s.ID == "" {
 			s.ID = op.Cluster
@@ -158,10 +200,14 @@ func (s *State) Apply(op Op) error {
 			if op.Checked {
 				s.Nodes[i].Inc = op.Node.Inc
 			}
+			// Its release may have changed (an upgrade, a rollback).
+			s.Nodes[i].Release, s.Nodes[i].ProtoMin, s.Nodes[i].ProtoMax = op.Node.Release, op.Node.ProtoMin, op.Node.ProtoMax
 			return nil
 		}
 		s.Gone = slices.DeleteFunc(s.Gone, func(id string) bool { return id == op.Node.ID }) // back without data
-		s.Nodes = append(s.Nodes, Node{ID: op.Node.ID, Addr: op.Node.Addr, State: Active, Inc: op.Node.Inc})
+		n := op.Node
+		n.State = Active
+		s.Nodes = append(s.Nodes, n)
 		sort.Slice(s.Nodes, func(a, b int) bool { return s.Nodes[a].ID < s.Nodes[b].ID })
 	case OpLeave, OpRemove:
 		i := s.index(op.Node.ID)
@@ -180,10 +226,28 @@ func (s *State) Apply(op Op) error {
 				s.Gone = slices.Delete(s.Gone, 0, len(s.Gone)-maxGone)
 			}
 		}
+	case OpProtocol:
+		if op.Protocol <= s.Running() {
+			return nil // it never falls
+		}
+		for _, n := range s.Nodes {
+			if lo, hi := n.Protocols(); op.Protocol < lo || op.Protocol > hi {
+				return fmt.Errorf("%w: member %s (mqkv %s) speaks cluster protocol %d to %d, not %d", ErrProtocol, n.ID, releaseOf(n), lo, hi, op.Protocol)
+			}
+		}
+		s.Protocol = op.Protocol
 	default:
 		return fmt.Errorf("meta: unknown op %d", op.Kind)
 	}
 	return nil
+}
+
+// releaseOf names a member's release for a message.
+func releaseOf(n Node) string {
+	if n.Release == "" {
+		return "of a release before 2026-11-28"
+	}
+	return n.Release
 }
 
 // checkJoin refuses a join that would mix two clusters' data, give a
@@ -204,12 +268,25 @@ func (s *State) checkJoin(op Op, i int) error {
 		return fmt.Errorf("%w: %s is already a member, and this node has no data: if the member's data is lost, "+
 			"remove it first (mqkv cluster remove %s), then start this node again, or start it with another --node-id", ErrIDTaken, op.Node.ID, op.Node.ID)
 	}
+	if lo, hi := op.Node.Protocols(); s.Running() < lo || s.Running() > hi {
+		return fmt.Errorf("%w: this node runs mqkv %s, which speaks cluster protocol %d to %d, and the cluster runs at protocol %d "+
+			"(its members: %s): start it with a release that speaks protocol %d", ErrProtocol, releaseOf(op.Node), lo, hi, s.Running(), s.releases(), s.Running())
+	}
 	for j, m := range s.Nodes {
 		if j != i && m.Addr == op.Node.Addr {
 			return fmt.Errorf("%w: %s is member %s's; if that node is gone, remove it first (mqkv cluster remove %s)", ErrAddrTaken, m.Addr, m.ID, m.ID)
 		}
 	}
 	return nil
+}
+
+// releases lists the members' releases, for a message.
+func (s *State) releases() string {
+	var out []string
+	for _, n := range s.Nodes {
+		out = append(out, n.ID+" "+releaseOf(n))
+	}
+	return strings.Join(out, ", ")
 }
 
 func (s *State) index(id string) int {

@@ -172,3 +172,41 @@ func TestRemovedMemberStaysOut(t *testing.T) {
 		t.Fatalf("gone: %d, last %s", len(s.Gone), s.Gone[len(s.Gone)-1])
 	}
 }
+
+// The cluster protocol rises only to one every member speaks, never
+// falls, and a joiner must speak the running one; a member of a release
+// before protocols counts as speaking 1 only.
+func TestProtocol(t *testing.T) {
+	var s State
+	must := func(op Op) {
+		t.Helper()
+		if err := s.Apply(op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(Op{Kind: OpInit, Groups: 2, RF: 3, Node: Node{ID: "a", Addr: "a:1", ProtoMin: 1, ProtoMax: 2}, Protocol: 1})
+	must(Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "old", Addr: "b:1"}}) // a release before protocols
+	if s.Running() != 1 || s.Spoken() != 1 {
+		t.Fatalf("running %d, spoken %d, want 1 and 1", s.Running(), s.Spoken())
+	}
+	if err := s.Apply(Op{Kind: OpProtocol, Protocol: 2}); !errors.Is(err, ErrProtocol) || s.Running() != 1 {
+		t.Fatalf("protocol 2 with a member that speaks 1 only: %v, running %d", err, s.Running())
+	}
+	must(Op{Kind: OpJoin, Checked: true, Node: Node{ID: "old", Addr: "b:1", Release: "new", ProtoMin: 1, ProtoMax: 2}}) // upgraded
+	if s.Spoken() != 2 {
+		t.Fatalf("spoken %d, want 2", s.Spoken())
+	}
+	must(Op{Kind: OpProtocol, Protocol: 2})
+	must(Op{Kind: OpProtocol, Protocol: 1})
+	if s.Running() != 2 {
+		t.Fatalf("running %d after a lower OpProtocol: it never falls", s.Running())
+	}
+	err := s.Apply(Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "c", Addr: "c:1", Release: "older", ProtoMin: 1, ProtoMax: 1}})
+	if !errors.Is(err, ErrProtocol) || len(s.Nodes) != 2 {
+		t.Fatalf("a joiner that speaks 1 only into a cluster at 2: %v, %d members", err, len(s.Nodes))
+	}
+	err = s.Apply(Op{Kind: OpJoin, Checked: true, Fresh: true, Node: Node{ID: "d", Addr: "d:1", Release: "newer", ProtoMin: 3, ProtoMax: 4}})
+	if !errors.Is(err, ErrProtocol) {
+		t.Fatalf("a joiner that no longer speaks 2: %v", err)
+	}
+}

@@ -309,6 +309,7 @@ func Start(cfg Config) (*Server, error) {
 		Dir:      raftDir,
 		Link:     s.link,
 		Join:     join,
+		Release:  Version,
 		Rejoin:   cfg.Cluster.Rejoin,
 		Groups:   cfg.Cluster.Groups,
 		RF:       cfg.Cluster.Replicas,

@@ -42,7 +42,13 @@ func TestMessagesKeepOrderAcrossTheTwoPaths(t *testing.T) {
 	// The subscriber: checks the order, acknowledges, and now and then
 	// takes its time, so that its four slots fill.
 	subDone := make(chan error, 1)
+	// It reads nothing until half the messages are published: its socket
+	// and the server's fill (9.6 MB against a 16 KB window) whatever the
+	// machine's speed, so that mochi's path is taken (under CI's load the
+	// publisher was once slower than the subscriber all along).
+	gate := make(chan struct{})
 	go func() {
+		<-gate
 		for want := uint32(0); want < n; want++ {
 			sub.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 			p, err := packets.ReadPacket(sub.conn)
@@ -103,6 +109,9 @@ func TestMessagesKeepOrderAcrossTheTwoPaths(t *testing.T) {
 		pubDone <- nil
 	}()
 	for i := uint32(0); i < n; i++ {
+		if i == n/2 {
+			close(gate)
+		}
 		binary.BigEndian.PutUint32(payload, i)
 		m := &packets.Publish{QoS: 1, PacketID: uint16(i + 1), Topic: "order/x", Payload: payload}
 		if _, err := m.WriteTo(pub.conn); err != nil {

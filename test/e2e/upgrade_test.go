@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,8 +14,7 @@ import (
 )
 
 // TestRollingUpgrade replaces the nodes of a three-node cluster of the
-// previous release (MQKV_PREVIOUS_BINARY: .ci/run builds the commit named
-// in .ci/previous-release) one at a time with this tree's build, as an
+// previous release (see previousBinary) one at a time with this tree's build, as an
 // operator upgrades (SIGTERM, the new binary started on the same data
 // directory and addresses, the cluster settled before the next), and
 // then rolls one node back to the previous release, all under clients
@@ -21,18 +22,12 @@ import (
 // must be linearizable (porcupine): no acknowledged write lost, no stale
 // read, across both releases.
 func TestRollingUpgrade(t *testing.T) {
-	prev := os.Getenv("MQKV_PREVIOUS_BINARY")
-	if prev == "" {
-		if os.Getenv("MQKV_REQUIRE_UPGRADE") != "" {
-			t.Fatal("MQKV_REQUIRE_UPGRADE is set and MQKV_PREVIOUS_BINARY is not")
-		}
-		t.Skip("no previous release to upgrade from: set MQKV_PREVIOUS_BINARY (.ci/run builds it)")
-	}
 	if testing.Short() {
 		t.Skip("starts three processes of two releases")
 	}
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
+	prev := previousBinary(t)
 	c := startProcClusterOf(t, 3, 4, []string{prev, prev, prev})
 	c.awaitSettled(0, 3)
 	_, stop := load(c.mqtt)
@@ -62,6 +57,45 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Fatalf("only %d operations", ops)
 	}
 	checkLinearizable(t, h, fmt.Sprintf("across the upgrade and the rollback (%d with unknown outcome)", unknown))
+}
+
+// previousBinary is the previous release's mqkv: MQKV_PREVIOUS_BINARY, or
+// built from the commit .ci/previous-release names, out of the
+// repository's history. Without either the test is skipped, unless
+// MQKV_REQUIRE_UPGRADE is set (.ci/run sets it).
+func previousBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("MQKV_PREVIOUS_BINARY"); p != "" {
+		return p
+	}
+	skip := t.Skipf
+	if os.Getenv("MQKV_REQUIRE_UPGRADE") != "" {
+		skip = t.Fatalf
+	}
+	b, err := os.ReadFile("../../.ci/previous-release")
+	if err != nil {
+		skip("no previous release named: %v", err)
+	}
+	commit := strings.TrimSpace(string(b))
+	dir := t.TempDir()
+	archive := exec.Command("git", "archive", "--format=tar", commit)
+	archive.Dir = "../.."
+	tarball, err := archive.Output()
+	if err != nil {
+		skip("the previous release (%s) is not in this clone's history: %v", commit, err)
+	}
+	untar := exec.Command("tar", "-x", "-C", dir)
+	untar.Stdin = bytes.NewReader(tarball)
+	if out, err := untar.CombinedOutput(); err != nil {
+		t.Fatalf("unpacking %s: %v\n%s", commit, err, out)
+	}
+	bin := filepath.Join(dir, "mqkv-previous")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/mqkv")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the previous release (%s): %v\n%s", commit, err, out)
+	}
+	return bin
 }
 
 // TestNewerDataFormatRefused: a data directory marked with a newer data
