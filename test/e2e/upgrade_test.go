@@ -2,14 +2,19 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -31,6 +36,7 @@ func TestRollingUpgrade(t *testing.T) {
 	c := startProcClusterOf(t, 3, 4, []string{prev, prev, prev})
 	c.awaitSettled(0, 3)
 	_, stop := load(c.mqtt)
+	notified := watchAcrossUpgrade(t, c.mqtt)
 	replace := func(i int, bin, what string) {
 		time.Sleep(time.Second) // some load on each configuration
 		t.Logf("n%d: %s", i+1, what)
@@ -45,6 +51,7 @@ func TestRollingUpgrade(t *testing.T) {
 	replace(0, prev, "rolled back to the previous release")
 	time.Sleep(time.Second)
 	h := stop()
+	notified()
 	h.mu.Lock()
 	ops, unknown := len(h.ops), 0
 	for _, op := range h.ops {
@@ -57,6 +64,98 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Fatalf("only %d operations", ops)
 	}
 	checkLinearizable(t, h, fmt.Sprintf("across the upgrade and the rollback (%d with unknown outcome)", unknown))
+}
+
+// watchAcrossUpgrade has a client on the last node watch a key that a
+// client on the second node sets to 1, 2, 3, ... while the nodes are
+// replaced; the returned func stops the writer and checks that every
+// acknowledged value was notified, in order: the watcher's client
+// registers again after each reconnect with KEYNOTIFY ... SINCE its last
+// version, and the server replays what it missed.
+func watchAcrossUpgrade(t *testing.T, addrs []string) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	dial := func(addr string) *client.Client {
+		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer dcancel()
+		cl, err := client.Dial(dctx, client.Config{URL: "mqtt://" + addr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	watcher, writer := dial(addrs[2]), dial(addrs[1])
+	key := []byte("upgrade/watched")
+	w, err := watcher.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		got     []string
+		resyncs int
+	)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for ev := range w.Events() {
+			mu.Lock()
+			if ev.Resync {
+				resyncs++
+			}
+			got = append(got, string(ev.Value))
+			mu.Unlock()
+		}
+	}()
+	var acked []int
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		for i := 1; ctx.Err() == nil; i++ {
+			sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+			_, err := writer.Set(sctx, key, []byte(strconv.Itoa(i)))
+			scancel()
+			if err == nil {
+				acked = append(acked, i)
+			} else {
+				time.Sleep(50 * time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return func() {
+		t.Helper()
+		cancel()
+		<-written
+		writer.Close()
+		last := strconv.Itoa(acked[len(acked)-1])
+		eventuallyWithin(t, 20*time.Second, "the last acknowledged SET's notification", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Contains(got, last)
+		})
+		watcher.Close()
+		<-watched
+		seen := map[string]int{}
+		prevN := 0
+		for i, v := range got {
+			n, _ := strconv.Atoi(v)
+			if n < prevN {
+				t.Fatalf("notification %d: value %d after %d: out of order", i, n, prevN)
+			}
+			prevN = n
+			seen[v]++
+		}
+		for _, a := range acked {
+			if seen[strconv.Itoa(a)] == 0 {
+				t.Fatalf("SET %d acknowledged and never notified (%d acknowledged, %d notifications, %d resyncs)", a, len(acked), len(got), resyncs)
+			}
+		}
+		if resyncs > 0 {
+			t.Fatalf("%d resyncs: the watcher missed changes the server did not replay", resyncs)
+		}
+		t.Logf("%d acknowledged SETs, every one notified in order across the upgrade (%d notifications)", len(acked), len(got))
+	}
 }
 
 // previousBinary is the previous release's mqkv: MQKV_PREVIOUS_BINARY, or
