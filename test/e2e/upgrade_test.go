@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
