@@ -259,6 +259,7 @@ func TestAdminLiveViewersAreBounded(t *testing.T) {
 // point: a write is in it if and only if its version is at most the
 // backup's greatest version.
 func TestBackupRestore(t *testing.T) {
+	t.Parallel()
 	skipInCluster(t, "a cluster backup copies each group at its own point: TestClusterBackupRestore")
 	if testing.Short() {
 		t.Skip("builds the binary")

@@ -156,6 +156,7 @@ func TestReceiveMaximumExceeded(t *testing.T) {
 // client asked (even no keep-alive at all), and a client silent for 1.5
 // times it is disconnected; one that pings in time stays.
 func TestServerKeepAlive(t *testing.T) {
+	t.Parallel()
 	const keepAlive = 2 // seconds
 	s := startServer(t, inMemory(), func(c *serverConfig) { c.ServerKeepAlive = keepAlive })
 	type silent struct {
@@ -358,6 +359,7 @@ func TestMQTT_3_2_2_3_6_ServerMaximumPacketSize(t *testing.T) {
 // kept after the connection ends (CONNACK Session Present) and is gone
 // once the interval has passed.
 func TestMQTT_3_1_2_23_SessionExpiry(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	c := dialRaw(t, s, "expiring", rawOpts{cleanStart: true, sessionExpiry: 1, noSubscribe: true})
 	c.subscribe("exp/#", 1)

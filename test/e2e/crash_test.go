@@ -70,6 +70,7 @@ type keyState struct {
 // mid-load, restarts it on the same directory and checks every
 // acknowledged write.
 func TestCrashDurability(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and kills the binary")
 	}

@@ -340,6 +340,7 @@ func TestHeldMessagesKeepTheirOrder(t *testing.T) {
 // the subscriber's Receive Maximum past its expiry interval is not
 // delivered; one still valid is sent with what is left of its interval.
 func TestHeldMessageExpires(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	sub := limitedSubscriber(t, s, "recv-max-expiry", 1, "expiring/#")
 	pub, _ := dialWire(t, s, packets.Connect{ClientID: "expiring-pub", CleanStart: true})

@@ -109,6 +109,7 @@ func TestMQTTWillMessage(t *testing.T) {
 }
 
 func TestMQTTMessageExpiry(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	pub := dialRaw(t, s, "expiry-pub", rawOpts{cleanStart: true, noSubscribe: true})
 	expiry := uint32(1)
@@ -231,6 +232,7 @@ func TestMQTTQueuedMessagesKeepOrder(t *testing.T) {
 // TestMQTTExpiredSessionLeavesNoSubscriptions: once a session expires, a
 // new client with the same id inherits none of its subscriptions.
 func TestMQTTExpiredSessionLeavesNoSubscriptions(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	ghost := dialRaw(t, s, "ghost", rawOpts{sessionExpiry: 1, cleanStart: true, noSubscribe: true})
 	ghost.subscribe("leak/#", 1)

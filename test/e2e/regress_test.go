@@ -121,6 +121,7 @@ func TestSIGSTOPUnderLoad(t *testing.T) {
 // TestRestartLoopUnderLoad: five SIGKILLs and restarts under load;
 // every acknowledged write is there at the end.
 func TestRestartLoopUnderLoad(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs the binary")
 	}
@@ -143,6 +144,7 @@ func TestRestartLoopUnderLoad(t *testing.T) {
 // CONNECT are closed after the connect timeout, and the server serves
 // others meanwhile.
 func TestIdleConnectionsAreClosed(t *testing.T) {
+	t.Parallel()
 	const n = 3000
 	s := startServer(t, inMemory(), func(c *serverConfig) { c.ConnectTimeout = time.Second })
 	conns := make([]net.Conn, 0, n)
@@ -219,6 +221,7 @@ func TestDeepTopic(t *testing.T) {
 // TestTenThousandRegistrations: a client holds the default 10,000
 // KEYNOTIFY registrations (one more is refused) and each one works.
 func TestTenThousandRegistrations(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	c := dialRaw(t, s, "watcher", rawOpts{cleanStart: true})
 	const n = 10_000

@@ -87,6 +87,7 @@ func TestDisconnectSessionExpiryIsCapped(t *testing.T) {
 // its Message Expiry Interval minus the time it waited in the server: one
 // queued in an offline session (QoS 1 and 2) and a retained one.
 func TestMessageExpiryDecremented(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	c := dialRaw(t, s, "late", rawOpts{cleanStart: true, sessionExpiry: 300, noSubscribe: true})
 	c.subscribe("exp/#", 1)

@@ -17,6 +17,7 @@ import (
 // lost, would make the client's resent SET NX come back -1, "not applied",
 // for a key only it writes.
 func TestShutdownAnswersTheWritesItStarted(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startServerIn(t, dir)
 	const clients = 16

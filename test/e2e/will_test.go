@@ -140,6 +140,7 @@ func TestWillIsAuthorizedLikeAPublish(t *testing.T) {
 // has it sent after the delay, with its user properties (paho sends no
 // other will property).
 func TestDelayedWillCancelledByReconnect(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, inMemory())
 	watcher := dialRaw(t, s, "watcher", rawOpts{cleanStart: true, noSubscribe: true})
 	watcher.subscribe("status/#", 1)
