@@ -231,6 +231,14 @@ type history struct {
 	ops   []porcupine.Operation
 	start time.Time
 	acks  []time.Time // successful writes, for the failover stall
+	// failed are the operations that got no answer (reads included), by
+	// client and when they were called.
+	failed []failure
+}
+
+type failure struct {
+	client int
+	at     time.Time
 }
 
 func (h *history) add(client int, in kvInput, out kvOutput, call, ret time.Time) {
@@ -238,6 +246,7 @@ func (h *history) add(client int, in kvInput, out kvOutput, call, ret time.Time)
 	defer h.mu.Unlock()
 	op := porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call.Sub(h.start).Nanoseconds(), Return: ret.Sub(h.start).Nanoseconds()}
 	if out.unknown {
+		h.failed = append(h.failed, failure{client, call})
 		if in.op == "get" {
 			return // a read that did not answer says nothing
 		}
