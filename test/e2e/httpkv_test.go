@@ -8,18 +8,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/auth"
 	"github.com/mqkv/mqkv/internal/server"
 )
@@ -545,82 +542,4 @@ spec:
             keys: ["alice/*"]
 `), 0o600)
 	return passwords, policy
-}
-
-// TestHTTPWatchOverflow: a watch whose client reads slower than changes
-// come holds 4096 of them (watchBuffer); past that its stream says
-// "overflow" after the changes it kept, in order, and ends, and the
-// client knows it missed some: resumed after its last event, it is told
-// "truncated" when the history no longer reaches back.
-func TestHTTPWatchOverflow(t *testing.T) {
-	t.Parallel()
-	s := startServer(t, inMemory(), withHTTP())
-	k := uniqueKey(t)
-	// A client with a small receive window that reads nothing yet.
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetReadBuffer(16 << 10)
-		}
-		return c, err
-	}}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr}).Get("http://" + s.HTTPAddr() + "/v1/watch/" + url.PathEscape(k))
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("watch: %v %v", resp, err)
-	}
-	defer resp.Body.Close()
-	// More changes than the buffer and the sockets hold: 4 KiB values.
-	value := []byte(strings.Repeat("v", 4<<10))
-	ctx := ctxFor(t, 60*time.Second)
-	const writers, each = 8, 1000
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + s.Addr(), ClientID: fmt.Sprint(k, "-w", w)})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer c.Close()
-			for range each {
-				if _, err := c.Set(ctx, []byte(k), value); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	// Now read it all: changes, then "overflow", then the end.
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 64<<10)
-	var ids []string
-	ended := ""
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "id: "):
-			ids = append(ids, line[4:])
-		case strings.HasPrefix(line, "event: ") && line != "event: set":
-			ended = line[7:]
-		}
-	}
-	if ended != "overflow" {
-		t.Fatalf("the stream ended with %q after %d changes, want an overflow event", ended, len(ids))
-	}
-	if len(ids) < 4096 || len(ids) >= writers*each {
-		t.Fatalf("%d changes before the overflow, want at least the 4096 the watch holds and fewer than the %d made", len(ids), writers*each)
-	}
-	if !slices.IsSorted(ids) {
-		t.Fatal("the changes before the overflow are not in version order")
-	}
-	// Resumed after its last event: the history (64 changes a partition
-	// by default) no longer reaches back, and the client is told so.
-	again := sseStream(t, "http://"+s.HTTPAddr()+"/v1/watch/"+url.PathEscape(k), "Last-Event-ID", ids[len(ids)-1])
-	if e := nextEvent(t, again); e.event != "truncated" {
-		t.Fatalf("resumed after an overflow: %+v, want truncated", e)
-	}
 }
