@@ -264,7 +264,7 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 	if code := h.b.protocolError(cl, &pk); code != packets.CodeSuccess {
 		// mochi would find most of these too, but its DISCONNECT can be
 		// lost (see endConnection).
-		endConnection(cl, code)
+		endConnection(cl, code, "")
 		return pk, code
 	}
 	if pk.FixedHeader.Type == packets.Publish && pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 {

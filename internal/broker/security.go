@@ -367,7 +367,7 @@ func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) <-chan struct{} 
 	}
 	go func() {
 		defer close(ended)
-		endConnectionRef(cl, code, ref)
+		endConnection(cl, code, ref)
 	}()
 	return ended
 }
@@ -421,12 +421,9 @@ func (b *Broker) overReceiveMaximum(cl *mqtt.Client, pk *packets.Packet) bool {
 // around every write, so it never lands inside another packet. Every write
 // is bounded to endTimeout from here on (Hurry): a writer stuck on a
 // socket nobody reads gives up the lock in time, or the connection is
-// closed without a DISCONNECT.
-func endConnection(cl *mqtt.Client, code packets.Code) { endConnectionRef(cl, code, "") }
-
-// endConnectionRef is endConnection with a Server Reference (another
-// server the client may use; "" for none) in the DISCONNECT.
-func endConnectionRef(cl *mqtt.Client, code packets.Code, ref string) {
+// closed without a DISCONNECT. ref, if not empty, is a Server Reference
+// (another server the client may use) for the DISCONNECT.
+func endConnection(cl *mqtt.Client, code packets.Code, ref string) {
 	defer cl.Stop(code)
 	if cl.Properties.ProtocolVersion < 5 || cl.Net.Conn == nil {
 		return // MQTT 3.1.1 has no DISCONNECT from the server

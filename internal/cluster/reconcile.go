@@ -77,11 +77,10 @@ func (n *Node) announceRelease(st *meta.State) {
 	if !ok || m.Release == me.Release && m.ProtoMin == me.ProtoMin && m.ProtoMax == me.ProtoMax {
 		return
 	}
-	if lo, hi := n.protocols(); st.Running() < lo || st.Running() > hi {
+	if err := st.Speaks(me); err != nil {
 		// Restarted on a release that does not speak the cluster's
 		// protocol, and let in without a join that would have refused it.
-		n.Fail(fmt.Errorf("%w: this node runs mqkv %s, which speaks cluster protocol %d to %d, and the cluster runs at protocol %d: "+
-			"start it with a release that speaks protocol %d", meta.ErrProtocol, me.Release, lo, hi, st.Running(), st.Running()))
+		n.Fail(err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

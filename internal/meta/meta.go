@@ -268,14 +268,23 @@ func (s *State) checkJoin(op Op, i int) error {
 		return fmt.Errorf("%w: %s is already a member, and this node has no data: if the member's data is lost, "+
 			"remove it first (mqkv cluster remove %s), then start this node again, or start it with another --node-id", ErrIDTaken, op.Node.ID, op.Node.ID)
 	}
-	if lo, hi := op.Node.Protocols(); s.Running() < lo || s.Running() > hi {
-		return fmt.Errorf("%w: this node runs mqkv %s, which speaks cluster protocol %d to %d, and the cluster runs at protocol %d "+
-			"(its members: %s): start it with a release that speaks protocol %d", ErrProtocol, releaseOf(op.Node), lo, hi, s.Running(), s.releases(), s.Running())
+	if err := s.Speaks(op.Node); err != nil {
+		return err
 	}
 	for j, m := range s.Nodes {
 		if j != i && m.Addr == op.Node.Addr {
 			return fmt.Errorf("%w: %s is member %s's; if that node is gone, remove it first (mqkv cluster remove %s)", ErrAddrTaken, m.Addr, m.ID, m.ID)
 		}
+	}
+	return nil
+}
+
+// Speaks refuses a node that does not speak the protocol the cluster runs
+// at, naming both.
+func (s *State) Speaks(n Node) error {
+	if lo, hi := n.Protocols(); s.Running() < lo || s.Running() > hi {
+		return fmt.Errorf("%w: this node runs mqkv %s, which speaks cluster protocol %d to %d, and the cluster runs at protocol %d "+
+			"(its members: %s): start it with a release that speaks protocol %d", ErrProtocol, releaseOf(n), lo, hi, s.Running(), s.releases(), s.Running())
 	}
 	return nil
 }
