@@ -166,9 +166,11 @@ func diffScript() []diffStep {
 		S(0, "GET", "k1"),
 		S(0, "DEL", "k1"),
 		// PX expiry then read.
-		S(0, "SET", "px", "soon", "PX", "300"),
+		// 1 s to live: at 300 ms a loaded CI machine let it expire before
+		// the read right after it (the cluster's reply was nil).
+		S(0, "SET", "px", "soon", "PX", "1000"),
 		S(1, "GET", "px"),
-		diffStep{c: 1, args: []string{"GET", "px"}, sleep: 1500 * time.Millisecond},
+		diffStep{c: 1, args: []string{"GET", "px"}, sleep: 2500 * time.Millisecond},
 		S(0, "SET", "px", "again", "NX", "PX", "200"),
 		diffStep{c: 0, args: []string{"SET", "px", "third", "NX"}, sleep: 1200 * time.Millisecond},
 		S(1, "GET", "px"),
