@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"time"
 
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/mqkv/mqkv/internal/cluster"
 )
 
 // Three-node clusters of mqkv and of NATS (MQTT enabled), compared with
@@ -35,7 +39,7 @@ func buildNATS(dir string) (string, error) {
 // lists their MQTT addresses.
 func startMQKVCluster(bin, dir string) (*server, error) {
 	var procs []*process
-	var addrs, links []string
+	var addrs, links, admin []string
 	for i := range 3 {
 		port, err := freePort()
 		if err != nil {
@@ -49,6 +53,12 @@ func startMQKVCluster(bin, dir string) (*server, error) {
 		linkAddr := fmt.Sprintf("127.0.0.1:%d", link)
 		args := []string{"serve", "--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprint("n", i+1)),
 			"--node-id", fmt.Sprint("n", i+1), "--cluster-listen", linkAddr}
+		a, err := freeAddr() // for profiles, and to see the cluster settle
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--admin-listen", a)
+		admin = append(admin, a)
 		if i > 0 {
 			args = append(args, "--join", links[0])
 		}
@@ -64,13 +74,56 @@ func startMQKVCluster(bin, dir string) (*server, error) {
 		}
 		addrs, links = append(addrs, addr), append(links, linkAddr)
 	}
-	s := &server{name: "mqkv", proc: procs[0], more: procs[1:], addr: strings.Join(addrs, ",")}
+	s := &server{name: "mqkv", proc: procs[0], more: procs[1:], addr: strings.Join(addrs, ","), admin: admin}
+	if err := awaitSettled(admin[0]); err != nil {
+		s.stop()
+		return nil, err
+	}
+	if !profiling {
+		s.admin = nil
+	}
 	return s, awaitCrossing(s)
 }
 
+// awaitSettled waits until the node at admin sees every group with three
+// replicas led by its preferred leader: measured before, a cluster still
+// adding the replicas of the nodes that joined, and moving leaders,
+// costs what a settled one does not.
+func awaitSettled(admin string) error {
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var st cluster.Status
+		resp, err := http.Get("http://" + admin + "/v1/cluster")
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+		}
+		if err == nil && st.Settled(3, true) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("mqkv cluster not settled after 90 s (%v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // startNATSCluster runs three nats-server nodes as one cluster with
-// JetStream (which NATS's MQTT needs) and an MQTT listener each.
+// JetStream (which NATS's MQTT needs) and an MQTT listener each; the
+// server's address lists their MQTT listeners.
 func startNATSCluster(bin, dir string) (*server, error) {
+	s, err := startNATS(bin, dir, true, "")
+	if err != nil {
+		return nil, err
+	}
+	return s, awaitCrossing(s)
+}
+
+// startNATS runs three nats-server nodes as one cluster with JetStream,
+// an MQTT listener each if mqtt (the server's addresses are then those,
+// else the client listeners'), and JetStream's sync_interval set to sync
+// unless empty.
+func startNATS(bin, dir string, mqtt bool, sync string) (*server, error) {
 	type node struct{ client, route, mqtt int }
 	nodes := make([]node, 3)
 	for i := range nodes {
@@ -93,12 +146,17 @@ func startNATSCluster(bin, dir string) (*server, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
-		conf := fmt.Sprintf(`server_name: n%d
-listen: 127.0.0.1:%d
-jetstream { store_dir: %q }
-cluster { name: bench, listen: 127.0.0.1:%d, routes: [%s] }
-mqtt { listen: 127.0.0.1:%d }
-`, i+1, n.client, filepath.Join(d, "js"), n.route, strings.Join(routes, ", "), n.mqtt)
+		js := fmt.Sprintf("store_dir: %q", filepath.Join(d, "js"))
+		if sync != "" {
+			js += ", sync_interval: " + sync
+		}
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream { %s }\ncluster { name: bench, listen: 127.0.0.1:%d, routes: [%s] }\n",
+			i+1, n.client, js, n.route, strings.Join(routes, ", "))
+		addr := fmt.Sprintf("127.0.0.1:%d", n.client)
+		if mqtt {
+			conf += fmt.Sprintf("mqtt { listen: 127.0.0.1:%d }\n", n.mqtt)
+			addr = fmt.Sprintf("127.0.0.1:%d", n.mqtt)
+		}
 		path := filepath.Join(d, "nats.conf")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			return nil, err
@@ -109,7 +167,7 @@ mqtt { listen: 127.0.0.1:%d }
 			return nil, err
 		}
 		procs = append(procs, p)
-		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", n.mqtt))
+		addrs = append(addrs, addr)
 	}
 	for i, p := range procs {
 		if err := awaitListening(p, addrs[i]); err != nil {
@@ -117,8 +175,7 @@ mqtt { listen: 127.0.0.1:%d }
 			return nil, err
 		}
 	}
-	s := &server{name: "nats", proc: procs[0], more: procs[1:], addr: strings.Join(addrs, ",")}
-	return s, awaitCrossing(s)
+	return &server{name: "nats", proc: procs[0], more: procs[1:], addr: strings.Join(addrs, ",")}, nil
 }
 
 func stopAll(ps []*process) {

@@ -15,12 +15,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +47,8 @@ type server struct {
 	proc *process
 	more []*process // a cluster's other nodes
 	addr string     // a cluster's: its nodes' MQTT addresses, comma-separated
+	// admin lists mqkv's admin endpoints, one per node, when profiling.
+	admin []string
 }
 
 // cpu is what the server's processes used so far.
@@ -69,13 +73,18 @@ func main() {
 	clients := flag.Int("clients", 64, "clients, each with one operation in flight")
 	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
-	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory), http-put and http-get (mqkv's HTTP endpoint against etcd's HTTP/JSON gateway)")
+	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), cluster-set and cluster-get (three-node clusters of mqkv, etcd and NATS JetStream KV, R3), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory), http-put and http-get (mqkv's HTTP endpoint against etcd's HTTP/JSON gateway)")
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
+	baseline := flag.String("baseline", "", "another mqkv `binary` (an earlier build) run beside mqkv as one more contestant")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
+	etcdConns := flag.String("etcd-conns", "1,8,64", "etcd: gRPC connections the clients share, a `list` swept (one row each)")
+	natsConns := flag.String("nats-conns", "1,8,64", "NATS: connections the clients share, a `list` swept (one row each)")
+	profileDir := flag.String("profile", "", "write CPU profiles of every mqkv node over its first measured round into this `dir`, and print where the CPU went")
 	cpuProfile := flag.String("cpuprofile", "", "write the load generator's CPU profile to this `file` (what the clients cost)")
 	pin := flag.Bool("pin", false, "run each server on CPU 1 and the load generator on CPU 0 (taskset): the server's capacity on one core, apart from the clients' cost")
 	flag.Parse()
+	profiling = *profileDir != ""
 	if *pin {
 		if err := pinSelf("0"); err != nil {
 			log.Fatal(err)
@@ -106,96 +115,137 @@ func main() {
 		}
 	}
 	value := []byte(strings.Repeat("v", *valueSize))
-	var results []result
+	etcdSweep, err := counts(*etcdConns)
+	if err != nil {
+		log.Fatalf("-etcd-conns: %v", err)
+	}
+	natsSweep, err := counts(*natsConns)
+	if err != nil {
+		log.Fatalf("-nats-conns: %v", err)
+	}
+	var natsBin string
+	nats := func() string {
+		if natsBin == "" {
+			if natsBin, err = buildNATS(work); err != nil {
+				log.Fatal(err)
+			}
+		}
+		return natsBin
+	}
 	for _, w := range strings.Split(*only, ",") {
-		var pair [2]func(addr string) workload
-		var peer func(dir string) (*server, error)
+		// The first contestant is mqkv; every other row is compared with it.
+		var cs []contestant
+		mqkv := func(start func(bin, dir string) (*server, error), load func(addr string) workload) {
+			cs = append(cs, contestant{"mqkv", func(dir string) (*server, error) { return start(*mqkvBin, dir) }, load})
+			if *baseline != "" {
+				cs = append(cs, contestant{"mqkv baseline", func(dir string) (*server, error) { return start(*baseline, dir) }, load})
+			}
+		}
 		switch w {
-		case "set", "get":
-			get := w == "get"
-			pair[0] = func(addr string) workload { return &mqkvKV{addr: addr, get: get, keys: *keys, value: value} }
-			pair[1] = func(addr string) workload { return &etcdKV{addr: addr, get: get, keys: *keys, value: value} }
-			peer = startEtcd
+		case "set", "get", "cluster-set", "cluster-get":
+			get := strings.HasSuffix(w, "get")
+			cluster := strings.HasPrefix(w, "cluster-")
+			start, startEtcdN := startMQKV, startEtcd
+			if cluster {
+				start, startEtcdN = startMQKVCluster, startEtcdCluster
+			}
+			mqkv(start, func(addr string) workload {
+				return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value}
+			})
+			for _, n := range etcdSweep {
+				cs = append(cs, contestant{fmt.Sprintf("etcd %d conn", n), startEtcdN, func(addr string) workload {
+					return &etcdKV{endpoints: strings.Split(addr, ","), conns: n, get: get, keys: *keys, value: value}
+				}})
+			}
+			if !cluster {
+				break
+			}
+			durability := []bool{true}
+			if !get {
+				durability = append(durability, false) // for reference
+			}
+			for _, always := range durability {
+				label := "nats R3 sync always"
+				if !always {
+					label = "nats R3 default sync (not durable)"
+				}
+				for k, n := range natsSweep {
+					if !always && k > 0 {
+						break // the reference runs once
+					}
+					cs = append(cs, contestant{fmt.Sprintf("%s %d conn", label, n),
+						func(dir string) (*server, error) { return startNATSKV(nats(), dir, always) },
+						func(addr string) workload {
+							return &natsKV{urls: strings.Split(addr, ","), conns: n, get: get, keys: *keys, value: value}
+						}})
+				}
+			}
 		case "http-put", "http-get":
 			get := w == "http-get"
-			pair[0] = func(addr string) workload {
+			mqkv(startMQKVHTTP, func(addr string) workload {
 				return &httpKV{label: "mqkv", addr: addr, get: get, keys: *keys, value: value}
-			}
-			pair[1] = func(addr string) workload {
+			})
+			cs = append(cs, contestant{"etcd", startEtcd, func(addr string) workload {
 				return &httpKV{label: "etcd", addr: addr, etcd: true, get: get, keys: *keys, value: value}
-			}
-			peer = startEtcd
+			}})
 		case "mc-set", "mc-get":
 			get := w == "mc-get"
-			pair[0] = func(addr string) workload {
+			mqkv(startMQKVMemcache, func(addr string) workload {
 				return &memcacheKV{label: "mqkv", addr: addr, get: get, keys: *keys, value: value}
-			}
-			pair[1] = func(addr string) workload {
+			})
+			cs = append(cs, contestant{"memcached", startMemcached, func(addr string) workload {
 				return &memcacheKV{label: "memcached", addr: addr, get: get, keys: *keys, value: value}
-			}
-			peer = startMemcached
+			}})
 		case "pubsub":
-			pair[0] = func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
-			pair[1] = pair[0]
-			peer = startMosquitto
+			load := func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
+			mqkv(startMQKV, load)
+			cs = append(cs, contestant{"mosquitto", startMosquitto, load})
 		case "across-qos0", "across-qos1":
 			qos := byte(w[len(w)-1] - '0')
-			pair[0] = func(addr string) workload { return &across{addrs: strings.Split(addr, ","), qos: qos, pl: value} }
-			pair[1] = pair[0]
-			peer = func(dir string) (*server, error) {
-				bin, err := buildNATS(work)
-				if err != nil {
-					return nil, err
-				}
-				return startNATSCluster(bin, dir)
-			}
+			load := func(addr string) workload { return &across{addrs: strings.Split(addr, ","), qos: qos, pl: value} }
+			mqkv(startMQKVCluster, load)
+			cs = append(cs, contestant{"nats", func(dir string) (*server, error) { return startNATSCluster(nats(), dir) }, load})
 		default:
 			log.Fatalf("unknown workload %q", w)
 		}
-		servers := [2]*server{}
-		start := startMQKV
-		if strings.HasPrefix(w, "across") {
-			start = startMQKVCluster
-		}
-		if strings.HasPrefix(w, "mc-") {
-			start = startMQKVMemcache
-		}
-		if strings.HasPrefix(w, "http-") {
-			start = startMQKVHTTP
-		}
-		if servers[0], err = start(*mqkvBin, filepath.Join(work, w, "mqkv")); err != nil {
-			log.Fatal(err)
-		}
-		if servers[1], err = peer(filepath.Join(work, w, "peer")); err != nil {
-			servers[0].stop()
-			log.Fatal(err)
-		}
-		var sums [2]result
+		sums := make([]result, len(cs))
 		for r := 0; r < *rounds; r++ {
-			for k, s := range servers {
-				res, err := measure(pair[k](s.addr), s, *clients, *warmup, *duration)
+			for k, c := range cs {
+				// Every contestant starts fresh each round: a peer's
+				// state from an earlier round (compaction, a grown log)
+				// would weigh on the next.
+				s, err := c.start(filepath.Join(work, w, fmt.Sprint(r), fmt.Sprint(k)))
 				if err != nil {
-					log.Fatalf("%s %s: %v", s.name, w, err)
+					log.Fatalf("%s %s: %v", c.label, w, err)
 				}
-				res.workload = w
-				fmt.Fprintf(os.Stderr, "round %d %-9s %-6s %8.0f ops/s  p50 %6.2f ms  p99 %6.2f ms  %5.1f µs CPU/op\n",
-					r+1, s.name, w, res.opsPerSec(), ms(res.p(50)), ms(res.p(99)), res.cpuPerOp())
+				var prof []string
+				if k == 0 && r == 0 && *profileDir != "" {
+					prof = s.admin
+				}
+				res, err := measure(c.load(s.addr), s, *clients, *warmup, *duration, prof, filepath.Join(*profileDir, w))
+				s.stop()
+				if err != nil {
+					log.Fatalf("%s %s: %v", c.label, w, err)
+				}
+				res.workload, res.server = w, c.label
+				fmt.Fprintf(os.Stderr, "round %d %-9s %-24s %8.0f ops/s  p50 %6.2f ms  p99 %6.2f ms  %5.1f µs CPU/op  client %5.1f µs/op\n",
+					r+1, w, c.label, res.opsPerSec(), ms(res.p(50)), ms(res.p(99)), res.cpuPerOp(), res.clientCPUPerOp())
 				sums[k].add(res)
 			}
 		}
-		results = append(results, sums[0], sums[1])
-		for _, s := range servers {
-			s.stop()
-		}
+		printTable(os.Stdout, sums)
 	}
 	if *pin {
 		fmt.Println("servers on CPU 1, load generator on CPU 0 (-pin)")
 	}
-	printTable(results, *clients, *valueSize, *rounds, *duration)
+	fmt.Printf("\n%d clients, %d-byte values, %d rounds of %v each, contestants taking turns; totals over all rounds\n", *clients, *valueSize, *rounds, *duration)
+	if *pin {
+		fmt.Println("servers on CPU 1, load generator on CPU 0 (-pin)")
+	}
 }
 
 // measure runs w against s: warmup, then duration measured.
-func measure(w workload, s *server, clients int, warmup, duration time.Duration) (result, error) {
+func measure(w workload, s *server, clients int, warmup, duration time.Duration, profile []string, profDir string) (result, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := w.prepare(ctx, clients); err != nil {
@@ -230,18 +280,25 @@ func measure(w workload, s *server, clients int, warmup, duration time.Duration)
 	if err != nil {
 		return result{}, err
 	}
+	self0 := selfCPU()
 	measuring.Store(true)
 	t0 := time.Now()
+	profiled := startProfiles(profile, duration, profDir)
 	time.Sleep(duration)
 	measuring.Store(false)
 	elapsed := time.Since(t0)
 	cpu1, _ := s.cpu()
+	self1 := selfCPU()
+	profErr := profiled()
 	cancel()
 	wg.Wait()
 	if err, ok := firstErr.Load().(error); ok {
 		return result{}, err
 	}
-	res := result{server: s.name, elapsed: elapsed, cpu: cpu1 - cpu0}
+	if profErr != nil {
+		return result{}, profErr
+	}
+	res := result{server: s.name, elapsed: elapsed, cpu: cpu1 - cpu0, client: self1 - self0}
 	for _, l := range lat {
 		res.lat = append(res.lat, l...)
 	}
@@ -251,13 +308,43 @@ func measure(w workload, s *server, clients int, warmup, duration time.Duration)
 type result struct {
 	workload, server string
 	elapsed, cpu     time.Duration
+	client           time.Duration // the load generator's CPU
 	lat              []time.Duration
+}
+
+// contestant is one server configuration a workload runs against: how to
+// start it and the load for it.
+type contestant struct {
+	label string
+	start func(dir string) (*server, error)
+	load  func(addr string) workload
+}
+
+// counts parses a comma-separated list of positive numbers.
+func counts(list string) ([]int, error) {
+	var ns []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		ns = append(ns, n)
+	}
+	return ns, nil
+}
+
+// selfCPU is the CPU time this process (the load generator) used so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (r *result) add(o result) {
 	r.workload, r.server = o.workload, o.server
 	r.elapsed += o.elapsed
 	r.cpu += o.cpu
+	r.client += o.client
 	r.lat = append(r.lat, o.lat...)
 }
 
@@ -268,6 +355,13 @@ func (r result) cpuPerOp() float64 {
 		return 0
 	}
 	return float64(r.cpu.Microseconds()) / float64(len(r.lat))
+}
+
+func (r result) clientCPUPerOp() float64 {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return float64(r.client.Microseconds()) / float64(len(r.lat))
 }
 
 func (r result) p(q float64) time.Duration {
@@ -281,20 +375,19 @@ func (r result) p(q float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func printTable(rs []result, clients, size, rounds int, d time.Duration) {
-	fmt.Printf("%d clients, %d-byte values, %d rounds of %v each, alternating; totals over all rounds\n\n", clients, size, rounds, d)
-	fmt.Println("| workload | server | ops/s | p50 ms | p99 ms | server CPU µs/op | mqkv / peer ops/s | mqkv / peer CPU/op |")
-	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|")
-	for i := 0; i+1 < len(rs); i += 2 {
-		m, p := rs[i], rs[i+1]
-		for _, r := range []result{m, p} {
-			ratio, cpuRatio := "", ""
-			if r.server != "mqkv" {
-				ratio = fmt.Sprintf("%.2fx", m.opsPerSec()/p.opsPerSec())
-				cpuRatio = fmt.Sprintf("%.2fx", m.cpuPerOp()/p.cpuPerOp())
-			}
-			fmt.Printf("| %s | %s | %.0f | %.2f | %.2f | %.1f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), ratio, cpuRatio)
+// printTable prints one workload's results, the first row mqkv's and
+// every other row compared with it.
+func printTable(out io.Writer, rs []result) {
+	fmt.Fprintln(out, "\n| workload | server | ops/s | p50 ms | p99 ms | server CPU µs/op | load generator CPU µs/op | mqkv / this ops/s | mqkv / this CPU/op |")
+	fmt.Fprintln(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+	m := rs[0]
+	for k, r := range rs {
+		ratio, cpuRatio := "", ""
+		if k > 0 {
+			ratio = fmt.Sprintf("%.2fx", m.opsPerSec()/r.opsPerSec())
+			cpuRatio = fmt.Sprintf("%.2fx", m.cpuPerOp()/r.cpuPerOp())
 		}
+		fmt.Fprintf(out, "| %s | %s | %.0f | %.2f | %.2f | %.1f | %.1f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), r.clientCPUPerOp(), ratio, cpuRatio)
 	}
 }
 

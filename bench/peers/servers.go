@@ -69,6 +69,12 @@ func (p *process) cpu() (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / ticks, nil
 }
 
+// freeAddr is a loopback address with a port nobody listens on now.
+func freeAddr() (string, error) {
+	port, err := freePort()
+	return fmt.Sprintf("127.0.0.1:%d", port), err
+}
+
 // freePort picks a loopback port nobody listens on now.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -135,6 +141,10 @@ func repoRoot() (string, error) {
 // mqkvAdmin, if set, is where mqkv serves its admin endpoint (pprof).
 var mqkvAdmin string
 
+// profiling has mqkv serve its admin endpoint on a port of its own (each
+// node of a cluster), for CPU profiles.
+var profiling bool
+
 // serverCPU, if set, is the CPU list (taskset -c) every server runs on.
 var serverCPU string
 
@@ -146,14 +156,24 @@ func startMQKV(bin, dir string) (*server, error) {
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	args := []string{"serve", "--listen", addr, "--data-dir", filepath.Join(dir, "data")}
-	if mqkvAdmin != "" {
-		args = append(args, "--admin-listen", mqkvAdmin)
+	admin := mqkvAdmin
+	if admin == "" && profiling {
+		if admin, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	if admin != "" {
+		args = append(args, "--admin-listen", admin)
 	}
 	p, err := spawn(dir, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	return &server{name: "mqkv", proc: p, addr: addr}, awaitListening(p, addr)
+	s := &server{name: "mqkv", proc: p, addr: addr}
+	if profiling {
+		s.admin = []string{admin}
+	}
+	return s, awaitListening(p, addr)
 }
 
 // startEtcd runs one etcd member with its defaults (fsync on every

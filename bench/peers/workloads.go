@@ -24,9 +24,9 @@ import (
 func keyOf(i, seq, keys int) []byte { return []byte("k" + strconv.Itoa((i*7919+seq)%keys)) }
 
 // mqkvKV: SET or GET through mqkv's Go client (the request framing of the
-// AIO SDKs), one connection per client.
+// AIO SDKs), one connection per client, client i on node i of a cluster.
 type mqkvKV struct {
-	addr  string
+	addrs []string
 	get   bool
 	keys  int
 	value []byte
@@ -36,8 +36,8 @@ type mqkvKV struct {
 func (w *mqkvKV) name() string { return "mqkv" }
 
 func (w *mqkvKV) prepare(ctx context.Context, n int) error {
-	for range n {
-		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + w.addr})
+	for i := range n {
+		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + w.addrs[i%len(w.addrs)]})
 		if err != nil {
 			return err
 		}
@@ -72,21 +72,24 @@ func (w *mqkvKV) close() {
 	}
 }
 
-// etcdKV: put or get through clientv3, one client (gRPC connection) per
-// client, linearizable gets (etcd's default, as mqkv's).
+// etcdKV: put or get through clientv3, the clients sharing conns
+// clientv3 clients (a gRPC connection each, which multiplexes requests),
+// linearizable gets (etcd's default, as mqkv's). A clientv3 client given
+// a cluster's endpoints balances its requests over them.
 type etcdKV struct {
-	addr  string
-	get   bool
-	keys  int
-	value []byte
-	cs    []*clientv3.Client
+	endpoints []string
+	conns     int
+	get       bool
+	keys      int
+	value     []byte
+	cs        []*clientv3.Client
 }
 
 func (w *etcdKV) name() string { return "etcd" }
 
 func (w *etcdKV) prepare(ctx context.Context, n int) error {
-	for range n {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{w.addr}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	for range min(n, w.conns) {
+		c, err := clientv3.New(clientv3.Config{Endpoints: w.endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return err
 		}
@@ -94,7 +97,7 @@ func (w *etcdKV) prepare(ctx context.Context, n int) error {
 	}
 	if w.get {
 		for k := range w.keys {
-			if _, err := w.cs[k%n].Put(ctx, string(keyOf(0, k, w.keys)), string(w.value)); err != nil {
+			if _, err := w.cs[k%len(w.cs)].Put(ctx, string(keyOf(0, k, w.keys)), string(w.value)); err != nil {
 				return err
 			}
 		}
@@ -104,14 +107,15 @@ func (w *etcdKV) prepare(ctx context.Context, n int) error {
 
 func (w *etcdKV) op(ctx context.Context, i, seq int) error {
 	k := string(keyOf(i, seq, w.keys))
+	c := w.cs[i%len(w.cs)]
 	if w.get {
-		r, err := w.cs[i].Get(ctx, k)
+		r, err := c.Get(ctx, k)
 		if err == nil && len(r.Kvs) == 0 {
 			err = fmt.Errorf("get %s: not found", k)
 		}
 		return err
 	}
-	_, err := w.cs[i].Put(ctx, k, string(w.value))
+	_, err := c.Put(ctx, k, string(w.value))
 	return err
 }
 

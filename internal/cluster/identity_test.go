@@ -208,7 +208,7 @@ func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := leader.applyMeta(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true,
-		Node: meta.Node{ID: "n4", Addr: addr, Inc: inc}}); err != nil {
+		Node: meta.Node{ID: "n4", Addr: addr, Inc: inc, ProtoMin: ProtocolMin, ProtoMax: ProtocolMax}}); err != nil {
 		t.Fatal(err)
 	}
 	// The node is started again, on its directory, same address.
@@ -232,7 +232,7 @@ func TestRefusedJoinIsNotLogged(t *testing.T) {
 	}
 	n.metaReadyTerm.Store(n.meta.CurrentTerm())
 	before := n.meta.LastIndex()
-	resp := n.metaHere(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: meta.Node{ID: "n9", Addr: h.links[0].Addr(), Inc: "x"}})
+	resp := n.metaHere(meta.Op{Kind: meta.OpJoin, Checked: true, Fresh: true, Node: meta.Node{ID: "n9", Addr: h.links[0].Addr(), Inc: "x", ProtoMin: ProtocolMin, ProtoMax: ProtocolMax}})
 	if resp.Kind != errOther || !strings.Contains(resp.Err, "address") {
 		t.Fatalf("a join at a member's address: %+v", resp)
 	}

@@ -62,9 +62,12 @@ const (
 // that drops the old form raises ProtocolMin. So a cluster upgrades one
 // node at a time, and an older release joins while the cluster's protocol
 // allows it, or is refused with both named.
+//
+// Protocol 1: the first, msgpack on the node link. Protocol 2: forwarded
+// writes and reads, and their replies, in a binary form (callcodec.go).
 const (
 	ProtocolMin = 1
-	ProtocolMax = 1
+	ProtocolMax = 2
 )
 
 // metaGroup is the stream layer id of the metadata group (replica groups

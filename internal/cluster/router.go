@@ -417,7 +417,15 @@ func (n *Node) call(ctx context.Context, id string, req callReq, resp *callResp)
 		return fmt.Errorf("%w: unknown member %s", errNotSent, id)
 	}
 	*resp = callResp{}
-	err := n.link.Call(ctx, addr, req, resp)
+	var err error
+	if binaryCall(&req) && n.Protocol() >= protocolBinaryCalls {
+		var reply []byte
+		if reply, err = n.link.CallBytes(ctx, addr, appendCall(nil, &req)); err == nil {
+			err = decodeReply(reply, resp)
+		}
+	} else {
+		err = n.link.Call(ctx, addr, req, resp)
+	}
 	var ne *peer.NotSentError
 	if errors.As(err, &ne) {
 		return fmt.Errorf("%w: %v", errNotSent, err)

@@ -129,16 +129,20 @@ func (n *Node) serveStream(from string, s net.Conn) {
 func (n *Node) serveCall(from string, body []byte) []byte {
 	var req callReq
 	resp := callResp{Kind: errOther, Err: "malformed call"}
+	bin, err := decodeCall(body, &req)
 	switch {
 	case !n.started.Load():
 		// Calls are taken from the start (there is no refusing them
 		// otherwise, only leaving them unanswered), but n.meta is not
 		// there yet: nothing done, the caller tries again.
 		resp = callResp{Kind: errNotLeader}
-	case peer.Decode(body, &req) == nil:
+	case err == nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		resp = n.answer(ctx, req)
 		cancel()
+	}
+	if bin { // the caller reads the binary forms
+		return appendReply(nil, &resp)
 	}
 	out, _ := peer.Encode(resp)
 	return out

@@ -54,28 +54,20 @@ func appendFrame(b []byte, f *frame) ([]byte, bool) {
 	b = append(b, flags, m.PayloadFormat)
 	b = binary.AppendUvarint(b, uint64(m.Expiry))
 	for _, s := range [...]string{m.Topic, m.Origin, m.ContentType, m.ResponseTopic} {
-		b = appendString(b, s)
+		b = peer.AppendString(b, s)
 	}
-	b = appendBytes(b, m.Correlation)
-	b = appendBytes(b, m.Payload)
+	b = peer.AppendBytes(b, m.Correlation)
+	b = peer.AppendBytes(b, m.Payload)
 	b = binary.AppendUvarint(b, uint64(len(m.User)))
 	for _, u := range m.User {
-		b = appendString(appendString(b, u[0]), u[1])
+		b = peer.AppendString(peer.AppendString(b, u[0]), u[1])
 	}
 	b = binary.AppendUvarint(b, uint64(len(d.Groups)))
 	for _, g := range d.Groups {
-		b = appendString(b, g)
+		b = peer.AppendString(b, g)
 	}
-	b = appendString(b, d.For)
+	b = peer.AppendString(b, d.For)
 	return binary.AppendUvarint(b, uint64(d.Since)), true
-}
-
-func appendString(b []byte, s string) []byte {
-	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
-}
-
-func appendBytes(b, v []byte) []byte {
-	return append(binary.AppendUvarint(b, uint64(len(v))), v...)
 }
 
 var errBadFrame = errors.New("mesh: malformed frame")
@@ -109,90 +101,36 @@ func decodeFrame(b []byte, f *frame) error {
 	return peer.Decode(b, f)
 }
 
-// reader reads a binary message's fields, remembering the first fault.
-type reader struct {
-	b   []byte
-	bad bool
-}
-
-func (r *reader) uvarint() uint64 {
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.bad, r.b = true, nil
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *reader) byte() byte {
-	if len(r.b) == 0 {
-		r.bad = true
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *reader) bytes() []byte {
-	n := r.uvarint()
-	if n > uint64(len(r.b)) {
-		r.bad, r.b = true, nil
-		return nil
-	}
-	if n == 0 {
-		return nil
-	}
-	v := r.b[:n:n]
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *reader) string() string { return string(r.bytes()) }
-
-// count reads a number of items, each at least min bytes long: a count
-// the rest of the frame cannot hold is a fault (no allocation on its
-// word).
-func (r *reader) count(min int) int {
-	n := r.uvarint()
-	if n > uint64(len(r.b)/min) {
-		r.bad, r.b = true, nil
-		return 0
-	}
-	return int(n)
-}
-
 func decodeMessage(b []byte, f *frame) error {
-	r := reader{b: b}
+	r := peer.NewReader(b)
 	d := &Delivery{}
 	m := &d.Msg
-	seq := r.uvarint()
-	flags := r.byte()
+	seq := r.Uvarint()
+	flags := r.Byte()
 	d.Plain, m.Retain, m.FormatSet, m.QoS = flags&1 != 0, flags&2 != 0, flags&4 != 0, flags>>3&3
-	m.PayloadFormat = r.byte()
-	expiry := r.uvarint()
+	m.PayloadFormat = r.Byte()
+	expiry := r.Uvarint()
 	if expiry > 1<<32-1 {
 		return errBadFrame
 	}
 	m.Expiry = uint32(expiry)
-	m.Topic, m.Origin, m.ContentType, m.ResponseTopic = r.string(), r.string(), r.string(), r.string()
-	m.Correlation, m.Payload = r.bytes(), r.bytes()
-	if n := r.count(2); n > 0 {
+	m.Topic, m.Origin, m.ContentType, m.ResponseTopic = r.String(), r.String(), r.String(), r.String()
+	m.Correlation, m.Payload = r.Bytes(), r.Bytes()
+	if n := r.Count(2); n > 0 {
 		m.User = make([][2]string, n)
 		for i := range m.User {
-			m.User[i] = [2]string{r.string(), r.string()}
+			m.User[i] = [2]string{r.String(), r.String()}
 		}
 	}
-	if n := r.count(1); n > 0 {
+	if n := r.Count(1); n > 0 {
 		d.Groups = make([]string, n)
 		for i := range d.Groups {
-			d.Groups[i] = r.string()
+			d.Groups[i] = r.String()
 		}
 	}
-	d.For = r.string()
-	d.Since = int64(r.uvarint())
-	if r.bad || flags>>5 != 0 {
+	d.For = r.String()
+	d.Since = int64(r.Uvarint())
+	if r.Bad() || flags>>5 != 0 {
 		return errBadFrame
 	}
 	*f = frame{Kind: kindMessage, Seq: seq, Delivery: d}

@@ -96,15 +96,21 @@ func (l *Link) Call(ctx context.Context, addr string, req, resp any) error {
 	if err != nil {
 		return &NotSentError{err}
 	}
-	m, err := l.muxTo(ctx, addr)
-	if err != nil {
-		return &NotSentError{err}
-	}
-	reply, err := m.call(ctx, body)
+	reply, err := l.CallBytes(ctx, addr, body)
 	if err != nil {
 		return err
 	}
 	return Decode(reply, resp)
+}
+
+// CallBytes is Call for a request already encoded (in a binary form, say),
+// returning the reply undecoded.
+func (l *Link) CallBytes(ctx context.Context, addr string, body []byte) ([]byte, error) {
+	m, err := l.muxTo(ctx, addr)
+	if err != nil {
+		return nil, &NotSentError{err}
+	}
+	return m.call(ctx, body)
 }
 
 // Calls share one stream per peer (KindMux): each request frame carries an

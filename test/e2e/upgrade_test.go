@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mqkv/mqkv/client"
+	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -22,7 +23,9 @@ import (
 // previous release (see previousBinary) one at a time with this tree's build, as an
 // operator upgrades (SIGTERM, the new binary started on the same data
 // directory and addresses, the cluster settled before the next), and
-// then rolls one node back to the previous release, all under clients
+// rolls one node back to the previous release while the cluster still
+// runs at its protocol (a node of it is left), upgrades on until the
+// cluster runs at this release's protocol, all under clients
 // doing SET, SET NX, GET, DEL and VDEL through every node. The history
 // must be linearizable (porcupine): no acknowledged write lost, no stale
 // read, across both releases.
@@ -52,10 +55,29 @@ func TestRollingUpgrade(t *testing.T) {
 		c.awaitSettled((i+1)%3, 3)
 		windows = append(windows, window{i, begin, time.Now()})
 	}
-	for i := range 3 {
-		replace(i, mqkvBinary(t), "upgraded")
+	protocol := func(want int) {
+		t.Helper()
+		st, err := c.status(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Protocol != want {
+			t.Fatalf("the cluster runs at protocol %d, want %d", st.Protocol, want)
+		}
 	}
+	cur := mqkvBinary(t)
+	replace(0, cur, "upgraded")
+	replace(1, cur, "upgraded")
+	protocol(1) // n3 speaks 1 only: the previous release
 	replace(0, prev, "rolled back to the previous release")
+	replace(0, cur, "upgraded again")
+	replace(2, cur, "upgraded")
+	// Every member speaks this release's protocol: the cluster moves to
+	// it, and forwards writes and reads in their binary form.
+	eventuallyWithin(t, 30*time.Second, "the cluster to run at this release's protocol", func() bool {
+		st, err := c.status(1)
+		return err == nil && st.Protocol == cluster.ProtocolMax
+	})
 	time.Sleep(time.Second)
 	h := stop()
 	notified()
