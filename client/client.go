@@ -66,7 +66,9 @@ type Client struct {
 	cm        *autopaho.ConnectionManager
 	clock     *hlc.Clock
 	respTopic string
-	log       *slog.Logger
+	// notifyFilter covers the client's notification topics.
+	notifyFilter string
+	log          *slog.Logger
 
 	mu      sync.Mutex
 	pending map[string]chan *paho.Publish // correlation data → reply
@@ -109,13 +111,14 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		cfg:   cfg,
 		clock: clock,
 		// The Go SDK's shape: upper-case hex of the client id.
-		respTopic: "clients/" + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/" + topics.Request + "/response",
-		log:       cfg.Logger,
-		pending:   map[string]chan *paho.Publish{},
-		ready:     make(chan struct{}),
-		watches:   map[watchID]*keyWatch{},
-		done:      make(chan struct{}),
-		setup:     make(chan error, 1),
+		respTopic:    "clients/" + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/" + topics.Request + "/response",
+		notifyFilter: notifyPrefix + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/command/notify/#",
+		log:          cfg.Logger,
+		pending:      map[string]chan *paho.Publish{},
+		ready:        make(chan struct{}),
+		watches:      map[watchID]*keyWatch{},
+		done:         make(chan struct{}),
+		setup:        make(chan error, 1),
 	}
 	ac := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
@@ -231,6 +234,15 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 				return
 			}
 		}
+		// Its notification topics too: mqkv's broker delivers them without
+		// a subscription (and once with one), another broker that mqkv is
+		// attached to (mqkv attach) only with. Best effort: a broker may
+		// refuse it, and replies still come.
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+		if _, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: c.notifyFilter, QoS: 1}}}); err != nil {
+			c.log.Debug("subscribe to the notification topics failed", "error", err)
+		}
+		cancel()
 		c.mu.Lock()
 		if c.gen != gen {
 			c.mu.Unlock()
@@ -387,7 +399,9 @@ func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserP
 	if d, ok := ctx.Deadline(); ok {
 		expiry = uint32(max(1, int(time.Until(d).Seconds()+0.999)))
 	}
-	user := paho.UserProperties{{Key: "__ts", Value: c.clock.Now().String()}}
+	// __srcId names the client as the AIO SDKs do: an attached mqkv
+	// (mqkv attach) knows the requester by it alone.
+	user := paho.UserProperties{{Key: "__ts", Value: c.clock.Now().String()}, {Key: "__srcId", Value: c.cfg.ClientID}}
 	user = append(user, props...)
 	_, err := c.cm.Publish(ctx, &paho.Publish{
 		Topic:   requestTopic,

@@ -137,6 +137,17 @@ func printStatus(w io.Writer, st admin.Status) {
 		{"expired", fmt.Sprint(st.Expired)},
 		{"mqtt in/out", fmt.Sprintf("%d / %d messages", st.MessagesIn, st.MessagesOut)},
 	}
+	if a := st.Attached; a != nil {
+		state := "serving"
+		switch {
+		case !a.Connected:
+			state = "disconnected, reconnecting"
+		case !a.Serving:
+			state = "connected, not subscribed to the request topic"
+		}
+		rows = append(rows, [2]string{"attached to", fmt.Sprintf("%s as %s: %s, %d requests in flight, %d reconnects, %d duplicates answered once, %d notifications dropped",
+			a.Broker, a.ClientID, state, a.InFlight, a.Reconnects, a.Duplicates, a.NotificationsDropped)})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}

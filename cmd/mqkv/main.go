@@ -32,7 +32,7 @@ Without a command it runs the server (mqkv serve).`,
 	serve := serveCmd()
 	root.RunE = serve.RunE
 	root.Flags().AddFlagSet(serve.Flags())
-	root.AddCommand(serve, benchCmd(), passwdCmd())
+	root.AddCommand(serve, attachCmd(), benchCmd(), passwdCmd())
 	root.AddCommand(kvCmds()...)
 	root.AddCommand(pubCmd(), subCmd())
 	root.AddCommand(statusCmd(), topCmd(), backupCmd(), restoreCmd(), clusterCmd(), versionCmd())

@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mqkv/mqkv/internal/attach"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/glob"
@@ -44,6 +45,9 @@ type Node struct {
 	// Mesh carries MQTT between a cluster's nodes; nil on a node on its
 	// own.
 	Mesh *mesh.Mesh
+	// Attached is the attachment to another broker (mqkv attach); nil
+	// without one.
+	Attached *attach.Attach
 }
 
 // Keyspace is the data behind the endpoint: the whole keyspace through the
@@ -242,6 +246,9 @@ type Status struct {
 	MessagesIn    int64      `json:"mqtt_messages_in"`
 	MessagesOut   int64      `json:"mqtt_messages_out"`
 	History       []Sample   `json:"history"`
+	// Attached says how the attachment to another broker fares (mqkv
+	// attach).
+	Attached *attach.Status `json:"attached,omitempty"`
 }
 
 // Status returns the current summary.
@@ -262,6 +269,10 @@ func (s *Server) Status() Status {
 	}
 	if !gs.LastSnapshot.IsZero() {
 		st.LastSnapshot = &gs.LastSnapshot
+	}
+	if n.Attached != nil {
+		a := n.Attached.Status()
+		st.Attached = &a
 	}
 	s.mu.Lock()
 	st.History = append([]Sample(nil), s.history...)

@@ -250,9 +250,8 @@ func New(cfg Config, h Handler) (*Broker, error) {
 	if cfg.MaxSubscriptions == 0 {
 		cfg.MaxSubscriptions = DefaultMaxSubscriptions
 	}
-	if len(cfg.Listeners) == 0 {
-		return nil, fmt.Errorf("broker: no listener configured")
-	}
+	// No listener is for a server attached to another broker (mqkv
+	// attach): the broker then only serves the cluster's other nodes.
 	caps := mqtt.NewDefaultServerCapabilities()
 	// Without this mochi echoes user properties on PUBACK and sets reason
 	// 0x01 on QoS 1 acks (mochi issue #474).
@@ -339,7 +338,12 @@ func (b *Broker) closeSessions() {
 }
 
 // Addr returns the address of the first listener.
-func (b *Broker) Addr() string { return b.listeners[0].Address() }
+func (b *Broker) Addr() string {
+	if len(b.listeners) == 0 {
+		return ""
+	}
+	return b.listeners[0].Address()
+}
 
 // Addrs returns the address of every listener by name.
 func (b *Broker) Addrs() map[string]string {
@@ -485,12 +489,9 @@ func (b *Broker) Figures() (clients int64, sessions int, subscriptions int64) {
 // ClientsConnected returns the number of connected clients.
 func (b *Broker) ClientsConnected() int64 { return atomic.LoadInt64(&b.srv.Info.ClientsConnected) }
 
-// contentType is that of every message the state store publishes.
-const contentType = "application/octet-stream"
-
 // inject publishes a message from the broker itself, at QoS 1.
 func (b *Broker) inject(topic string, payload []byte, props packets.Properties) {
-	props.ContentType = contentType
+	props.ContentType = statestore.ContentType
 	err := b.srv.InjectPacket(b.inline, packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
 		TopicName:   topic,

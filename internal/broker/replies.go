@@ -160,7 +160,7 @@ func replyProperties(r *statestore.Request, version hlc.Timestamp) packets.Prope
 		CorrelationData:       r.CorrelationData,
 		MessageExpiryInterval: r.MessageExpiry,
 		User:                  user,
-		ContentType:           contentType,
+		ContentType:           statestore.ContentType,
 	}
 }
 

@@ -26,7 +26,16 @@ type Process struct {
 // Spawn runs `binary serve --listen 127.0.0.1:0 --log-format json extra...`
 // and waits until it reports the address it serves MQTT on.
 func Spawn(binary string, extra ...string) (*Process, error) {
-	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, extra...) // a later --listen wins
+	return spawn(binary, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, extra...)) // a later --listen wins
+}
+
+// SpawnAttached starts `binary attach` with extra arguments (--broker
+// among them): a server with no MQTT listener of its own (Addr is "").
+func SpawnAttached(binary string, extra ...string) (*Process, error) {
+	return spawn(binary, append([]string{"attach", "--log-format", "json"}, extra...))
+}
+
+func spawn(binary string, args []string) (*Process, error) {
 	cmd := exec.Command(binary, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -59,7 +59,7 @@ func listenersOf(cfg Config) ([]broker.Listener, error) {
 	} else if cfg.WSTLS {
 		return nil, errors.New("--ws-tls needs --ws-listen")
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && cfg.Attach == nil {
 		return nil, errors.New("no listener: give at least one of --listen, --tls-listen, --ws-listen")
 	}
 	return out, nil
@@ -82,7 +82,7 @@ func securityOf(cfg Config) (broker.Security, error) {
 	authConfigured := cfg.PasswordFile != "" || cfg.TLSClientCA != ""
 	sec.AllowAnonymous = cfg.AllowAnonymous || !authConfigured
 	sec.Certificates = cfg.TLSClientCA != ""
-	if !authConfigured {
+	if !authConfigured && cfg.Attach == nil {
 		cfg.Logger.Warn("authentication is off: no --password-file or --tls-client-ca, every client is admitted anonymously")
 	}
 	if sec.Policy, err = loadPolicy(cfg); err != nil {
@@ -97,7 +97,11 @@ func securityOf(cfg Config) (broker.Security, error) {
 // it, must not turn authorization off.
 func loadPolicy(cfg Config) (*policy.Policy, error) {
 	if cfg.PolicyFile == "" {
-		cfg.Logger.Warn("no authorization policy (--policy): every admitted client may do everything")
+		if cfg.Attach != nil {
+			cfg.Logger.Warn("no authorization policy (--policy): every client of the broker may read and write every key")
+		} else {
+			cfg.Logger.Warn("no authorization policy (--policy): every admitted client may do everything")
+		}
 		return nil, nil
 	}
 	p, err := policy.Load(cfg.PolicyFile)

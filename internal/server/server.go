@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/mqkv/mqkv/internal/admin"
+	"github.com/mqkv/mqkv/internal/attach"
 	"github.com/mqkv/mqkv/internal/broker"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/gateway"
@@ -31,6 +32,7 @@ import (
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/ownership"
 	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/retained"
 	"github.com/mqkv/mqkv/internal/roaming"
@@ -55,6 +57,9 @@ type Config struct {
 
 	DataDir  string // ignored when InMemory
 	InMemory bool   // keep nothing on disk
+	// Attach, if set, serves the store to another MQTT broker as its
+	// client too (mqkv attach); the MQTT listeners may then be none.
+	Attach *attach.Config
 
 	PasswordFile       string // username:bcrypt lines (mqkv passwd)
 	CertAttributesFile string // certificate subject → principal attributes
@@ -177,6 +182,7 @@ type Server struct {
 	resp    *gateway.Listener // nil unless RESPListen
 	mc      *gateway.Listener // nil unless MemcacheListen
 	http    *httpkv.Server    // nil unless HTTPListen
+	attach  *attach.Attach    // nil unless Attach
 	lock    *os.File
 	disk    *replica.DiskGuard
 	NodeID  string
@@ -450,10 +456,24 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if cfg.Attach != nil {
+		ac := *cfg.Attach
+		ac.Logger = cfg.Logger
+		ac.Policy = func() *policy.Policy { return b.Security().Policy }
+		if ac.ClientID == "" {
+			ac.ClientID = s.NodeID // a random one is mqkv-<hex> already
+			if !strings.HasPrefix(ac.ClientID, "mqkv-") {
+				ac.ClientID = "mqkv-" + ac.ClientID
+			}
+		}
+		if s.attach, err = attach.Start(ac, s.service); err != nil {
+			return nil, err
+		}
+	}
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{
 			NodeID: s.NodeID, Version: Version, Started: startTime,
-			Data: s.node, Service: s.service, Broker: b, Mesh: s.mesh,
+			Data: s.node, Service: s.service, Broker: b, Mesh: s.mesh, Attached: s.attach,
 		})
 		if err != nil {
 			return nil, err
@@ -481,6 +501,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if s.link != nil {
 		attrs = append(attrs, "cluster", s.link.Addr())
+	}
+	if s.attach != nil {
+		attrs = append(attrs, "attached_to", s.attach.Broker())
 	}
 	cfg.Logger.Info("mqkv serving", attrs...)
 	started = true
@@ -567,6 +590,10 @@ func (s *Server) ClusterAddr() string {
 	return s.link.Addr()
 }
 
+// Attached returns the attachment to another broker; nil unless
+// Config.Attach.
+func (s *Server) Attached() *attach.Attach { return s.attach }
+
 // Service returns the state store service (for its counters).
 func (s *Server) Service() *statestore.Service { return s.service }
 
@@ -633,6 +660,9 @@ func (s *Server) Close() error {
 // failed Start does with what it got. It reports the broker's or the
 // node's error.
 func (s *Server) release() error {
+	if s.attach != nil {
+		s.attach.Close() // its requests answered first, while the node runs
+	}
 	if s.admin != nil {
 		s.admin.Close()
 	}

@@ -111,6 +111,9 @@ type Router interface {
 	Clock() *hlc.Clock
 }
 
+// ContentType is the content type of replies and notifications.
+const ContentType = "application/octet-stream"
+
 // ReasonTopicNameInvalid is the MQTT reason code (0x90) a client is
 // disconnected with when it names a forbidden response topic.
 const ReasonTopicNameInvalid byte = 0x90
@@ -256,7 +259,7 @@ func (s *Service) Handle(r *Request) {
 		s.log.Debug("state store request without response topic dropped", "client", r.ClientID)
 		return
 	}
-	if forbiddenResponseTopic(r.ResponseTopic) {
+	if ForbiddenResponseTopic(r.ResponseTopic) {
 		s.Counters.ForbiddenTopic.Add(1)
 		s.log.Info("client disconnected: forbidden response topic", "client", r.ClientID, "topic", r.ResponseTopic)
 		s.transport.Disconnect(r.ClientID, r.Conn, ReasonTopicNameInvalid)
@@ -346,9 +349,9 @@ func (s *Service) serve(r *Request, args [][]byte) {
 	}
 }
 
-// forbiddenResponseTopic applies the public doc's rule (the request topic,
+// ForbiddenResponseTopic applies the public doc's rule (the request topic,
 // or anything under the notification prefix) and MQTT's: no wildcards.
-func forbiddenResponseTopic(t string) bool {
+func ForbiddenResponseTopic(t string) bool {
 	return t == RequestTopic || strings.HasPrefix(t, NotifyPrefix) || strings.ContainsAny(t, "+#")
 }
 
@@ -909,7 +912,7 @@ func (s *Service) notify(sink Notifier, clientID string, conn uint64, topicPrefi
 		sent = sink.Notify(*ev)
 	} else {
 		if enc.payload == nil {
-			enc.payload, enc.keyHex = notifyPayload(ev.Kind, ev.Value), hexUpper(ev.Key)
+			enc.payload, enc.keyHex = NotifyPayload(ev.Kind, ev.Value), hexUpper(ev.Key)
 		}
 		sent = s.transport.Deliver(clientID, conn, topicPrefix+enc.keyHex, enc.payload, ev.Version)
 	}
@@ -924,7 +927,8 @@ func (s *Service) EventsGap(resume hlc.Timestamp) {
 	s.history.gap(resume)
 }
 
-func notifyPayload(kind store.EventKind, value []byte) []byte {
+// NotifyPayload is the payload of a KEYNOTIFY notification of a change.
+func NotifyPayload(kind store.EventKind, value []byte) []byte {
 	if kind == store.EventSet {
 		return resp.AppendNotifySet(nil, value)
 	}

@@ -60,8 +60,8 @@ func TestForbiddenResponseTopic(t *testing.T) {
 		"clients/ab/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke":                   false,
 		"clients/ab/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response": false,
 	} {
-		if got := forbiddenResponseTopic(topic); got != forbidden {
-			t.Errorf("forbiddenResponseTopic(%q) = %v", topic, got)
+		if got := ForbiddenResponseTopic(topic); got != forbidden {
+			t.Errorf("ForbiddenResponseTopic(%q) = %v", topic, got)
 		}
 	}
 }

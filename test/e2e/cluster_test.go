@@ -62,6 +62,9 @@ type procCluster struct {
 	procs            []*server.Process
 	groups           int
 	bins             []string // each node's binary, if not this tree's (see TestRollingUpgrade)
+	// attachTo, if set, is the broker every node is attached to (mqkv
+	// attach) instead of serving MQTT.
+	attachTo string
 }
 
 func startProcCluster(t *testing.T, n, groups int) *procCluster {
@@ -71,7 +74,11 @@ func startProcCluster(t *testing.T, n, groups int) *procCluster {
 // startProcClusterOf is startProcCluster with each node's binary: bins[i],
 // or this tree's if it is empty or bins is short.
 func startProcClusterOf(t *testing.T, n, groups int, bins []string) *procCluster {
-	c := &procCluster{t: t, groups: groups, bins: bins}
+	return startProcClusterWith(t, &procCluster{t: t, groups: groups, bins: bins}, n)
+}
+
+// startProcClusterWith starts n nodes of c as configured.
+func startProcClusterWith(t *testing.T, c *procCluster, n int) *procCluster {
 	for i := 0; i < n; i++ {
 		c.dirs = append(c.dirs, t.TempDir())
 		c.mqtt = append(c.mqtt, freePort(t))
@@ -109,7 +116,13 @@ func (c *procCluster) start(i int) {
 	if i < len(c.bins) && c.bins[i] != "" {
 		bin = c.bins[i]
 	}
-	p, err := server.Spawn(bin, args...)
+	spawn := server.Spawn
+	if c.attachTo != "" {
+		args = slices.DeleteFunc(args, func(a string) bool { return a == "--listen" || a == c.mqtt[i] })
+		args = append(args, "--broker", "mqtt://"+c.attachTo)
+		spawn = server.SpawnAttached
+	}
+	p, err := spawn(bin, args...)
 	if err != nil {
 		c.t.Fatalf("start n%d (%s): %v", i+1, bin, err)
 	}

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +52,11 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 	if clusterMode() {
 		joinCluster(t, &cfg)
 	}
+	var broker *mosquittoBroker
+	if attachMode() {
+		broker = brokerFor(t, dir)
+		attachTo(broker.addr)(&cfg)
+	}
 	s, err := server.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -62,9 +65,13 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 		awaitSettled(t, s)
 	}
 	ts := &testServer{Server: s, dir: dir}
-	host, port, _ := net.SplitHostPort(s.Addr())
-	p, _ := strconv.Atoi(port)
-	ts.host, ts.port = host, uint16(p)
+	if s.Addr() != "" {
+		ts.host, ts.port = hostPort(t, s.Addr())
+	}
+	if broker != nil {
+		awaitAttached(t, s)
+		ts.host, ts.port = hostPort(t, broker.addr) // the SDK clients go through mosquitto
+	}
 	t.Cleanup(func() { s.Close() })
 	return ts
 }
@@ -132,6 +139,9 @@ func newSDKClientOpts(t testing.TB, s *testServer, id string, opts ...mqtt.Sessi
 	defer cancel()
 	if err := ss.Start(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if attachMode() {
+		subscribeToNotifications(t, ctx, mc, id)
 	}
 	c := &sdkClient{mqtt: mc, store: ss}
 	t.Cleanup(c.close)

@@ -173,6 +173,7 @@ type req struct {
 	disconnects     bool
 	noResponseTopic bool
 	corr            []byte // correlation data instead of random bytes
+	srcID           bool   // send the client id as __srcId, as the SDKs do
 }
 
 // now returns a valid request timestamp from this process's clock.
@@ -233,6 +234,9 @@ func (rc *rawClient) trySend(r req) (chan *paho.Publish, error) {
 	}
 	if r.ft != nil {
 		props.User.Add("__ft", *r.ft)
+	}
+	if r.srcID {
+		props.User.Add("__srcId", rc.id)
 	}
 	qos := byte(1)
 	if r.qos0 {

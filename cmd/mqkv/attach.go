@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/mqkv/mqkv/internal/attach"
+)
+
+func attachCmd() *cobra.Command {
+	n := newNodeFlags()
+	var brokers []string
+	var c conn // the client flags: --username, --password, --tls-*
+	ac := attach.Config{}
+	cmd := &cobra.Command{
+		Use:   "attach --broker URL",
+		Short: "Serve the state store to an MQTT v5 broker mqkv does not run (mosquitto, EMQX, HiveMQ)",
+		Long: `Connects to an existing MQTT v5 broker as a client, takes the state store's
+requests from it (a shared subscription to the request topic, so several
+attached processes share them) and answers them as mqkv's own broker does:
+the same bytes, the same store (durable in --data-dir, or --in-memory; the
+cluster flags make several attached processes one cluster). The AIO SDKs'
+state store, leases, locks and leader election then work through that broker.
+
+mqkv cannot see who sent a request: it takes the requester's name from the
+__srcId user property the SDKs send. Keep one client from publishing
+requests in another's name, and from reading another's replies and
+notifications, with the broker's ACLs (docs/attach.md has mosquitto and EMQX
+examples). SIGHUP reloads --policy; SIGINT or SIGTERM stop the process.`,
+		Example: `  mqkv attach --broker mqtt://127.0.0.1:1883
+  mqkv attach --broker tls://broker:8883 --tls-ca ca.pem -u mqkv -p "$PW" --data-dir /var/lib/mqkv`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(brokers) == 0 {
+				return fmt.Errorf("attach: --broker is required")
+			}
+			for _, b := range brokers {
+				u, err := url.Parse(b)
+				if err != nil || u.Host == "" {
+					return fmt.Errorf("attach: --broker %q is not a URL (mqtt://host:1883, tls://, ws://, wss://)", b)
+				}
+				switch strings.ToLower(u.Scheme) {
+				case "mqtt", "tcp":
+					u.Scheme = "mqtt"
+				case "tls", "mqtts", "ssl":
+					u.Scheme = "tls"
+				case "ws", "wss":
+				default:
+					return fmt.Errorf("attach: --broker %q: scheme %q (mqtt, tls, ws or wss)", b, u.Scheme)
+				}
+				ac.Brokers = append(ac.Brokers, u)
+			}
+			tc, err := c.tlsConfig()
+			if err != nil {
+				return fmt.Errorf("attach: %w", err)
+			}
+			ac.TLS, ac.Username, ac.ClientID = tc, c.username, c.clientID
+			if c.password != "" {
+				ac.Password = []byte(c.password)
+			}
+			if !cmd.Flags().Changed("session-expiry") && n.cfg.Cluster.Listen != "" {
+				// Several attached processes: mosquitto goes on handing a
+				// stopped member's share of the requests to its session,
+				// where they wait for it, instead of to the others.
+				ac.SessionExpiry = 0
+			}
+			n.cfg.Attach = &ac
+			return n.run("attach")
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringSliceVar(&brokers, "broker", nil, "the broker's `URL`: mqtt://host:1883, tls://host:8883, ws://host/mqtt or wss://; several (comma-separated) are tried in turn")
+	fs.StringVar(&c.clientID, "client-id", env("MQKV_CLIENT_ID", ""), "this process's MQTT client `id` at the broker (default mqkv-<node id>, or the node id if it starts so); its persistent session is kept under it (env MQKV_CLIENT_ID)")
+	fs.StringVarP(&c.username, "username", "u", env("MQKV_USERNAME", ""), "username at the broker (env MQKV_USERNAME)")
+	fs.StringVarP(&c.password, "password", "p", env("MQKV_PASSWORD", ""), "password at the broker (env MQKV_PASSWORD, which ps does not show)")
+	fs.StringVar(&c.tlsCA, "tls-ca", env("MQKV_TLS_CA", ""), "CA `file` to verify the broker with (env MQKV_TLS_CA)")
+	fs.StringVar(&c.tlsCert, "tls-cert", env("MQKV_TLS_CERT", ""), "client certificate `file` (env MQKV_TLS_CERT)")
+	fs.StringVar(&c.tlsKey, "tls-key", env("MQKV_TLS_KEY", ""), "client key `file` (env MQKV_TLS_KEY)")
+	fs.StringVar(&ac.Group, "share-group", attach.DefaultGroup, "shared subscription `group`: attached processes of one store take requests from $share/<group>/<request topic>")
+	fs.Uint32Var(&ac.SessionExpiry, "session-expiry", attach.DefaultSessionExpiry, "`seconds` the broker keeps this process's session (and the requests sent to it) while it reconnects; 0 by default with --cluster-listen, where other attached processes take the requests (docs/attach.md)")
+	fs.Uint16Var(&ac.ReceiveMaximum, "receive-maximum", attach.DefaultReceiveMaximum, "requests the broker may send before this process acknowledges them (flow control)")
+	fs.Uint16Var(&ac.KeepAlive, "keep-alive", attach.DefaultKeepAlive, "MQTT keep-alive in `seconds`")
+	n.storeFlags(fs)
+	return cmd
+}

@@ -1,0 +1,396 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/iot-operations-sdks/go/mqtt"
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/admin"
+	"github.com/mqkv/mqkv/internal/statestore"
+)
+
+// address is a server known by its address only (a broker mqkv attaches to).
+type address string
+
+func (a address) Addr() string { return string(a) }
+
+var tsPattern = regexp.MustCompile(`^\d{15}:\d{5}:.+$`)
+
+// TestAttachRepliesAsTheBrokerDoes: one server serves its own MQTT
+// clients and, attached, mosquitto's; a raw client of each sends the same
+// requests (on keys of the same length) and must get the same replies:
+// payload, QoS, content type, user properties (names, order, __stat; __ts
+// a timestamp where the broker sends one), correlation data echoed, and
+// the same notifications on the same topic (its client id aside).
+func TestAttachRepliesAsTheBrokerDoes(t *testing.T) {
+	skipInCluster(t, "starts its own broker")
+	if attachMode() {
+		t.Skip("attaches by itself")
+	}
+	t.Parallel()
+	m := startMosquitto(t)
+	s := startServer(t, attachAlso(m.addr))
+	awaitAttached(t, s.Server)
+	own := dialRaw(t, s, "own-client", rawOpts{cleanStart: true})
+	via := dialRaw(t, address(m.addr), "via-client", rawOpts{cleanStart: true})
+	for _, rc := range []*rawClient{own, via} {
+		if code := rc.subscribe(statestore.NotifyClientPrefix(rc.id)+"#", 1); code != 1 {
+			t.Fatalf("%s: SUBACK %#x for its notification topics", rc.id, code)
+		}
+	}
+	steps := [][]string{
+		{"PING"},
+		{"SET", "K", "v1"},
+		{"GET", "K"},
+		{"SET", "K", "v2", "NX"},
+		{"SET", "K", "v2", "NEX"},
+		{"PTTL", "K"},
+		{"SET", "K", "v3", "PX", "60000"},
+		{"KEYNOTIFY", "K"},
+		{"SET", "K", "v4"},
+		{"VDEL", "K", "nope"},
+		{"DEL", "K"},
+		{"GET", "K"},
+		{"DEL", "K"},
+		{"NOSUCH", "K"},
+		{"SET", "K"},
+	}
+	key := map[*rawClient]string{own: "attach/own", via: "attach/via"} // the same length
+	for _, step := range steps {
+		var got [2]*paho.Publish
+		for i, rc := range []*rawClient{own, via} {
+			args := slices.Clone(step)
+			if len(args) > 1 {
+				args[1] = key[rc]
+			}
+			got[i] = rc.do(req{args: args, ts: now(), srcID: true})
+		}
+		samePublish(t, fmt.Sprint(step), got[0], got[1])
+	}
+	// The SET after KEYNOTIFY and the DEL notified each client.
+	for _, want := range []string{"SET", "DELETE"} {
+		var got [2]*paho.Publish
+		for i, rc := range []*rawClient{own, via} {
+			p, ok := rc.nextPublish(5 * time.Second)
+			if !ok {
+				t.Fatalf("%s: no %s notification", rc.id, want)
+			}
+			wantTopic := statestore.NotifyTopic(rc.id, []byte(key[rc]))
+			if p.Topic != wantTopic {
+				t.Fatalf("%s: notification on %q, want %q", rc.id, p.Topic, wantTopic)
+			}
+			got[i] = p
+		}
+		if !strings.Contains(string(got[0].Payload), want) {
+			t.Fatalf("notification %q, want %s", got[0].Payload, want)
+		}
+		samePublish(t, "notification "+want, got[0], got[1])
+	}
+}
+
+// samePublish compares a reply (or notification) from mqkv's broker with
+// the one that came through mosquitto.
+func samePublish(t *testing.T, what string, own, via *paho.Publish) {
+	t.Helper()
+	if string(own.Payload) != string(via.Payload) || own.QoS != via.QoS {
+		t.Fatalf("%s: own broker %q (QoS %d), through mosquitto %q (QoS %d)", what, own.Payload, own.QoS, via.Payload, via.QoS)
+	}
+	op, vp := own.Properties, via.Properties
+	if (op == nil) != (vp == nil) {
+		t.Fatalf("%s: properties %+v and %+v", what, op, vp)
+	}
+	if op == nil {
+		return
+	}
+	if op.ContentType != vp.ContentType || (op.PayloadFormat == nil) != (vp.PayloadFormat == nil) || (op.MessageExpiry == nil) != (vp.MessageExpiry == nil) {
+		t.Fatalf("%s: content type %q/%q, payload format %v/%v, expiry %v/%v", what, op.ContentType, vp.ContentType,
+			op.PayloadFormat, vp.PayloadFormat, op.MessageExpiry, vp.MessageExpiry)
+	}
+	if len(op.CorrelationData) != len(vp.CorrelationData) {
+		t.Fatalf("%s: correlation data %x and %x", what, op.CorrelationData, vp.CorrelationData)
+	}
+	names := func(p *paho.PublishProperties) (out []string) {
+		for _, u := range p.User {
+			v := u.Value
+			if u.Key == "__ts" {
+				if !tsPattern.MatchString(v) {
+					t.Fatalf("%s: __ts %q is not a timestamp", what, v)
+				}
+				v = "<ts>"
+			}
+			out = append(out, u.Key+"="+v)
+		}
+		return out
+	}
+	if o, v := names(op), names(vp); !slices.Equal(o, v) {
+		t.Fatalf("%s: user properties %v from mqkv's broker, %v through mosquitto", what, o, v)
+	}
+}
+
+// TestAttachSurvivesBrokerRestart: mosquitto restarts (its sessions kept
+// in its persistence file); the attached server reconnects and subscribes
+// again, and an SDK client's next requests succeed and find the data.
+func TestAttachSurvivesBrokerRestart(t *testing.T) {
+	skipInCluster(t, "starts its own broker")
+	if attachMode() {
+		t.Skip("attaches by itself")
+	}
+	t.Parallel()
+	m := startMosquitto(t, "persistence true", "persistence_location "+t.TempDir()+"/")
+	s := startServer(t, attachTo(m.addr))
+	awaitAttached(t, s.Server)
+	s.host, s.port = hostPort(t, m.addr)
+	c := newSDKClient(t, s)
+	ctx := ctxFor(t, 60*time.Second)
+	key := uniqueKey(t)
+	set, err := c.store.Set(ctx, key, "before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconnects := s.Attached().Reconnects.Load()
+	m.restart(t)
+	eventually(t, "the server to attach again", func() bool {
+		return s.Attached().Reconnects.Load() > reconnects && s.Attached().Serving()
+	})
+	var get *getResponse
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		get, err = c.store.Get(callCtx, key)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil || get.Value != "before" || get.Version.Compare(set.Version) != 0 {
+		t.Fatalf("after the broker's restart: %+v %v", get, err)
+	}
+	if set2, err := c.store.Set(ctx, key, "after"); err != nil || set2.Version.Compare(set.Version) <= 0 {
+		t.Fatalf("SET after the broker's restart: %+v %v", set2, err)
+	}
+}
+
+// TestAttachBehindMosquittoACLs: mosquitto with passwords and the ACL
+// file of deploy/mosquitto (plus alice's lines, as its comment says): alice's SDK client works through it, notifications
+// included, and bob can read neither her replies nor her notifications.
+func TestAttachBehindMosquittoACLs(t *testing.T) {
+	skipInCluster(t, "starts its own broker")
+	if attachMode() {
+		t.Skip("attaches by itself")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	passwd := filepath.Join(dir, "passwd")
+	for i, user := range []string{"mqkv", "alice", "bob"} {
+		args := []string{"-b", passwd, user, user + "-secret"}
+		if i == 0 {
+			args = append([]string{"-c"}, args...)
+		}
+		if out, err := exec.Command("mosquitto_passwd", args...).CombinedOutput(); err != nil {
+			t.Fatalf("mosquitto_passwd: %v %s", err, out)
+		}
+	}
+	acl, err := os.ReadFile("../../deploy/mosquitto/mqkv.acl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// alice's lines, as the file's comment shows them.
+	acl = append(acl, "\nuser alice\ntopic read clients/"+hexUpper("alice")+"/#\ntopic read "+statestore.NotifyClientPrefix("alice")+"#\n"...)
+	aclFile := filepath.Join(dir, "acl")
+	if err := os.WriteFile(aclFile, acl, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := startMosquitto(t, "allow_anonymous false", "password_file "+passwd, "acl_file "+aclFile)
+	s := startServer(t, func(c *serverConfig) {
+		attachTo(m.addr)(c)
+		c.Attach.Username, c.Attach.Password = "mqkv", []byte("mqkv-secret")
+	})
+	awaitAttached(t, s.Server)
+	s.host, s.port = hostPort(t, m.addr)
+
+	alice := newSDKClientOpts(t, s, "alice", &mqtt.SessionClientOptions{
+		Username: mqtt.ConstantUsername("alice"), Password: mqtt.ConstantPassword([]byte("alice-secret"))})
+	subscribeToNotifications(t, ctxFor(t, 5*time.Second), alice.mqtt, "alice")
+	bob := dialRaw(t, address(m.addr), "bob", rawOpts{cleanStart: true, noSubscribe: true, username: "bob", password: "bob-secret"})
+	// mosquitto grants any subscription and checks read access as it
+	// delivers: bob subscribes to alice's topics and to everything, and
+	// must get nothing of hers.
+	for _, filter := range []string{"clients/alice/#", "clients/" + hexUpper("alice") + "/#", statestore.NotifyClientPrefix("alice") + "#", "#"} {
+		bob.subscribe(filter, 1)
+	}
+
+	ctx := ctxFor(t, 20*time.Second)
+	key := uniqueKey(t)
+	ch, done := alice.store.Notify(key)
+	defer done()
+	if err := alice.store.KeyNotify(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.store.Set(ctx, key, "secret"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := alice.store.Get(ctx, key); err != nil || got.Value != "secret" {
+		t.Fatalf("alice's GET: %+v %v", got, err)
+	}
+	if n := recv(t, ch, 5*time.Second); n.Value != "secret" {
+		t.Fatalf("alice's notification: %+v", n)
+	}
+	if p, ok := bob.nextPublish(300 * time.Millisecond); ok {
+		t.Fatalf("bob got %s %q", p.Topic, p.Payload)
+	}
+}
+
+// TestAttachRequestDeliveredTwiceRunsOnce: a request that reaches the
+// attached server twice (the same requester and correlation data, as a
+// broker's redelivery) is executed once, and both copies get the first
+// one's reply.
+func TestAttachRequestDeliveredTwiceRunsOnce(t *testing.T) {
+	skipInCluster(t, "starts its own broker")
+	if attachMode() {
+		t.Skip("attaches by itself")
+	}
+	t.Parallel()
+	m := startMosquitto(t)
+	s := startServer(t, attachTo(m.addr))
+	awaitAttached(t, s.Server)
+	rc := dialRaw(t, address(m.addr), "twice", rawOpts{cleanStart: true})
+	corr := []byte("0123456789abcdef")
+	r := req{args: []string{"SET", "twice/k", "first", "NX"}, ts: now(), srcID: true, corr: corr}
+	expectPayload(t, rc.do(r), "+OK\r\n")
+	// Executed again, SET NX would not apply: the same reply says it
+	// was not.
+	r.args[2] = "second"
+	expectPayload(t, rc.do(r), "+OK\r\n")
+	expectPayload(t, rc.do(req{args: []string{"GET", "twice/k"}, ts: now(), srcID: true}), "$5\r\nfirst\r\n")
+	if d := s.Attached().Status().Duplicates; d != 1 {
+		t.Fatalf("%d duplicates counted, want 1", d)
+	}
+	// Another requester with the same correlation data is another request.
+	other := dialRaw(t, address(m.addr), "other", rawOpts{cleanStart: true})
+	expectPayload(t, other.do(req{args: []string{"SET", "twice/k", "third", "NX"}, ts: now(), srcID: true, corr: corr}), ":-1\r\n") // not applied
+}
+
+// TestAttachedClusterFailover: three attached processes of one cluster
+// share the requests of SDK clients connected to mosquitto; one is
+// SIGKILLed under load. The others take every request made after the
+// kill: lost are at most the requests the killed process had taken (one
+// per client at most: each has one in flight), none after, and every
+// key holds the value of its last acknowledged SET or of the one in
+// flight when its call failed.
+func TestAttachedClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	skipInCluster(t, "starts its own cluster")
+	if attachMode() {
+		t.Skip("attaches by itself")
+	}
+	t.Parallel()
+	m := startMosquitto(t)
+	c := startProcClusterWith(t, &procCluster{t: t, groups: 4, attachTo: m.addr}, 3)
+	c.awaitSettled(0, 3)
+	for i := range 3 {
+		eventually(t, fmt.Sprintf("n%d to take requests from mosquitto", i+1), func() bool {
+			var st admin.Status
+			return getJSON("http://"+c.admin[i]+"/v1/status", &st) == nil && st.Attached != nil && st.Attached.Serving
+		})
+	}
+	ts := &testServer{}
+	ts.host, ts.port = hostPort(t, m.addr)
+	const clients = 8
+	type outcome struct {
+		at      time.Time
+		err     error
+		value   string
+		key     string
+		written bool
+	}
+	var (
+		mu       sync.Mutex
+		outcomes []outcome
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range clients {
+		cl := newSDKClient(t, ts)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("failover/%d", w)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				v := strconv.Itoa(i)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := cl.store.Set(ctx, key, v)
+				cancel()
+				mu.Lock()
+				outcomes = append(outcomes, outcome{at: time.Now(), err: err, value: v, key: key, written: err == nil})
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	killed := time.Now()
+	c.procs[1].Kill()
+	time.Sleep(4 * time.Second)
+	close(stop)
+	wg.Wait()
+	// The last attempt of each key decides what it may hold.
+	last := map[string][]outcome{}
+	var before, after, lost, lostLate int
+	for _, o := range outcomes {
+		last[o.key] = append(last[o.key], o)
+		if o.at.Before(killed) {
+			before++
+		} else {
+			after++
+		}
+		if o.err != nil {
+			lost++
+			// A call that failed more than its 10 s timeout after the
+			// kill was made after it.
+			if o.at.Sub(killed) > 10*time.Second+time.Second {
+				lostLate++
+			}
+		}
+	}
+	t.Logf("%d SETs answered before the kill, %d after; %d lost", before, after-lost, lost)
+	if before < clients || after-lost < clients {
+		t.Fatalf("too little load: %d before the kill, %d after", before, after-lost)
+	}
+	if lost > clients || lostLate > 0 {
+		t.Fatalf("%d SETs unanswered (%d made after the kill), at most %d expected (those in flight at the kill)", lost, lostLate, clients)
+	}
+	reader := newSDKClient(t, ts)
+	for key, os := range last {
+		got, err := reader.store.Get(ctxFor(t, 10*time.Second), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := map[string]bool{}
+		for i := len(os) - 1; i >= 0; i-- {
+			allowed[os[i].value] = true
+			if os[i].written {
+				break // the last acknowledged one, and any failed after it
+			}
+		}
+		if !allowed[got.Value] {
+			t.Fatalf("%s holds %q: neither its last acknowledged SET nor one in flight after it", key, got.Value)
+		}
+	}
+}
