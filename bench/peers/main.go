@@ -47,21 +47,23 @@ type server struct {
 	proc *process
 	more []*process // a cluster's other nodes
 	addr string     // a cluster's: its nodes' MQTT addresses, comma-separated
+	// parts names proc and more, where their CPU is reported apart.
+	parts []string
 	// admin lists mqkv's admin endpoints, one per node, when profiling.
 	admin []string
 }
 
-// cpu is what the server's processes used so far.
-func (s *server) cpu() (time.Duration, error) {
-	var sum time.Duration
+// cpu is what each of the server's processes used so far.
+func (s *server) cpu() ([]time.Duration, error) {
+	var out []time.Duration
 	for _, p := range append([]*process{s.proc}, s.more...) {
 		c, err := p.cpu()
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		sum += c
+		out = append(out, c)
 	}
-	return sum, nil
+	return out, nil
 }
 
 func (s *server) stop() { stopAll(append([]*process{s.proc}, s.more...)) }
@@ -73,7 +75,7 @@ func main() {
 	clients := flag.Int("clients", 64, "clients, each with one operation in flight")
 	valueSize := flag.Int("value-size", 256, "value and payload size in bytes")
 	keys := flag.Int("keys", 10000, "keyspace size for SET/GET")
-	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), cluster-set and cluster-get (three-node clusters of mqkv, etcd and NATS JetStream KV, R3), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory), http-put and http-get (mqkv's HTTP endpoint against etcd's HTTP/JSON gateway)")
+	only := flag.String("only", "set,get,pubsub", "workloads to run: set, get, pubsub (one node each), cluster-set and cluster-get (three-node clusters of mqkv, etcd and NATS JetStream KV, R3), attach-set and attach-get (mqkv attached to mosquitto, against mqkv's own broker and mosquitto's own pub/sub round trip), across-qos0 and across-qos1 (three-node clusters of mqkv and NATS, MQTT 3.1.1 clients publishing on one node to subscribers on another), mc-set and mc-get (mqkv's memcached endpoint, durable, against memcached, in memory), http-put and http-get (mqkv's HTTP endpoint against etcd's HTTP/JSON gateway)")
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	baseline := flag.String("baseline", "", "another mqkv `binary` (an earlier build) run beside mqkv as one more contestant")
@@ -196,6 +198,14 @@ func main() {
 			cs = append(cs, contestant{"memcached", startMemcached, func(addr string) workload {
 				return &memcacheKV{label: "memcached", addr: addr, get: get, keys: *keys, value: value}
 			}})
+		case "attach-set", "attach-get":
+			get := w == "attach-get"
+			load := func(addr string) workload {
+				return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value}
+			}
+			cs = append(cs, contestant{"mqkv attached to mosquitto", func(dir string) (*server, error) { return startMQKVAttached(*mqkvBin, dir) }, load},
+				contestant{"mqkv's own broker", func(dir string) (*server, error) { return startMQKV(*mqkvBin, dir) }, load},
+				contestant{"mosquitto QoS 1 round trip", startMosquitto, func(addr string) workload { return &pubsub{addr: addr, payload: value} }})
 		case "pubsub":
 			load := func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
 			mqkv(startMQKV, load)
@@ -298,7 +308,12 @@ func measure(w workload, s *server, clients int, warmup, duration time.Duration,
 	if profErr != nil {
 		return result{}, profErr
 	}
-	res := result{server: s.name, elapsed: elapsed, cpu: cpu1 - cpu0, client: self1 - self0}
+	res := result{server: s.name, elapsed: elapsed, client: self1 - self0, parts: s.parts}
+	for i := range cpu0 {
+		d := cpu1[i] - cpu0[i]
+		res.cpu += d
+		res.partCPU = append(res.partCPU, d)
+	}
 	for _, l := range lat {
 		res.lat = append(res.lat, l...)
 	}
@@ -310,6 +325,10 @@ type result struct {
 	elapsed, cpu     time.Duration
 	client           time.Duration // the load generator's CPU
 	lat              []time.Duration
+	// partCPU is each server process's share of cpu, named by parts
+	// (set when they differ: a broker and an attached mqkv).
+	partCPU []time.Duration
+	parts   []string
 }
 
 // contestant is one server configuration a workload runs against: how to
@@ -345,6 +364,13 @@ func (r *result) add(o result) {
 	r.elapsed += o.elapsed
 	r.cpu += o.cpu
 	r.client += o.client
+	r.parts = o.parts
+	if len(r.partCPU) < len(o.partCPU) {
+		r.partCPU = make([]time.Duration, len(o.partCPU))
+	}
+	for i, d := range o.partCPU {
+		r.partCPU[i] += d
+	}
 	r.lat = append(r.lat, o.lat...)
 }
 
@@ -388,6 +414,16 @@ func printTable(out io.Writer, rs []result) {
 			cpuRatio = fmt.Sprintf("%.2fx", m.cpuPerOp()/r.cpuPerOp())
 		}
 		fmt.Fprintf(out, "| %s | %s | %.0f | %.2f | %.2f | %.1f | %.1f | %s | %s |\n", r.workload, r.server, r.opsPerSec(), ms(r.p(50)), ms(r.p(99)), r.cpuPerOp(), r.clientCPUPerOp(), ratio, cpuRatio)
+	}
+	for _, r := range rs {
+		if len(r.parts) == 0 || len(r.lat) == 0 {
+			continue
+		}
+		fmt.Fprintf(out, "\n%s, server CPU per op by process:", r.server)
+		for i, name := range r.parts {
+			fmt.Fprintf(out, " %s %.1f µs", name, float64(r.partCPU[i].Microseconds())/float64(len(r.lat)))
+		}
+		fmt.Fprintln(out)
 	}
 }
 

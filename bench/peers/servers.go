@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -280,4 +282,49 @@ func startMQKVHTTP(bin, dir string) (*server, error) {
 		return nil, err
 	}
 	return &server{name: "mqkv", proc: p, addr: addr}, awaitListening(p, addr)
+}
+
+// startMQKVAttached runs mosquitto and mqkv attached to it (mqkv attach,
+// durable); the server's address is mosquitto's, its CPU both processes'.
+func startMQKVAttached(bin, dir string) (*server, error) {
+	m, err := startMosquitto(filepath.Join(dir, "mosquitto"))
+	if err != nil {
+		return nil, err
+	}
+	admin, err := freeAddr()
+	if err != nil {
+		m.stop()
+		return nil, err
+	}
+	p, err := spawn(filepath.Join(dir, "mqkv"), bin, "attach", "--broker", "mqtt://"+m.addr, "--data-dir", filepath.Join(dir, "mqkv", "data"),
+		"--admin-listen", admin)
+	if err != nil {
+		m.stop()
+		return nil, err
+	}
+	s := &server{name: "mqkv attached", proc: m.proc, more: []*process{p}, addr: m.addr, parts: []string{"mosquitto", "mqkv"}}
+	if profiling {
+		s.admin = []string{admin}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var st struct {
+			Attached *struct {
+				Serving bool `json:"serving"`
+			} `json:"attached"`
+		}
+		resp, err := http.Get("http://" + admin + "/v1/status")
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+		}
+		if err == nil && st.Attached != nil && st.Attached.Serving {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("mqkv did not attach to mosquitto within 30 s (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

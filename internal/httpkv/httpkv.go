@@ -37,7 +37,10 @@ type Config struct {
 	MaxValue int64
 	// Leases keeps the keys' leases; nil serves none.
 	Leases Leases
-	Logger *slog.Logger
+	// WatchBuffer is how many changes a watch holds for a slow client;
+	// 0 is DefaultWatchBuffer.
+	WatchBuffer int
+	Logger      *slog.Logger
 }
 
 // Server is the HTTP endpoint.
@@ -59,6 +62,9 @@ const credTTL = 30 * time.Second
 
 // New returns a server; Serve starts it.
 func New(cfg Config) *Server {
+	if cfg.WatchBuffer <= 0 {
+		cfg.WatchBuffer = DefaultWatchBuffer
+	}
 	if cfg.Guard == nil {
 		cfg.Guard = gateway.Open{}
 	}

@@ -16,11 +16,11 @@ import (
 	"github.com/mqkv/mqkv/internal/store"
 )
 
-// watchBuffer is how many changes a watch holds for a client that reads
-// slower than they come; past it the stream ends with an "overflow" event
-// and the client resumes from its last event id (EventSource does so by
-// itself), replayed from the change history.
-const watchBuffer = 4096
+// DefaultWatchBuffer is how many changes a watch holds for a client that
+// reads slower than they come (Config.WatchBuffer); past it the stream
+// ends with an "overflow" event and the client resumes from its last event
+// id (EventSource does so by itself), replayed from the change history.
+const DefaultWatchBuffer = 4096
 
 // keepAliveEvery is how often an idle stream gets a comment, so that
 // proxies and clients see it alive.
@@ -81,7 +81,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusInternalServerError, "internal", "streaming is not supported here")
 		return
 	}
-	events := make(chan store.Event, watchBuffer)
+	events := make(chan store.Event, s.cfg.WatchBuffer)
 	var overflow atomic.Bool
 	notify := func(ev store.Event) bool {
 		if overflow.Load() {

@@ -124,7 +124,7 @@ func (s *Server) serveHTTP(addr string, tlsOn bool) error {
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	}
 	srv := httpkv.New(httpkv.Config{Service: s.service, Guard: guard{s.broker}, MaxValue: int64(s.cfg.Limits.MaxPacketSize),
-		Leases: lease.New(s.node), Logger: s.log})
+		Leases: lease.New(s.node), WatchBuffer: s.cfg.HTTPWatchBuffer, Logger: s.log})
 	srv.Serve(ln)
 	s.http = srv
 	return nil

@@ -81,6 +81,9 @@ type Config struct {
 	// turns it off. HTTPTLS serves it over TLS with TLSCert and TLSKey.
 	HTTPListen string
 	HTTPTLS    bool
+	// HTTPWatchBuffer is how many changes an HTTP watch holds for a slow
+	// client (0: httpkv.DefaultWatchBuffer); no flag, for tests.
+	HTTPWatchBuffer int
 
 	// AdminListen is the address of the HTTP admin endpoint (health,
 	// metrics, console, backups); empty turns it off.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/auth"
 	"github.com/mqkv/mqkv/internal/server"
 )
@@ -542,4 +544,95 @@ spec:
             keys: ["alice/*"]
 `), 0o600)
 	return passwords, policy
+}
+
+// TestHTTPWatchOverflow: a watch whose client reads slower than changes
+// come holds Config.WatchBuffer of them (64 here, 4096 by default); past
+// that its stream gives the changes it kept, in order, then "overflow",
+// and ends; resumed after its last event, the client is told "truncated"
+// when the history no longer reaches back.
+func TestHTTPWatchOverflow(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, inMemory(), withHTTP(), func(c *serverConfig) { c.HTTPWatchBuffer = 64 })
+	k := uniqueKey(t)
+	// A client that reads nothing yet, its receive buffer bounded (else
+	// it grows to 32 MiB). Not below two segments of loopback's 64 KiB:
+	// a smaller window, with delayed acknowledgements, carries some
+	// 100 KB a second once the client reads.
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetReadBuffer(256 << 10)
+		}
+		return c, err
+	}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get("http://" + s.HTTPAddr() + "/v1/watch/" + url.PathEscape(k))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("watch: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	// More changes than the watch and the sockets hold (the server's send
+	// buffer grows to 4 MiB): 2,000 of 16 KiB, some 40 MiB of events.
+	value := strings.Repeat("v", 16<<10)
+	ctx := ctxFor(t, 60*time.Second)
+	c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + s.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const changes = 2000
+	began := time.Now()
+	for range changes {
+		if _, err := c.Set(ctx, []byte(k), []byte(value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d SETs in %v", changes, time.Since(began))
+	// Now read it all: changes, then "overflow", then the end; a stream
+	// silent for 10 s never overflowed (it would hang here otherwise).
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 64<<10)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var ids []string
+	ended := ""
+read:
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				break read
+			}
+			switch {
+			case strings.HasPrefix(line, "id: "):
+				ids = append(ids, line[4:])
+			case strings.HasPrefix(line, "event: ") && line != "event: set":
+				ended = line[7:]
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the stream went silent after %d changes, without an overflow event", len(ids))
+		}
+	}
+	t.Logf("read %d changes and %q in %v", len(ids), ended, time.Since(began))
+	if ended != "overflow" {
+		t.Fatalf("the stream ended with %q after %d changes, want an overflow event", ended, len(ids))
+	}
+	if len(ids) < 64 || len(ids) >= changes {
+		t.Fatalf("%d changes before the overflow, want at least the 64 the watch holds and fewer than the %d made", len(ids), changes)
+	}
+	if !slices.IsSorted(ids) {
+		t.Fatal("the changes before the overflow are not in version order")
+	}
+	// Resumed after its last event: the history (64 changes a partition
+	// by default) no longer reaches back, and the client is told so.
+	again := sseStream(t, "http://"+s.HTTPAddr()+"/v1/watch/"+url.PathEscape(k), "Last-Event-ID", ids[len(ids)-1])
+	if e := nextEvent(t, again); e.event != "truncated" {
+		t.Fatalf("resumed after an overflow: %+v, want truncated", e)
+	}
 }

@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/iot-operations-sdks/go/protocol/hlc"
+	"github.com/Azure/iot-operations-sdks/go/services/leasedlock"
+	"github.com/Azure/iot-operations-sdks/go/services/statestore"
+
 	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
@@ -40,6 +44,7 @@ func TestRollingUpgrade(t *testing.T) {
 	c.awaitSettled(0, 3)
 	_, stop := load(c.mqtt)
 	notified := watchAcrossUpgrade(t, c.mqtt)
+	locked := lockAcrossUpgrade(t, c.mqtt)
 	type window struct {
 		node       int
 		begin, end time.Time
@@ -81,6 +86,7 @@ func TestRollingUpgrade(t *testing.T) {
 	time.Sleep(time.Second)
 	h := stop()
 	notified()
+	locked()
 	h.mu.Lock()
 	// The clients of the nodes not being replaced saw no failure: the
 	// stopping node handed its leaderships over first (load puts worker
@@ -279,5 +285,95 @@ func TestNewerDataFormatRefused(t *testing.T) {
 			names = append(names, e.Name())
 		}
 		t.Fatalf("the refused data directory was written to: %v", names)
+	}
+}
+
+// lockAcrossUpgrade has two clients, on the second and third nodes,
+// take turns holding a leased lock (the AIO SDK's, with its fencing
+// token) while the nodes are replaced. A holder writes its name to a key
+// with its token, checks that the key still holds it, and releases: the
+// returned func stops them and fails the test if a holder, within its
+// lease, found another's name (the lock held twice), or if fencing
+// tokens of successive holders did not increase.
+func lockAcrossUpgrade(t *testing.T, addrs []string) func() {
+	t.Helper()
+	const term = 3 * time.Second
+	name, protected := "upgrade/lock", "upgrade/protected"
+	stop := make(chan struct{})
+	var (
+		mu         sync.Mutex
+		violations []string
+		tokens     []hlc.HybridLogicalClock
+		holds      int
+	)
+	var wg sync.WaitGroup
+	for i, addr := range addrs[1:3] {
+		ts := &testServer{}
+		ts.host, ts.port = hostPort(t, addr)
+		c := newSDKClientID(t, ts, fmt.Sprintf("locker-%d", i+2))
+		lease := leasedlock.NewLease(c.store, name)
+		me := c.store.ID()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), term)
+				began := time.Now()
+				ok, err := lease.Acquire(ctx, term)
+				if err != nil || !ok {
+					cancel()
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				token, err := lease.Token(ctx)
+				if err == nil {
+					_, err = c.store.Set(ctx, protected, me, statestore.WithFencingToken(token))
+				}
+				var held string
+				if err == nil {
+					var got *getResponse
+					if got, err = c.store.Get(ctx, protected); err == nil {
+						held = got.Value
+					}
+				}
+				within := time.Since(began) < term-500*time.Millisecond
+				lease.Release(ctx)
+				cancel()
+				mu.Lock()
+				if err == nil && within {
+					holds++
+					tokens = append(tokens, token)
+					if held != me {
+						violations = append(violations, fmt.Sprintf("%s held the lock (token %v) and found %q", me, token, held))
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() {
+		close(stop)
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(violations) > 0 {
+			t.Fatalf("the lock was held twice: %v", violations)
+		}
+		if holds < 10 {
+			t.Fatalf("the lock was held only %d times across the upgrade", holds)
+		}
+		// Each holder's token is newer than the one before (recorded in
+		// the order the holds ended; they do not overlap).
+		for i := 1; i < len(tokens); i++ {
+			if tokens[i].Compare(tokens[i-1]) <= 0 {
+				t.Fatalf("fencing token %v after %v: not increasing", tokens[i], tokens[i-1])
+			}
+		}
+		t.Logf("the lock held %d times across the upgrade, never twice at once", holds)
 	}
 }
