@@ -205,7 +205,9 @@ func main() {
 			}
 			cs = append(cs, contestant{"mqkv attached to mosquitto", func(dir string) (*server, error) { return startMQKVAttached(*mqkvBin, dir) }, load},
 				contestant{"mqkv's own broker", func(dir string) (*server, error) { return startMQKV(*mqkvBin, dir) }, load},
-				contestant{"mosquitto QoS 1 round trip", startMosquitto, func(addr string) workload { return &pubsub{addr: addr, payload: value} }})
+				contestant{"mosquitto QoS 1 round trip", func(dir string) (*server, error) {
+					return startMosquittoWith(dir, "set_tcp_nodelay true", "max_inflight_messages 1000")
+				}, func(addr string) workload { return &pubsub{addr: addr, payload: value} }})
 		case "pubsub":
 			load := func(addr string) workload { return &pubsub{addr: addr, payload: value, aliases: uint16(*aliases)} }
 			mqkv(startMQKV, load)
@@ -423,6 +425,7 @@ func printTable(out io.Writer, rs []result) {
 		for i, name := range r.parts {
 			fmt.Fprintf(out, " %s %.1f µs", name, float64(r.partCPU[i].Microseconds())/float64(len(r.lat)))
 		}
+		fmt.Fprintln(out)
 		fmt.Fprintln(out)
 	}
 }

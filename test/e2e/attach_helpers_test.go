@@ -66,7 +66,7 @@ func startMosquitto(t testing.TB, extra ...string) *mosquittoBroker {
 	_, port, _ := net.SplitHostPort(addr)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "mosquitto.conf")
-	text := fmt.Sprintf("listener %s 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\nmax_inflight_messages 0\n", port)
+	text := fmt.Sprintf("listener %s 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\nmax_inflight_messages 0\nset_tcp_nodelay true\n", port)
 	persistence := "persistence false\n"
 	for _, e := range extra {
 		text += e + "\n"
