@@ -31,8 +31,8 @@ import (
 
 // Config says which broker to attach to and how.
 type Config struct {
-	// Brokers are tried in turn: mqtt:// or tcp://, tls:// or mqtts://,
-	// ws://, wss://.
+	// Brokers are tried in turn: mqtt://, tls://, ws:// or wss:// (the
+	// command turns tcp:// and mqtts:// into these).
 	Brokers  []*url.URL
 	ClientID string // the attached process's client id at the broker
 	Username string
@@ -49,7 +49,7 @@ type Config struct {
 	ReceiveMaximum uint16
 	KeepAlive      uint16 // seconds
 	// Policy, if it returns one, applies to each requester as the
-	// principal its __srcId names (see the README's attach section).
+	// principal its __srcId names (see docs/attach.md, Security).
 	Policy func() *policy.Policy
 	Logger *slog.Logger
 }
@@ -65,7 +65,7 @@ const (
 // conn is the connection number of every attached requester's
 // registrations: the service ends a registration when its connection
 // ends, and an attached process never learns when a requester's does
-// (see the README: registrations end with KEYNOTIFY STOP or the process).
+// (docs/attach.md: registrations end with KEYNOTIFY STOP or the process).
 const conn = 1 << 62
 
 // Handler serves requests: the state store service.
@@ -85,7 +85,7 @@ type Attach struct {
 	recent     *recent
 	workers    []chan *work
 	seed       maphash.Seed
-	out        chan outgoing // replies, in order of making
+	out        chan outgoing // replies
 	notes      chan outgoing // notifications
 	wg         sync.WaitGroup
 
