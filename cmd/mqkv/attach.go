@@ -73,12 +73,7 @@ examples). SIGHUP reloads --policy; SIGINT or SIGTERM stop the process.`,
 	}
 	fs := cmd.Flags()
 	fs.StringSliceVar(&brokers, "broker", nil, "the broker's `URL`: mqtt://host:1883, tls://host:8883, ws://host/mqtt or wss://; several (comma-separated) are tried in turn")
-	fs.StringVar(&c.clientID, "client-id", env("MQKV_CLIENT_ID", ""), "this process's MQTT client `id` at the broker (default mqkv-<node id>, or the node id if it starts so); its persistent session is kept under it (env MQKV_CLIENT_ID)")
-	fs.StringVarP(&c.username, "username", "u", env("MQKV_USERNAME", ""), "username at the broker (env MQKV_USERNAME)")
-	fs.StringVarP(&c.password, "password", "p", env("MQKV_PASSWORD", ""), "password at the broker (env MQKV_PASSWORD, which ps does not show)")
-	fs.StringVar(&c.tlsCA, "tls-ca", env("MQKV_TLS_CA", ""), "CA `file` to verify the broker with (env MQKV_TLS_CA)")
-	fs.StringVar(&c.tlsCert, "tls-cert", env("MQKV_TLS_CERT", ""), "client certificate `file` (env MQKV_TLS_CERT)")
-	fs.StringVar(&c.tlsKey, "tls-key", env("MQKV_TLS_KEY", ""), "client key `file` (env MQKV_TLS_KEY)")
+	c.identityFlags(fs, "this process's MQTT client `id` at the broker (default mqkv-<node id>, or the node id if it starts so); its persistent session is kept under it (env MQKV_CLIENT_ID)")
 	fs.StringVar(&ac.Group, "share-group", attach.DefaultGroup, "shared subscription `group`: attached processes of one store take requests from $share/<group>/<request topic>")
 	fs.Uint32Var(&ac.SessionExpiry, "session-expiry", attach.DefaultSessionExpiry, "`seconds` the broker keeps this process's session (and the requests sent to it) while it reconnects; 0 by default with --cluster-listen, where other attached processes take the requests (docs/attach.md)")
 	fs.Uint16Var(&ac.ReceiveMaximum, "receive-maximum", attach.DefaultReceiveMaximum, "requests the broker may send before this process acknowledges them (flow control)")

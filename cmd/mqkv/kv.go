@@ -40,18 +40,26 @@ func env(name, def string) string {
 
 func (c *conn) flags(fs *pflag.FlagSet) {
 	fs.StringVarP(&c.server, "server", "s", env("MQKV_SERVER", "mqtt://127.0.0.1:1883"), "server `URL`: mqtt://, tls://, ws:// or wss:// (env MQKV_SERVER)")
-	fs.StringVar(&c.clientID, "client-id", env("MQKV_CLIENT_ID", ""), "MQTT client `id`; random if empty (env MQKV_CLIENT_ID)")
-	fs.StringVarP(&c.username, "username", "u", env("MQKV_USERNAME", ""), "username (env MQKV_USERNAME)")
-	fs.StringVarP(&c.password, "password", "p", env("MQKV_PASSWORD", ""), "password (env MQKV_PASSWORD)")
-	fs.StringVar(&c.tlsCA, "tls-ca", env("MQKV_TLS_CA", ""), "CA `file` to verify the server with (env MQKV_TLS_CA)")
-	fs.StringVar(&c.tlsCert, "tls-cert", env("MQKV_TLS_CERT", ""), "client certificate `file` (env MQKV_TLS_CERT)")
-	fs.StringVar(&c.tlsKey, "tls-key", env("MQKV_TLS_KEY", ""), "client key `file` (env MQKV_TLS_KEY)")
+	c.identityFlags(fs, "MQTT client `id`; random if empty (env MQKV_CLIENT_ID)")
 	timeout := 10 * time.Second
 	if d, err := time.ParseDuration(env("MQKV_TIMEOUT", "")); err == nil {
 		timeout = d
 	}
 	fs.DurationVar(&c.timeout, "timeout", timeout, "time allowed for connecting and for each request (env MQKV_TIMEOUT)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of raw values")
+}
+
+// identityFlags are how a client identifies itself to the server (or,
+// for mqkv attach, to the broker), and how it checks the server's:
+// --client-id (described by idUsage), --username, --password and the
+// TLS files.
+func (c *conn) identityFlags(fs *pflag.FlagSet, idUsage string) {
+	fs.StringVar(&c.clientID, "client-id", env("MQKV_CLIENT_ID", ""), idUsage)
+	fs.StringVarP(&c.username, "username", "u", env("MQKV_USERNAME", ""), "username (env MQKV_USERNAME)")
+	fs.StringVarP(&c.password, "password", "p", env("MQKV_PASSWORD", ""), "password (env MQKV_PASSWORD, which ps does not show)")
+	fs.StringVar(&c.tlsCA, "tls-ca", env("MQKV_TLS_CA", ""), "CA `file` to verify the server with (env MQKV_TLS_CA)")
+	fs.StringVar(&c.tlsCert, "tls-cert", env("MQKV_TLS_CERT", ""), "client certificate `file` (env MQKV_TLS_CERT)")
+	fs.StringVar(&c.tlsKey, "tls-key", env("MQKV_TLS_KEY", ""), "client key `file` (env MQKV_TLS_KEY)")
 }
 
 func (c *conn) dial(ctx context.Context) (*client.Client, error) {

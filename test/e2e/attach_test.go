@@ -23,6 +23,17 @@ import (
 	"github.com/mqkv/mqkv/internal/statestore"
 )
 
+// ownBroker marks a test that starts its own mosquitto and attaches to it
+// (so not in the cluster and attach passes) and runs beside the others.
+func ownBroker(t *testing.T) {
+	t.Helper()
+	skipInCluster(t, "starts its own broker")
+	if attachMode() {
+		t.Skip("attaches by itself")
+	}
+	t.Parallel()
+}
+
 // address is a server known by its address only (a broker mqkv attaches to).
 type address string
 
@@ -37,11 +48,7 @@ var tsPattern = regexp.MustCompile(`^\d{15}:\d{5}:.+$`)
 // a timestamp where the broker sends one), correlation data echoed, and
 // the same notifications on the same topic (its client id aside).
 func TestAttachRepliesAsTheBrokerDoes(t *testing.T) {
-	skipInCluster(t, "starts its own broker")
-	if attachMode() {
-		t.Skip("attaches by itself")
-	}
-	t.Parallel()
+	ownBroker(t)
 	m := startMosquitto(t)
 	s := startServer(t, attachAlso(m.addr))
 	awaitAttached(t, s.Server)
@@ -145,11 +152,7 @@ func samePublish(t *testing.T, what string, own, via *paho.Publish) {
 // in its persistence file); the attached server reconnects and subscribes
 // again, and an SDK client's next requests succeed and find the data.
 func TestAttachSurvivesBrokerRestart(t *testing.T) {
-	skipInCluster(t, "starts its own broker")
-	if attachMode() {
-		t.Skip("attaches by itself")
-	}
-	t.Parallel()
+	ownBroker(t)
 	m := startMosquitto(t, "persistence true", "persistence_location "+t.TempDir()+"/")
 	s := startServer(t, attachTo(m.addr))
 	awaitAttached(t, s.Server)
@@ -187,11 +190,7 @@ func TestAttachSurvivesBrokerRestart(t *testing.T) {
 // file of deploy/mosquitto (plus alice's lines, as its comment says): alice's SDK client works through it, notifications
 // included, and bob can read neither her replies nor her notifications.
 func TestAttachBehindMosquittoACLs(t *testing.T) {
-	skipInCluster(t, "starts its own broker")
-	if attachMode() {
-		t.Skip("attaches by itself")
-	}
-	t.Parallel()
+	ownBroker(t)
 	dir := t.TempDir()
 	passwd := filepath.Join(dir, "passwd")
 	for i, user := range []string{"mqkv", "alice", "bob"} {
@@ -258,11 +257,7 @@ func TestAttachBehindMosquittoACLs(t *testing.T) {
 // broker's redelivery) is executed once, and both copies get the first
 // one's reply.
 func TestAttachRequestDeliveredTwiceRunsOnce(t *testing.T) {
-	skipInCluster(t, "starts its own broker")
-	if attachMode() {
-		t.Skip("attaches by itself")
-	}
-	t.Parallel()
+	ownBroker(t)
 	m := startMosquitto(t)
 	s := startServer(t, attachTo(m.addr))
 	awaitAttached(t, s.Server)
@@ -295,11 +290,7 @@ func TestAttachedClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three processes")
 	}
-	skipInCluster(t, "starts its own cluster")
-	if attachMode() {
-		t.Skip("attaches by itself")
-	}
-	t.Parallel()
+	ownBroker(t)
 	m := startMosquitto(t)
 	c := startProcClusterWith(t, &procCluster{t: t, groups: 4, attachTo: m.addr}, 3)
 	c.awaitSettled(0, 3)
@@ -409,11 +400,7 @@ func TestAttachedClusterFailover(t *testing.T) {
 // (tls://, verifying the broker's certificate against --tls-ca), and a
 // client of mosquitto's is answered.
 func TestAttachOverTLS(t *testing.T) {
-	skipInCluster(t, "starts its own broker")
-	if attachMode() {
-		t.Skip("attaches by itself")
-	}
-	t.Parallel()
+	ownBroker(t)
 	p := newPKI(t)
 	// The options after the listener line make it a TLS listener.
 	m := startMosquitto(t, "cafile "+p.caFile, "certfile "+p.serverCert, "keyfile "+p.serverKey)
