@@ -417,8 +417,12 @@ func (a *Attach) receive(cl *paho.Client, p *paho.Publish) {
 	}
 	if !remembered(r) {
 		// Answered (or dropped) by the service as its broker would; no
-		// reply to remember.
+		// reply to remember, nothing to tell a repeat by: acknowledged
+		// now (one without a response topic once handled, in serve).
 		a.dispatch(w)
+		if r.ResponseTopic != "" {
+			a.ack(w)
+		}
 		return
 	}
 	switch first, e := a.recent.join(r, w); {
