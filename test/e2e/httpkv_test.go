@@ -551,6 +551,11 @@ spec:
 // that its stream gives the changes it kept, in order, then "overflow",
 // and ends; resumed after its last event, the client is told "truncated"
 // when the history no longer reaches back.
+//
+// Not in .ci/run's cluster pass: there, under CI's load, the watch's node
+// once stopped getting the changes after 31 (its change stream fell
+// behind, and a live registration is not told of such a gap): see issue
+// 34's note.
 func TestHTTPWatchOverflow(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, inMemory(), withHTTP(), func(c *serverConfig) { c.HTTPWatchBuffer = 64 })
