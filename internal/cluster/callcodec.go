@@ -22,9 +22,8 @@ import (
 // release reads both forms.
 //
 // binCall: Op (byte), flags (bit 0 Relay), Group (uvarint), After
-// (timestamp), Key (bytes), then Cmd: Op, Cond (bytes), Key, Value
-// (bytes), Version (timestamp), Now, TTL (varints), Fence, Expected
-// (timestamps).
+// (timestamp), Key (bytes), then for opSubmit Cmd as a log entry holds it
+// (store.AppendCommand), as bytes.
 //
 // binReply: Kind (byte), flags (bit 0 Found, 1 HadPrevious, 2 DiskFull
 // follows), Err, Leader (strings), Result: Outcome (byte), Version
@@ -32,7 +31,7 @@ import (
 // Fence (timestamps), ExpiresAt (varint); then, if flagged, DiskFull:
 // Dir (string), Free, Reserve (uvarints).
 //
-// A timestamp is Wall (varint), Counter (uvarint), Node (string).
+// A timestamp is encoded as in a log entry (store.AppendTimestamp).
 const (
 	binCall  = 0x01
 	binReply = 0x02
@@ -48,12 +47,6 @@ var errBadCall = errors.New("cluster: malformed call")
 // read carries no field the form leaves out.
 func binaryCall(req *callReq) bool { return req.Op == opSubmit || req.Op == opGet }
 
-func appendTimestamp(b []byte, t hlc.Timestamp) []byte {
-	b = binary.AppendVarint(b, t.Wall)
-	b = binary.AppendUvarint(b, t.Counter)
-	return peer.AppendString(b, t.Node)
-}
-
 func readTimestamp(r *peer.Reader) hlc.Timestamp {
 	return hlc.Timestamp{Wall: r.Varint(), Counter: r.Uvarint(), Node: r.String()}
 }
@@ -66,17 +59,12 @@ func appendCall(b []byte, req *callReq) []byte {
 	}
 	b = append(b, binCall, byte(req.Op), flags)
 	b = binary.AppendUvarint(b, uint64(req.Group))
-	b = appendTimestamp(b, req.After)
+	b = store.AppendTimestamp(b, req.After)
 	b = peer.AppendBytes(b, req.Key)
-	c := &req.Cmd
-	b = append(b, byte(c.Op), byte(c.Cond))
-	b = peer.AppendBytes(b, c.Key)
-	b = peer.AppendBytes(b, c.Value)
-	b = appendTimestamp(b, c.Version)
-	b = binary.AppendVarint(b, c.Now)
-	b = binary.AppendVarint(b, c.TTL)
-	b = appendTimestamp(b, c.Fence)
-	return appendTimestamp(b, c.Expected)
+	if req.Op == opSubmit {
+		b = peer.AppendBytes(b, store.AppendCommand(nil, &req.Cmd))
+	}
+	return b
 }
 
 // decodeCall reads a call in either form; binary reports which. Byte
@@ -93,12 +81,11 @@ func decodeCall(b []byte, req *callReq) (bin bool, err error) {
 	req.Group = int(group)
 	req.After = readTimestamp(r)
 	req.Key = r.Bytes()
-	c := &req.Cmd
-	c.Op, c.Cond = store.Op(r.Byte()), store.Cond(r.Byte())
-	c.Key, c.Value = r.Bytes(), r.Bytes()
-	c.Version = readTimestamp(r)
-	c.Now, c.TTL = r.Varint(), r.Varint()
-	c.Fence, c.Expected = readTimestamp(r), readTimestamp(r)
+	if req.Op == opSubmit {
+		if req.Cmd, err = store.DecodeCommand(r.Bytes()); err != nil {
+			return true, errBadCall
+		}
+	}
 	if r.Bad() || r.Len() != 0 || flags>>1 != 0 || group > 1<<31 || !binaryCall(req) {
 		return true, errBadCall
 	}
@@ -122,13 +109,13 @@ func appendReply(b []byte, resp *callResp) []byte {
 	b = peer.AppendString(b, resp.Err)
 	b = peer.AppendString(b, resp.Leader)
 	b = append(b, byte(resp.Result.Outcome))
-	b = appendTimestamp(b, resp.Result.Version)
+	b = store.AppendTimestamp(b, resp.Result.Version)
 	b = peer.AppendBytes(b, resp.Result.Previous)
 	e := &resp.Entry
 	b = peer.AppendBytes(b, e.Key)
 	b = peer.AppendBytes(b, e.Value)
-	b = appendTimestamp(b, e.Version)
-	b = appendTimestamp(b, e.Fence)
+	b = store.AppendTimestamp(b, e.Version)
+	b = store.AppendTimestamp(b, e.Fence)
 	b = binary.AppendVarint(b, e.ExpiresAt)
 	if d := resp.DiskFull; d != nil {
 		b = peer.AppendString(b, d.Dir)

@@ -25,7 +25,7 @@ var (
 // TestCallCodecRoundTrip: the binary forms give back every field they
 // carry, and a reply to any call reads as sent.
 func TestCallCodecRoundTrip(t *testing.T) {
-	for _, req := range []callReq{someCall, {Op: opGet, Group: 1, Key: []byte("x")}, {Op: opSubmit}} {
+	for _, req := range []callReq{someCall, {Op: opGet, Group: 1, Key: []byte("x")}, {Op: opSubmit, Cmd: store.Command{Op: store.OpVDel, Key: []byte("k"), Value: []byte("v")}}} {
 		var got callReq
 		bin, err := decodeCall(appendCall(nil, &req), &got)
 		if !bin || err != nil || !reflect.DeepEqual(got, req) {

@@ -46,17 +46,50 @@ func AppendBatch(b []byte, limits Limits, cmds []Command) []byte {
 	b = binary.AppendVarint(b, limits.MaxBytes)
 	b = binary.AppendUvarint(b, uint64(len(cmds)))
 	for i := range cmds {
-		c := &cmds[i]
-		b = append(b, byte(c.Op), byte(c.Cond))
-		b = appendBytes(b, c.Key)
-		b = appendBytes(b, c.Value)
-		b = appendTimestamp(b, c.Version)
-		b = binary.AppendVarint(b, c.Now)
-		b = binary.AppendVarint(b, c.TTL)
-		b = appendTimestamp(b, c.Fence)
-		b = appendTimestamp(b, c.Expected)
+		b = AppendCommand(b, &cmds[i])
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}
+
+// AppendCommand appends one command's encoding, as a batch holds it (and
+// a node forwarding a write to its group's leader sends it), to b.
+func AppendCommand(b []byte, c *Command) []byte {
+	b = append(b, byte(c.Op), byte(c.Cond))
+	b = appendBytes(b, c.Key)
+	b = appendBytes(b, c.Value)
+	b = AppendTimestamp(b, c.Version)
+	b = binary.AppendVarint(b, c.Now)
+	b = binary.AppendVarint(b, c.TTL)
+	b = AppendTimestamp(b, c.Fence)
+	return AppendTimestamp(b, c.Expected)
+}
+
+// DecodeCommand decodes what AppendCommand wrote, and nothing after it.
+// Key and value alias data.
+func DecodeCommand(data []byte) (Command, error) {
+	d := decoder{b: data}
+	var c Command
+	d.command(&c)
+	if d.err != nil || d.off != len(data) {
+		return Command{}, ErrCorrupt
+	}
+	return c, nil
+}
+
+// command reads one command.
+func (d *decoder) command(c *Command) {
+	c.Op = Op(d.byte())
+	c.Cond = Cond(d.byte())
+	c.Key = d.bytes()
+	c.Value = d.bytes()
+	c.Version = d.timestamp()
+	c.Now = d.varint()
+	c.TTL = d.varint()
+	c.Fence = d.timestamp()
+	c.Expected = d.timestamp()
+	if c.Op < OpSet || c.Op > OpExpire || c.Cond > IfVersion {
+		d.err = ErrCorrupt
+	}
 }
 
 // VerifyBatch checks a log entry's checksum (format 3) or, for entries
@@ -102,19 +135,7 @@ func DecodeBatch(data []byte) (Limits, []Command, error) {
 	}
 	cmds := make([]Command, n)
 	for i := range cmds {
-		c := &cmds[i]
-		c.Op = Op(d.byte())
-		c.Cond = Cond(d.byte())
-		c.Key = d.bytes()
-		c.Value = d.bytes()
-		c.Version = d.timestamp()
-		c.Now = d.varint()
-		c.TTL = d.varint()
-		c.Fence = d.timestamp()
-		c.Expected = d.timestamp()
-		if c.Op < OpSet || c.Op > OpExpire || c.Cond > IfVersion {
-			d.err = ErrCorrupt
-		}
+		d.command(&cmds[i])
 	}
 	if d.err != nil || d.off != len(data) {
 		return Limits{}, nil, ErrCorrupt
@@ -127,7 +148,9 @@ func appendBytes(b, s []byte) []byte {
 	return append(b, s...)
 }
 
-func appendTimestamp(b []byte, t hlc.Timestamp) []byte {
+// AppendTimestamp appends a version's encoding in a batch: Wall
+// (varint), Counter (uvarint), Node (a uvarint length and the bytes).
+func AppendTimestamp(b []byte, t hlc.Timestamp) []byte {
 	b = binary.AppendVarint(b, t.Wall)
 	b = binary.AppendUvarint(b, t.Counter)
 	b = binary.AppendUvarint(b, uint64(len(t.Node)))
@@ -254,7 +277,7 @@ func NewSnapshotWriter(w io.Writer, maxVersion hlc.Timestamp, count int) (*Snaps
 	sw := &SnapshotWriter{w: w, crc: crc, bw: bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10), left: count}
 	sw.scratch = append(sw.scratch, snapshotMagic...)
 	sw.scratch = append(sw.scratch, snapshotFormat)
-	sw.scratch = appendTimestamp(sw.scratch, maxVersion)
+	sw.scratch = AppendTimestamp(sw.scratch, maxVersion)
 	sw.scratch = binary.AppendUvarint(sw.scratch, uint64(count))
 	_, err := sw.bw.Write(sw.scratch)
 	return sw, err
@@ -272,8 +295,8 @@ func (sw *SnapshotWriter) Add(e *Entry) error {
 	sw.last = append(sw.last[:0], e.Key...)
 	sw.scratch = appendBytes(sw.scratch[:0], e.Key)
 	sw.scratch = appendBytes(sw.scratch, e.Value)
-	sw.scratch = appendTimestamp(sw.scratch, e.Version)
-	sw.scratch = appendTimestamp(sw.scratch, e.Fence)
+	sw.scratch = AppendTimestamp(sw.scratch, e.Version)
+	sw.scratch = AppendTimestamp(sw.scratch, e.Fence)
 	sw.scratch = binary.AppendVarint(sw.scratch, e.ExpiresAt)
 	_, err := sw.bw.Write(sw.scratch)
 	return err

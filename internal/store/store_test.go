@@ -844,7 +844,7 @@ func TestIndexFollowsTheTree(t *testing.T) {
 // allocates about what the snapshot holds, not what the length claims.
 func TestSnapshotCorruptLengthAllocatesLittle(t *testing.T) {
 	data := append([]byte(snapshotMagic), snapshotFormat)
-	data = appendTimestamp(data, ts(1))
+	data = AppendTimestamp(data, ts(1))
 	data = binary.AppendUvarint(data, 1)
 	data = binary.AppendUvarint(data, maxField) // the key's length
 	data = append(data, bytes.Repeat([]byte("x"), 1000)...)
