@@ -5,11 +5,15 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/server"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 func start(t *testing.T, dir, addr string) *server.Server {
@@ -378,4 +382,146 @@ func TestBadTermsAreRefused(t *testing.T) {
 	if v, _ := c.Get(ctx, []byte("x")); v.Found {
 		t.Error("a refused SET wrote")
 	}
+}
+
+// TestWatchReportsEveryGap cuts a watcher's connection again and again
+// under a writer that never pauses, on a server that keeps no history
+// (every KEYNOTIFY ... SINCE is answered "history truncated", as after a
+// restart): every acknowledged value must reach the watcher, or come
+// before a Resync event. The watcher's requests reach the server 20 ms
+// late, so changes are applied between its new registration and its read
+// of the key's state: their notifications, newer than the gap, used to
+// hide it (no Resync event, changes lost).
+func TestWatchReportsEveryGap(t *testing.T) {
+	s, err := server.Start(server.Config{Listen: "127.0.0.1:0", InMemory: true,
+		History: statestore.HistoryLimits{PerPartition: -1}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	p := newSlowProxy(t, s.Addr(), 20*time.Millisecond)
+	watcher, writer := dial(t, p.addr), dial(t, s.Addr())
+	ctx := ctx(t)
+	key := []byte("counter")
+	w, err := watcher.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked []int
+	stop, written := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(written)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := writer.Set(ctx, key, []byte(strconv.Itoa(i))); err != nil {
+				t.Error(err)
+				return
+			}
+			acked = append(acked, i)
+		}
+	}()
+	last, seen, lastResync, prev, resyncs := 0, map[int]bool{}, 0, 0, 0
+	// next waits for the watcher's next event.
+	next := func() {
+		t.Helper()
+		select {
+		case e := <-w.Events():
+			n, _ := strconv.Atoi(string(e.Value))
+			if n < prev {
+				t.Fatalf("value %d after %d: out of order", n, prev)
+			}
+			prev, seen[n] = n, true
+			if e.Resync {
+				lastResync, resyncs = n, resyncs+1
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no event after value %d", prev)
+		}
+	}
+	for cut := 0; cut < 3; cut++ {
+		for target := prev + 20; prev < target; {
+			next()
+		}
+		p.cut()
+	}
+	for target := prev + 20; prev < target; {
+		next()
+	}
+	close(stop)
+	<-written
+	for last = acked[len(acked)-1]; !seen[last]; {
+		next()
+	}
+	for _, a := range acked {
+		if !seen[a] && a > lastResync {
+			t.Fatalf("value %d acknowledged, never notified, and no resync after it (%d acknowledged, %d resyncs)", a, len(acked), resyncs)
+		}
+	}
+	if resyncs < 3 {
+		t.Fatalf("%d resync events for 3 gaps", resyncs)
+	}
+}
+
+// slowProxy forwards TCP connections to a server, each client's bytes
+// delayed by a fixed time; cut closes every connection it carries.
+type slowProxy struct {
+	addr  string
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newSlowProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	p := &slowProxy{addr: l.Addr().String()}
+	t.Cleanup(p.cut)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go io.Copy(c, u)
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						u.Close()
+						return
+					}
+					time.Sleep(delay)
+					if _, err := u.Write(buf[:n]); err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *slowProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
@@ -47,6 +48,21 @@ type keyWatch struct {
 	watchers []*Watch
 	last     Version // the last version seen, to resume from
 	deleted  bool
+	// holding is set while a reconnect registers the key afresh and reads
+	// its state: live notifications wait in held meanwhile, so that the
+	// Resync event (the state read) comes before them and a notification
+	// that beat the read does not hide the gap (see resyncOnce).
+	holding bool
+	held    []Event
+}
+
+// take makes e the key's resume point (a resync always; a change if it is
+// newer) and appends the key's watchers to ws.
+func (kw *keyWatch) take(e Event, ws []*Watch) []*Watch {
+	if e.Resync || e.Version.Compare(kw.last) > 0 {
+		kw.last, kw.deleted = e.Version, e.Deleted
+	}
+	return append(ws, kw.watchers...)
 }
 
 // watchID keys c.watches: keys and patterns are separate registrations.
@@ -247,10 +263,11 @@ func (c *Client) deliver(key string, e Event) {
 	c.mu.Lock()
 	var ws []*Watch
 	if kw := c.watches[watchID{key, false}]; kw != nil {
-		if e.Resync || e.Version.Compare(kw.last) > 0 { // a resync is the key's state now
-			kw.last, kw.deleted = e.Version, e.Deleted
+		if kw.holding {
+			kw.held = append(kw.held, e)
+		} else {
+			ws = kw.take(e, ws)
 		}
-		ws = append(ws, kw.watchers...)
 	}
 	if !e.Resync { // a key's resync is its own; patterns resume by themselves
 		for id, kw := range c.watches {
@@ -276,14 +293,14 @@ func (c *Client) deliver(key string, e Event) {
 // must not go silent.
 func (c *Client) resync(id watchID, gen uint64) {
 	for attempt := 0; c.current(gen); attempt++ {
-		if c.resyncOnce(id) || !c.pause(attempt) {
+		if c.resyncOnce(id, gen) || !c.pause(attempt) {
 			return
 		}
 	}
 }
 
 // resyncOnce is one attempt of resync; it reports whether it is done.
-func (c *Client) resyncOnce(id watchID) bool {
+func (c *Client) resyncOnce(id watchID, gen uint64) bool {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
@@ -291,8 +308,9 @@ func (c *Client) resyncOnce(id watchID) bool {
 	c.mu.Lock()
 	kw := c.watches[id]
 	var since Version
+	var deleted bool
 	if kw != nil {
-		since = kw.last
+		since, deleted = kw.last, kw.deleted
 	}
 	c.mu.Unlock()
 	if kw == nil {
@@ -302,22 +320,75 @@ func (c *Client) resyncOnce(id watchID) bool {
 	if !since.IsZero() && c.keyNotify(ctx, []byte(key), pattern, false, since) == nil {
 		return true // the server replays what was missed
 	}
+	if pattern {
+		if err := c.keyNotify(ctx, []byte(key), pattern, false, Version{}); err != nil {
+			c.log.Warn("watch: registering again after reconnect failed; retrying", "key", key, "error", err)
+			return false
+		}
+		return true
+	}
+	// Registered afresh, the key's notifications start from now: what
+	// changed since the last one seen is told by one Resync event with the
+	// state read after registering. Live notifications are held until
+	// then, or one newer than the read would hide the gap (found by the
+	// rolling upgrade test: a change lost without a resync).
+	c.mu.Lock()
+	kw.holding = true
+	c.mu.Unlock()
 	if err := c.keyNotify(ctx, []byte(key), pattern, false, Version{}); err != nil {
+		c.unhold(kw, key, false, Value{}, since, deleted)
 		c.log.Warn("watch: registering again after reconnect failed; retrying", "key", key, "error", err)
 		return false
 	}
-	if pattern {
-		return true
+	// The state must be read: without it the gap would go untold. A
+	// failed read is tried again while the connection lasts; the next
+	// connection's resync starts again from the same point.
+	for attempt := 0; ; attempt++ {
+		v, err := c.getWithin(c.cfg.Timeout, key)
+		if err == nil {
+			c.unhold(kw, key, true, v, since, deleted)
+			return true
+		}
+		if !c.current(gen) || !c.pause(attempt) {
+			c.unhold(kw, key, false, Value{}, since, deleted)
+			return true
+		}
 	}
-	v, err := c.Get(ctx, []byte(key))
-	if err != nil {
-		return true // registered; the state check is best effort
-	}
+}
+
+func (c *Client) getWithin(d time.Duration, key string) (Value, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return c.Get(ctx, []byte(key))
+}
+
+// unhold ends a resync's hold on kw. With the key's state read (v), a
+// Resync event comes first if it changed since the last change seen
+// (since, deleted), then the held notifications newer than it. Without
+// it, the held notifications are dropped and the resume point stays
+// where it was, so the next resync covers them.
+func (c *Client) unhold(kw *keyWatch, key string, read bool, v Value, since Version, deleted bool) {
 	c.mu.Lock()
-	changed := (v.Found && v.Version.Compare(kw.last) > 0) || (!v.Found && !kw.deleted)
-	c.mu.Unlock()
-	if changed {
-		c.deliver(key, Event{Key: []byte(key), Resync: true, Deleted: !v.Found, Value: v.Value, Version: v.Version})
+	defer c.mu.Unlock() // pushed under the lock: nothing overtakes them
+	held := kw.held
+	kw.holding, kw.held = false, nil
+	if !read {
+		return
 	}
-	return true
+	var ws []*Watch
+	after := since
+	if (v.Found && v.Version.Compare(since) > 0) || (!v.Found && !deleted) {
+		e := Event{Key: []byte(key), Resync: true, Deleted: !v.Found, Value: v.Value, Version: v.Version}
+		for _, w := range kw.take(e, ws) {
+			w.push(e)
+		}
+		after = v.Version
+	}
+	for _, e := range held {
+		if e.Version.Compare(after) > 0 {
+			for _, w := range kw.take(e, ws) {
+				w.push(e)
+			}
+		}
+	}
 }

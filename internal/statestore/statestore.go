@@ -894,9 +894,6 @@ func (s *Service) Events(events []store.Event) {
 	clear(s.observing[:cap(s.observing)]) // hold no observer past the batch
 }
 
-// EventsGap hears that changes were lost to this node before they reached
-// Events (see cluster.Config.OnEventsGap): KEYNOTIFY ... SINCE answers
-// "history truncated" where they could be missing.
 // encoded is a change's notification payload and its key in hex, made
 // once for all the observers of the change that get it over MQTT.
 type encoded struct {
@@ -921,6 +918,9 @@ func (s *Service) notify(sink Notifier, clientID string, conn uint64, topicPrefi
 	}
 }
 
+// EventsGap hears that changes were lost to this node before they reached
+// Events (see cluster.Config.OnEventsGap): KEYNOTIFY ... SINCE answers
+// "history truncated" where they could be missing.
 func (s *Service) EventsGap(resume hlc.Timestamp) {
 	s.dispatch.Lock()
 	defer s.dispatch.Unlock()
