@@ -480,11 +480,24 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 			c.Send(callResp{Kind: errOther, Err: errEventsTruncated, Last: last})
 			return
 		}
-		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := c.Send(callResp{Events: entries, Last: last, MaxVersion: top}); err != nil {
-			return
+		// In parts of a bounded size: a ring holds up to ringBytes, and
+		// one message of it all could take longer than the write deadline
+		// to encode and send under load, and then again on every retry
+		// (a watch's node got no more changes; found in CI).
+		for {
+			part, upTo := entries, last
+			if n := partEnd(entries); n < len(entries) {
+				part, upTo = entries[:n], entries[n-1].Index
+			}
+			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if err := c.Send(callResp{Events: part, Last: upTo, MaxVersion: top}); err != nil {
+				return
+			}
+			top = hlc.Timestamp{}
+			if entries = entries[len(part):]; len(entries) == 0 {
+				break
+			}
 		}
-		top = hlc.Timestamp{}
 		since = last
 		select {
 		case <-wake:
@@ -497,6 +510,24 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 			return
 		}
 	}
+}
+
+// streamPart bounds the events' bytes in one message of a stream.
+const streamPart = 256 << 10
+
+// partEnd returns how many of entries go in one message: at least one,
+// and no more than streamPart bytes of keys and values after the first.
+func partEnd(entries []entryEvents) int {
+	size := 0
+	for i, e := range entries {
+		for _, ev := range e.Events {
+			size += len(ev.Key) + len(ev.Value)
+		}
+		if size > streamPart && i > 0 {
+			return i
+		}
+	}
+	return len(entries)
 }
 
 func (f *follower) close() {

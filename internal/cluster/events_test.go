@@ -92,3 +92,36 @@ func awaitEvent(t *testing.T, ch chan []store.Event, key string) {
 		}
 	}
 }
+
+// TestStreamParts: a ring's events go out in messages of at most
+// streamPart bytes each (one entry alone may be larger), every entry
+// once, in order.
+func TestStreamParts(t *testing.T) {
+	var entries []entryEvents
+	for i := 1; i <= 100; i++ {
+		entries = append(entries, entryEvents{Index: uint64(i), Events: []store.Event{{Key: []byte("k"), Value: make([]byte, (i%7)*20<<10)}}})
+	}
+	entries = append(entries, entryEvents{Index: 101, Events: []store.Event{{Key: []byte("big"), Value: make([]byte, 2*streamPart)}}})
+	var next uint64 = 1
+	for rest := entries; len(rest) > 0; {
+		n := partEnd(rest)
+		if n < 1 {
+			t.Fatalf("an empty part at index %d", next)
+		}
+		size := 0
+		for _, e := range rest[:n] {
+			if e.Index != next {
+				t.Fatalf("entry %d where %d was next", e.Index, next)
+			}
+			next++
+			size += len(e.Events[0].Key) + len(e.Events[0].Value)
+		}
+		if size > streamPart && n > 1 {
+			t.Fatalf("a part of %d entries and %d bytes", n, size)
+		}
+		rest = rest[n:]
+	}
+	if next != 102 {
+		t.Fatalf("%d entries sent of 101", next-1)
+	}
+}

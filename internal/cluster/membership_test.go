@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/mqkv/mqkv/internal/meta"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -330,4 +333,27 @@ func TestSurvivorsSayWhatHappens(t *testing.T) {
 	h.start(1)
 	eventuallyT(t, 20*time.Second, "n1 to say n2 answers again", func() bool { return log.has(`msg="member answers again" node=n2`) })
 	eventuallyT(t, 20*time.Second, "n1 to say the group has a leader again", func() bool { return log.has("the group has a leader again") })
+}
+
+// TestMetaChangeCaughtByElection: a join or a leave whose commit an
+// election interrupted is asked of the next leader (applied twice, either
+// changes nothing); a removal is not (a second one would answer "unknown
+// node" for a removal that happened).
+func TestMetaChangeCaughtByElection(t *testing.T) {
+	for _, tc := range []struct {
+		kind  meta.OpKind
+		err   error
+		retry bool
+	}{
+		{meta.OpJoin, raft.ErrLeadershipLost, true},
+		{meta.OpLeave, raft.ErrLeadershipLost, true},
+		{meta.OpLeave, raft.ErrNotLeader, true},
+		{meta.OpRemove, raft.ErrLeadershipLost, false},
+		{meta.OpLeave, meta.ErrLastNode, false},
+	} {
+		got := metaFailed(meta.Op{Kind: tc.kind}, tc.err)
+		if retry := got.Kind == errNotLeader; retry != tc.retry {
+			t.Errorf("op %d failing with %q: asked again %v, want %v (%+v)", tc.kind, tc.err, retry, tc.retry, got)
+		}
+	}
 }
