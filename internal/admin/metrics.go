@@ -162,6 +162,9 @@ func (m *Metrics) bind(n *Node) {
 	counter("mqkv_notifications_dropped_total", "Notifications not sent: refused by a full client queue, or about a key too long for an MQTT topic.", func() float64 {
 		return float64(n.Broker.Counters.NotificationsDropped.Load())
 	})
+	counter("mqkv_change_losses_total", "Times this cluster node fell so far behind a group that changes were lost to it: KEYNOTIFY registrations here missed notifications (HTTP watches are ended with \"truncated\"; see the log).", func() float64 {
+		return float64(n.Service.Counters.EventsLost.Load())
+	})
 	gauge("mqkv_keynotify_registrations", "Active KEYNOTIFY registrations.", func() float64 {
 		return float64(n.Service.Counters.RegistrationsActive.Load())
 	})

@@ -209,10 +209,12 @@ func (c *Client) request(origin any) (*statestore.Request, *resp.Value) {
 // Watch registers a KEYNOTIFY (args: KEYNOTIFY key [PATTERN] [SINCE v])
 // whose notifications go to notify (on the goroutine that applies the log:
 // it must not block, nor keep the event's bytes; false drops one), and
-// returns its reply. Close ends the registrations.
-func (c *Client) Watch(args [][]byte, notify func(store.Event) bool) resp.Value {
+// returns its reply. gap, if not nil, hears (on that goroutine too) that
+// changes were lost to this node, so that notifications were missed (see
+// statestore.GapNotifier). Close ends the registrations.
+func (c *Client) Watch(args [][]byte, notify func(store.Event) bool, gap func()) resp.Value {
 	ch := make(chan resp.Value, 1)
-	r, refused := c.request(watcher{replier(func(v resp.Value, _ hlc.Timestamp) { ch <- v }), notify})
+	r, refused := c.request(watcher{replier(func(v resp.Value, _ hlc.Timestamp) { ch <- v }), notify, gap})
 	if refused != nil {
 		return *refused
 	}
@@ -227,9 +229,16 @@ func (c *Client) Close() { c.svc.Disconnected(c.ID, c.conn) }
 type watcher struct {
 	replier
 	notify func(store.Event) bool
+	gap    func()
 }
 
 func (w watcher) Notify(ev store.Event) bool { return w.notify(ev) }
+
+func (w watcher) Gap() {
+	if w.gap != nil {
+		w.gap()
+	}
+}
 
 type answer struct {
 	value   resp.Value

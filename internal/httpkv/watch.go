@@ -82,9 +82,20 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	events := make(chan store.Event, s.cfg.WatchBuffer)
-	var overflow atomic.Bool
+	// overflow: the client read slower than changes came; lost: changes
+	// were lost to this node (a cluster member that fell behind). Either
+	// ends the watch once what came before is written.
+	var overflow, lost atomic.Bool
+	wake := make(chan struct{}, 1)
+	gap := func() {
+		lost.Store(true)
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
 	notify := func(ev store.Event) bool {
-		if overflow.Load() {
+		if overflow.Load() || lost.Load() {
 			return false
 		}
 		ev.Key, ev.Value = bytes.Clone(ev.Key), bytes.Clone(ev.Value)
@@ -101,10 +112,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	if since != "" {
 		register = append(register[:len(register):len(register)], []byte("SINCE"), []byte(since))
 	}
-	v := c.Watch(register, notify)
+	v := c.Watch(register, notify, gap)
 	if v.Kind == resp.ErrorReply && string(v.Str) == string(statestore.ErrHistoryTruncated) {
 		truncated = true
-		v = c.Watch(args, notify)
+		v = c.Watch(args, notify, gap)
 	}
 	if v.Kind == resp.ErrorReply {
 		storeFail(w, v)
@@ -126,6 +137,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-wake:
 		case <-tick.C:
 			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil {
 				return
@@ -145,6 +157,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			flusher.Flush()
+		}
+		if lost.Load() && len(events) == 0 {
+			// Not resumable: a SINCE is answered "truncated" where
+			// changes could be missing.
+			w.Write([]byte("event: truncated\ndata: {\"message\":\"changes were lost to this server (a cluster member that fell behind): read the keys again\"}\n\n"))
+			flusher.Flush()
+			return
 		}
 		if overflow.Load() && len(events) == 0 {
 			w.Write([]byte("event: overflow\ndata: {\"message\":\"this client read slower than changes came: reconnect with Last-Event-ID to resume\"}\n\n"))

@@ -292,6 +292,18 @@ func (r *registry) unlinkPattern(o *observer, pattern string) {
 
 // lookup appends to out the observers of key, each once, whose grant lets
 // them read it.
+// sinks appends the gateway sinks of every observer to out.
+func (r *registry) sinks(out []Notifier) []Notifier {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, o := range r.byClient {
+		if o.sink != nil {
+			out = append(out, o.sink)
+		}
+	}
+	return out
+}
+
 func (r *registry) lookup(key []byte, out []*observer) []*observer {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

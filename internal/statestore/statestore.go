@@ -181,6 +181,7 @@ type Counters struct {
 	NotificationsSent   atomic.Int64
 	RegistrationsActive atomic.Int64
 	Denied              atomic.Int64 // requests refused by the policy
+	EventsLost          atomic.Int64 // losses of changes to this node: it fell behind a group (see EventsGap)
 }
 
 // Limits bound what one request or client may use. Zero means unlimited.
@@ -292,6 +293,15 @@ type Replier interface {
 // notification. ev's bytes must not be kept past the call without a copy.
 type Notifier interface {
 	Notify(ev store.Event) bool
+}
+
+// GapNotifier is a Notifier that can be told that changes were lost to
+// this node (see EventsGap): its registrations missed some, and it says
+// so to its client (an HTTP watch ends with "truncated", as etcd cancels
+// a watch behind its compaction). MQTT's KEYNOTIFY has no such message.
+type GapNotifier interface {
+	Notifier
+	Gap()
 }
 
 func sinkOf(r *Request) Notifier {
@@ -921,10 +931,24 @@ func (s *Service) notify(sink Notifier, clientID string, conn uint64, topicPrefi
 // EventsGap hears that changes were lost to this node before they reached
 // Events (see cluster.Config.OnEventsGap): KEYNOTIFY ... SINCE answers
 // "history truncated" where they could be missing.
+//
+// Live registrations missed them too: gateway watches are told (see
+// GapNotifier), and the loss is counted (EventsLost) and logged by the
+// cluster; an MQTT client's registrations go on without a word, as the
+// protocol has none.
 func (s *Service) EventsGap(resume hlc.Timestamp) {
 	s.dispatch.Lock()
 	defer s.dispatch.Unlock()
 	s.history.gap(resume)
+	if !resume.IsZero() {
+		return // the end of a loss already told
+	}
+	s.Counters.EventsLost.Add(1)
+	for _, sink := range s.observers.sinks(nil) {
+		if g, ok := sink.(GapNotifier); ok {
+			g.Gap()
+		}
+	}
 }
 
 // NotifyPayload is the payload of a KEYNOTIFY notification of a change.

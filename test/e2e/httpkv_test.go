@@ -20,6 +20,7 @@ import (
 
 	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/auth"
+	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -639,5 +640,49 @@ read:
 	again := sseStream(t, "http://"+s.HTTPAddr()+"/v1/watch/"+url.PathEscape(k), "Last-Event-ID", ids[len(ids)-1])
 	if e := nextEvent(t, again); e.event != "truncated" {
 		t.Fatalf("resumed after an overflow: %+v, want truncated", e)
+	}
+}
+
+// TestHTTPWatchEndsOnLostChanges: when changes are lost to the server (a
+// cluster member that fell behind a group's event rings: the node calls
+// the service's EventsGap, as TestFollowerGoesOnAfterFallingBehindTheRings
+// shows), a live watch would miss them without a word; it writes what
+// came before, then "truncated", and ends, and a resume is answered
+// "truncated" until the loss is bounded.
+func TestHTTPWatchEndsOnLostChanges(t *testing.T) {
+	t.Parallel()
+	skipInCluster(t, "tells the service of a loss by hand")
+	s := startServer(t, inMemory(), withHTTP())
+	h := newHTTPKV(t, s)
+	k := uniqueKey(t)
+	base := "http://" + s.HTTPAddr() + "/v1/watch/"
+	events := sseStream(t, base+url.PathEscape(k))
+	pattern := sseStream(t, base+"?match="+url.QueryEscape(k+"*"))
+	h.do("PUT", k, "before")
+	first := nextEvent(t, events)
+	if first.event != "set" || nextEvent(t, pattern).event != "set" {
+		t.Fatalf("first event %+v", first)
+	}
+	s.Service().EventsGap(hlc.Timestamp{})
+	h.do("PUT", k, "after") // not sent: the watch ended with the loss
+	for name, ch := range map[string]<-chan sseEvent{"key": events, "pattern": pattern} {
+		if e := nextEvent(t, ch); e.event != "truncated" {
+			t.Fatalf("%s watch: %+v after the loss, want truncated", name, e)
+		}
+		select {
+		case e, ok := <-ch:
+			if ok {
+				t.Fatalf("%s watch went on after truncated: %+v", name, e)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s watch did not end after truncated", name)
+		}
+	}
+	if got := s.Service().Counters.EventsLost.Load(); got != 1 {
+		t.Fatalf("EventsLost %d, want 1", got)
+	}
+	again := sseStream(t, base+url.PathEscape(k), "Last-Event-ID", first.id)
+	if e := nextEvent(t, again); e.event != "truncated" {
+		t.Fatalf("resumed across the loss: %+v, want truncated", e)
 	}
 }
