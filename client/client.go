@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -80,6 +81,10 @@ type Client struct {
 	setup   chan error    // a refused response-topic subscription, for Dial
 
 	up atomic.Bool // a connection was made once
+	// referred is the server a DISCONNECT named (Server Reference, as a
+	// stopping cluster member names another): the next connection
+	// attempt goes there, once.
+	referred atomic.Pointer[string]
 
 	// regMu orders registration changes (KEYNOTIFY and its STOP) so that
 	// a watch starting while the key's last one stops is not undone.
@@ -131,10 +136,15 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		OnConnectionUp:                c.onConnectionUp,
 		OnConnectionDown:              c.onConnectionDown,
 		ClientConfig: paho.ClientConfig{
-			ClientID:          cfg.ClientID,
-			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.onPublish},
-			OnClientError:     func(err error) { c.log.Debug("mqtt client error", "error", err) },
+			ClientID:           cfg.ClientID,
+			OnPublishReceived:  []func(paho.PublishReceived) (bool, error){c.onPublish},
+			OnClientError:      func(err error) { c.log.Debug("mqtt client error", "error", err) },
+			OnServerDisconnect: c.onServerDisconnect,
 		},
+	}
+	switch u.Scheme {
+	case "mqtt", "tcp", "tls", "ssl", "mqtts":
+		ac.AttemptConnection = c.attemptConnection
 	}
 	if cfg.Username != "" || cfg.Password != "" {
 		ac.ConnectUsername, ac.ConnectPassword = cfg.Username, []byte(cfg.Password)
@@ -171,6 +181,46 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		c.Close()
 		return nil, fmt.Errorf("connect %s: %w", u, ctx.Err())
 	}
+}
+
+// onServerDisconnect keeps the server a DISCONNECT refers the client to
+// (MQTT 5's Server Reference, with "server shutting down", "use another
+// server" or "server moved"): a cluster member stopping for a restart
+// names another that answers, and a client that goes there keeps its
+// watches resumable (that member's change history reaches back; the
+// restarted one's starts empty).
+func (c *Client) onServerDisconnect(d *paho.Disconnect) {
+	if d.Properties == nil || d.Properties.ServerReference == "" {
+		return
+	}
+	switch d.ReasonCode {
+	case 0x8B, 0x9C, 0x9D:
+	default:
+		return
+	}
+	ref, _, _ := strings.Cut(d.Properties.ServerReference, " ") // the first of a list
+	if _, _, err := net.SplitHostPort(ref); err != nil {
+		c.log.Debug("server reference not host:port: ignored", "reference", ref)
+		return
+	}
+	c.referred.Store(&ref)
+}
+
+// attemptConnection dials u's host, or once the server a DISCONNECT
+// referred to (see onServerDisconnect): if that fails, the next attempt
+// is u's again.
+func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
+	host := u.Host
+	if ref := c.referred.Swap(nil); ref != nil {
+		c.log.Info("connecting to the server the last one referred to", "server", *ref, "configured", u.Host)
+		host = *ref
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	if u.Scheme == "mqtt" || u.Scheme == "tcp" {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", host)
+	}
+	return (&tls.Dialer{Config: cfg.TlsCfg}).DialContext(ctx, "tcp", host)
 }
 
 func serverURL(s string) (*url.URL, error) {

@@ -408,22 +408,22 @@ func TestWatchReportsEveryGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	var acked []int
-	stop, written := make(chan struct{}), make(chan struct{})
+	var werr error
+	wctx, stop := context.WithCancel(ctx)
+	written := make(chan struct{})
 	go func() {
 		defer close(written)
-		for i := 1; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := writer.Set(ctx, key, []byte(strconv.Itoa(i))); err != nil {
-				t.Error(err)
+		for i := 1; wctx.Err() == nil; i++ {
+			if _, err := writer.Set(wctx, key, []byte(strconv.Itoa(i))); err != nil {
+				if wctx.Err() == nil {
+					werr = err
+				}
 				return
 			}
 			acked = append(acked, i)
 		}
 	}()
+	t.Cleanup(func() { stop(); <-written }) // before the clients close
 	last, seen, lastResync, prev, resyncs := 0, map[int]bool{}, 0, 0, 0
 	// next waits for the watcher's next event.
 	next := func() {
@@ -451,8 +451,11 @@ func TestWatchReportsEveryGap(t *testing.T) {
 	for target := prev + 20; prev < target; {
 		next()
 	}
-	close(stop)
+	stop()
 	<-written
+	if werr != nil {
+		t.Fatal(werr)
+	}
 	for last = acked[len(acked)-1]; !seen[last]; {
 		next()
 	}
@@ -524,4 +527,50 @@ func (p *slowProxy) cut() {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// TestServerReferenceIsFollowed: a server that closes the connection with
+// DISCONNECT 0x8B and a Server Reference (a stopping cluster member names
+// another) sends the client there; if the referred server does not
+// answer later, the configured one is tried again.
+func TestServerReferenceIsFollowed(t *testing.T) {
+	a, b := start(t, "", ""), start(t, "", "")
+	c := dial(t, a.Addr())
+	ctx := ctx(t)
+	if _, err := c.Set(ctx, []byte("where"), []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	addr := a.Addr()
+	a.Broker().SetServerReference(b.Addr())
+	a.Close()
+	// The next request is answered by b: its store, not a's.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		v, err := c.Get(ctx, []byte("where"))
+		if err == nil {
+			if v.Found {
+				t.Fatalf("read %q: still a's store", v.Value)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer after the referral: %v", err)
+		}
+	}
+	if n := b.Broker().Traffic().Clients; n != 1 {
+		t.Fatalf("%d clients on the referred server", n)
+	}
+	// b goes without a referral: the client goes back to its configured
+	// address, where a server runs again.
+	b.Close()
+	a2 := start(t, "", addr)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := c.Get(ctx, []byte("where")); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no answer from the configured address again: %v", err)
+		}
+	}
+	if n := a2.Broker().Traffic().Clients; n != 1 {
+		t.Fatalf("%d clients on the configured server", n)
+	}
 }

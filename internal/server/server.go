@@ -435,6 +435,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.node.Ready() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if s.node.Follow(ctx) == nil {
+			s.service.Following()
 			_, err := ret.Load(ctx)
 			loaded = err == nil
 		}
@@ -527,6 +528,7 @@ func (s *Server) loadRetained(ret *retained.Store, b *broker.Broker, loaded bool
 			err := s.node.Follow(ctx)
 			var n int
 			if err == nil {
+				s.service.Following()
 				err = b.MoveLegacyRetained(ctx)
 			}
 			if err == nil && !loaded {

@@ -783,12 +783,8 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	// a replay ends exactly where live notifications begin, and a plain
 	// registration delivers everything after the history's latest change.
 	s.dispatch.Lock()
-	if !s.historyOn && !stop {
-		// Following began: what was applied before it returned (on this
-		// node's replicas, so at or below its clock) never reached the
-		// history. What reached it since, it keeps.
-		s.history.begin(s.router.Clock().Now())
-		s.historyOn = true
+	if !stop {
+		s.beginHistory()
 	}
 	sink := sinkOf(r)
 	if !since {
@@ -827,6 +823,26 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	}
 	s.dispatch.Unlock()
 	s.reply(r, resp.OK, hlc.Timestamp{})
+}
+
+// Following tells the service that its router now follows every change
+// (a cluster node's Follow returned): its history of changes begins now,
+// rather than at the first KEYNOTIFY, so that a client that comes from
+// another node (a restarted one's referral) can resume from it.
+func (s *Service) Following() {
+	s.dispatch.Lock()
+	defer s.dispatch.Unlock()
+	s.beginHistory()
+}
+
+// beginHistory starts the history once following began: what was applied
+// before (on this node's replicas, so at or below its clock) never
+// reached it; what reached it since, it keeps. Under dispatch.
+func (s *Service) beginHistory() {
+	if !s.historyOn {
+		s.history.begin(s.router.Clock().Now())
+		s.historyOn = true
+	}
 }
 
 // ErrHistoryTruncated answers KEYNOTIFY ... SINCE when the change history no

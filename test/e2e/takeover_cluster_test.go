@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/server"
 )
 
@@ -251,4 +253,97 @@ func stringProp(b []byte, id byte) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// TestWatchMovesWithTheServerReference: a watcher whose node stops
+// gracefully goes where the node's DISCONNECT refers it (another member)
+// and resumes there with KEYNOTIFY ... SINCE: that member's change
+// history began when it started following, so every acknowledged change
+// is notified, in order, without a resync (on the restarted node itself
+// the history would start empty: a resync).
+func TestWatchMovesWithTheServerReference(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	nodes := startNodes(t, "wr", 3, nil)
+	awaitSettled(t, nodes[0])
+	ctx := ctxFor(t, 60*time.Second)
+	dial := func(s *server.Server) *client.Client {
+		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + s.Addr()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	watcher, writer := dial(nodes[2]), dial(nodes[1])
+	key := []byte("moving/watched")
+	w, err := watcher.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked []int
+	var werr error
+	wctx, stop := context.WithCancel(ctx)
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		for i := 1; wctx.Err() == nil; i++ {
+			sctx, cancel := context.WithTimeout(wctx, 5*time.Second)
+			_, err := writer.Set(sctx, key, []byte(strconv.Itoa(i)))
+			cancel()
+			if err != nil {
+				if wctx.Err() == nil {
+					werr = fmt.Errorf("SET %d through a node that stays: %w", i, err)
+				}
+				return
+			}
+			acked = append(acked, i)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { stop(); <-written }) // before the clients close
+	seen, prev := map[int]bool{}, 0
+	next := func() {
+		t.Helper()
+		select {
+		case e := <-w.Events():
+			n, _ := strconv.Atoi(string(e.Value))
+			if e.Resync {
+				t.Fatalf("a resync event (value %d) after value %d: the watch did not resume with every change", n, prev)
+			}
+			if n <= prev {
+				t.Fatalf("value %d after %d", n, prev)
+			}
+			prev, seen[n] = n, true
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no event after value %d", prev)
+		}
+	}
+	for prev < 20 {
+		next()
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	if err := nodes[2].Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	for target := prev + 40; prev < target; {
+		next()
+	}
+	stop()
+	<-written
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	for last := acked[len(acked)-1]; prev < last; {
+		next()
+	}
+	for _, a := range acked {
+		if !seen[a] {
+			t.Fatalf("SET %d acknowledged and never notified (%d acknowledged)", a, len(acked))
+		}
+	}
+	if n := nodes[0].Broker().Traffic().Clients + nodes[1].Broker().Traffic().Clients; n < 2 {
+		t.Fatalf("%d clients on the members that stayed, want the writer and the watcher", n)
+	}
 }
