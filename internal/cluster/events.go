@@ -82,6 +82,14 @@ func (r *ring) add(b replica.Batch) {
 	r.wake = make(chan struct{})
 }
 
+// start is where the ring begins: every entry after it that had events
+// is here; ok is false while that is not known (see known).
+func (r *ring) start() (index uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.floor, r.known
+}
+
 // position is the last index applied.
 func (r *ring) position() uint64 {
 	r.mu.Lock()
@@ -119,13 +127,17 @@ type follower struct {
 	rings     map[int]*ring
 	following map[int]chan struct{} // group → closed once it has a position
 	gapped    map[int]bool          // group → changes were lost; OnEventsGap awaits the next
+	// floors: group → a version at or above every change of the group
+	// not delivered, once it has a position: every change above it is
+	// (see HistoryFloor).
+	floors map[int]hlc.Timestamp
 	gaps      atomic.Int32          // len(gapped): deliver looks at gapped only if some
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
 
 func newFollower(n *Node) *follower {
-	return &follower{n: n, rings: map[int]*ring{}, following: map[int]chan struct{}{}, gapped: map[int]bool{}, stop: make(chan struct{})}
+	return &follower{n: n, rings: map[int]*ring{}, following: map[int]chan struct{}{}, gapped: map[int]bool{}, floors: map[int]hlc.Timestamp{}, stop: make(chan struct{})}
 }
 
 // local returns the OnEvents of this node's replica of g.
@@ -166,6 +178,22 @@ func (n *Node) Following() bool {
 	n.events.mu.Lock()
 	defer n.events.mu.Unlock()
 	return len(n.events.following) > 0
+}
+
+// HistoryFloor returns, once the node follows (see Follow), a version
+// above every change to partition p that was not delivered to OnEvents:
+// every change of p with a greater version was, since following began.
+// A restarted member's replicas replay their logs from their last
+// snapshots, so it reaches back before the restart.
+func (n *Node) HistoryFloor(p int) (hlc.Timestamp, bool) {
+	if n.link == nil {
+		return hlc.Timestamp{}, false
+	}
+	g := p % n.groupCount()
+	n.events.mu.Lock()
+	defer n.events.mu.Unlock()
+	v, ok := n.events.floors[g]
+	return v, ok
 }
 
 // Follow makes the node follow every group's changes (once it has clients
@@ -209,17 +237,32 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 	var cursor uint64 // the last index delivered; 0: start from now
 	var behind int    // rounds in which members answered only that they no longer hold it
 	once := sync.Once{}
-	mark := func(c uint64) {
+	// mark sets the cursor; the first time, floor is the group's (see
+	// floors), and Follow hears that g has a position.
+	mark := func(c uint64, floor hlc.Timestamp) {
 		cursor = c
-		once.Do(func() { close(positioned) })
+		once.Do(func() {
+			f.mu.Lock()
+			f.floors[g] = floor
+			f.mu.Unlock()
+			close(positioned)
+		})
 	}
-	for {
+	if f.ringOf(g) != nil {
+		// A replica of g here (a restarted member's): it replays its
+		// log from its last snapshot into its ring once it hears the
+		// group's commit index. Start from the ring's beginning, so that
+		// the node's change history holds what the log still has and a
+		// client back from before the restart resumes without a gap.
+		f.awaitRing(g)
+	}
+	for first := true; ; first = false {
 		select {
 		case <-f.stop:
 			return
 		default:
 		}
-		if r := f.ringOf(g); r != nil && f.current(g) && f.fromRing(r, g, &cursor, mark) {
+		if r := f.ringOf(g); r != nil && f.current(g) && f.fromRing(r, g, &cursor, mark, first) {
 			continue
 		}
 		f.fromPeers(g, &cursor, mark, &behind)
@@ -231,23 +274,71 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 	}
 }
 
+// ringCatchUp bounds how long a member's first Follow waits for its own
+// replica of a group to catch up (see awaitRing) before it follows from
+// another member's, from now. A restarted member of a healthy cluster
+// catches up in well under a second; one that cannot (no leader) does
+// not serve meanwhile either.
+const ringCatchUp = 5 * time.Second
+
+// awaitRing waits until this node's replica of g keeps up with its group
+// and its ring knows where it begins, at most ringCatchUp.
+func (f *follower) awaitRing(g int) {
+	deadline := time.Now().Add(ringCatchUp)
+	for time.Now().Before(deadline) {
+		if r := f.ringOf(g); r == nil {
+			return
+		} else if _, known := r.start(); known && f.current(g) {
+			return
+		}
+		select {
+		case <-f.stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // fromRing delivers from this node's own replica while it can; it reports
 // false when the ring cannot serve the cursor (a replica that started from
-// a snapshot, or fell behind a stream).
-func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64)) bool {
+// a snapshot, or fell behind a stream). With fromStart and no position yet,
+// it starts from the ring's beginning rather than from now.
+func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64, hlc.Timestamp), fromStart bool) bool {
 	served := false
 	for {
 		since := *cursor
+		var floor hlc.Timestamp
 		if since == 0 {
+			// Read before the position: every change at or below it
+			// has a version at most this.
+			if rep := f.n.local(g); rep != nil {
+				floor = rep.MaxVersion()
+			}
 			since = r.position()
+			if start, known := r.start(); fromStart && known {
+				since = start
+			}
 		}
 		entries, last, wake, ok := r.since(since)
 		if !ok {
 			return served
 		}
+		if len(entries) > 0 && *cursor == 0 {
+			// Versions grow along a group's log: every change before
+			// the first one here is below it (and its wall time and
+			// counter are the group's alone), so this floor is above
+			// every change not delivered and below every one that is.
+			v := entries[0].Events[0].Version
+			for _, e := range entries[0].Events[1:] {
+				if e.Version.Compare(v) < 0 {
+					v = e.Version
+				}
+			}
+			floor = hlc.Timestamp{Wall: v.Wall, Counter: v.Counter}
+		}
 		served = true
 		f.deliver(g, entries)
-		mark(last)
+		mark(last, floor)
 		select {
 		case <-wake:
 		case <-f.stop:
@@ -294,7 +385,7 @@ func (f *follower) current(g int) bool {
 // fromPeers follows g from another replica's ring over the link, until the
 // stream breaks or this node's own replica can take over. behind counts
 // the rounds in a row in which no member could serve the cursor.
-func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64), behind *int) {
+func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64, hlc.Timestamp), behind *int) {
 	n := f.n
 	var candidates []string
 	if l := n.leaderOf(g); l != "" && l != n.cfg.NodeID {
@@ -339,7 +430,7 @@ func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64), behind *i
 	*behind = 0
 	f.n.log.Warn("change events lost: this node fell behind the group's event rings; notifications between are not delivered here", "group", g, "from", *cursor, "to", resume)
 	f.gap(g)
-	mark(resume)
+	mark(resume, hlc.Timestamp{}) // (positioned before: a cursor to lose)
 }
 
 // behindRounds is how many rounds a follower that some members do not
@@ -364,7 +455,7 @@ func (f *follower) gap(g int) {
 
 // stream follows g from member id; it reports whether it got anywhere,
 // and if the member no longer holds the cursor, from where it could go on.
-func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) (got bool, resume uint64) {
+func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, hlc.Timestamp)) (got bool, resume uint64) {
 	n := f.n
 	addr := n.addrOf(id)
 	if addr == "" {
@@ -417,7 +508,7 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64)) (
 		if !resp.MaxVersion.IsZero() {
 			n.clock.Observe(resp.MaxVersion) // before the position is marked (see serve)
 		}
-		mark(resp.Last)
+		mark(resp.Last, resp.MaxVersion)
 		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) && f.current(g) {
 			if _, _, _, ok := r.since(*cursor); ok {
 				return true, 0 // this node's replica has caught up: use it

@@ -38,6 +38,7 @@ type partitionLog struct {
 	ring    []change
 	head, n int
 	floor   hlc.Timestamp
+	trimmed bool // floor was raised by a change forgotten
 }
 
 // at returns the i-th oldest change.
@@ -93,14 +94,19 @@ func newHistory(limits HistoryLimits) *history {
 	return h
 }
 
-// begin declares that every change after version from is in the history
-// from now on, keeping what it already holds (at a node's start, nothing).
-func (h *history) begin(from hlc.Timestamp) {
-	if from.Compare(h.latest) > 0 {
-		h.latest = from
-	}
+// begin declares that every change to partition p after version from(p)
+// is in the history from now on, keeping what it already holds. A
+// partition that already forgot changes (trim) keeps its higher floor.
+func (h *history) begin(from func(p int) hlc.Timestamp) {
 	for i := range h.parts {
-		h.parts[i].floor = from
+		p := &h.parts[i]
+		f := from(i)
+		if f.Compare(h.latest) > 0 {
+			h.latest = f
+		}
+		if !p.trimmed || f.Compare(p.floor) > 0 {
+			p.floor = f
+		}
 	}
 }
 
@@ -160,8 +166,8 @@ func (h *history) trim(p *partitionLog, now time.Time, written bool) {
 		if !over {
 			break
 		}
-		if old.Version.Compare(p.floor) > 0 {
-			p.floor = old.Version
+		if !p.trimmed || old.Version.Compare(p.floor) > 0 {
+			p.floor, p.trimmed = old.Version, true
 		}
 		h.bytes -= old.size()
 		p.drop()

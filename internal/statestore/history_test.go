@@ -18,7 +18,7 @@ import (
 func TestHistoryKeepsTheNewestChanges(t *testing.T) {
 	const per = 6
 	h := newHistory(HistoryLimits{PerPartition: per, MaxAge: time.Minute, MaxBytes: 1 << 20})
-	h.begin(hlc.Timestamp{Wall: 1})
+	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
 	rng := rand.New(rand.NewPCG(1, 2))
 	key := []byte("k")
 	var kept []store.Event // what a list would keep, oldest first
@@ -64,7 +64,7 @@ func TestHistoryKeepsTheNewestChanges(t *testing.T) {
 // oldest changes (but keeps its newest), and the byte count follows.
 func TestHistoryByteBudget(t *testing.T) {
 	h := newHistory(HistoryLimits{PerPartition: 100, MaxBytes: 100})
-	h.begin(hlc.Timestamp{Wall: 1})
+	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
 	now := time.Unix(1000, 0)
 	for i := 0; i < 50; i++ {
 		k := []byte(fmt.Sprintf("key-%02d", i%5)) // 6 bytes
@@ -129,7 +129,7 @@ func TestPartitionLogRing(t *testing.T) {
 // version after it truncated for good; one from there on replays.
 func TestHistoryGap(t *testing.T) {
 	h := newHistory(HistoryLimits{PerPartition: 10, MaxBytes: 1 << 20})
-	h.begin(hlc.Timestamp{Wall: 1})
+	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
 	at := func(wall int64) hlc.Timestamp { return hlc.Timestamp{Wall: wall, Node: "n"} }
 	set := func(key string, wall int64) {
 		h.add([]store.Event{{Kind: store.EventSet, Key: []byte(key), Value: []byte("v"), Version: at(wall)}}, time.Now())
@@ -169,7 +169,7 @@ func TestHistoryGap(t *testing.T) {
 func TestExpiryInsideAWriteIsReplayed(t *testing.T) {
 	s := store.New(store.Limits{})
 	h := newHistory(HistoryLimits{PerPartition: 64, MaxBytes: 1 << 20})
-	h.begin(hlc.Timestamp{Wall: 1})
+	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
 	v := func(c uint64) hlc.Timestamp { return hlc.Timestamp{Wall: 1000, Counter: c, Node: "n1"} }
 	apply := func(c store.Command) []store.Event {
 		_, evs := s.Apply(&c, nil)
@@ -201,5 +201,49 @@ func TestExpiryInsideAWriteIsReplayed(t *testing.T) {
 	}
 	if !sawDelete {
 		t.Errorf("SINCE %v replays %d changes, without the DELETE of k", sj[0].Version, len(got))
+	}
+}
+
+// everywhere is a floor for begin: v for every partition.
+func everywhere(v hlc.Timestamp) func(int) hlc.Timestamp {
+	return func(int) hlc.Timestamp { return v }
+}
+
+// TestHistoryBeginsWhereEachPartitionCan: changes added before begin
+// (a cluster member's log replayed as it starts following) are kept, a
+// partition's floor is its own, and a partition that already forgot
+// changes keeps the floor above them, whatever begin says.
+func TestHistoryBeginsWhereEachPartitionCan(t *testing.T) {
+	h := newHistory(HistoryLimits{PerPartition: 4, MaxAge: time.Minute, MaxBytes: 1 << 20})
+	full, quiet := []byte("full"), []byte("quiet")
+	if store.Partition(full) == store.Partition(quiet) {
+		t.Fatal("pick keys of two partitions")
+	}
+	v := func(i int) hlc.Timestamp { return hlc.Timestamp{Wall: int64(100 + i), Node: "n"} }
+	now := time.Unix(1000, 0)
+	for i := 1; i <= 6; i++ { // two forgotten
+		h.add([]store.Event{{Kind: store.EventSet, Key: full, Value: []byte("x"), Version: v(i)}}, now)
+	}
+	h.add([]store.Event{{Kind: store.EventSet, Key: quiet, Value: []byte("y"), Version: v(7)}}, now)
+	if _, ok := h.since(quiet, nil, v(0)); ok {
+		t.Fatal("a replay before begin")
+	}
+	h.begin(func(p int) hlc.Timestamp {
+		if p == int(store.Partition(quiet)) {
+			return hlc.Timestamp{Wall: v(7).Wall} // just below its one change
+		}
+		return v(0)
+	})
+	if _, ok := h.since(full, nil, v(1)); ok {
+		t.Fatal("replayed from before the changes the partition forgot")
+	}
+	if got, ok := h.since(full, nil, v(2)); !ok || len(got) != 4 || got[0].Version != v(3) {
+		t.Fatalf("from its floor: %v %v", got, ok)
+	}
+	if got, ok := h.since(quiet, nil, hlc.Timestamp{Wall: v(7).Wall}); !ok || len(got) != 1 {
+		t.Fatalf("the quiet partition from its own floor: %v %v", got, ok)
+	}
+	if _, ok := h.since(quiet, nil, v(0)); ok {
+		t.Fatal("the quiet partition replayed from below its floor")
 	}
 }

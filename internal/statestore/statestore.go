@@ -152,6 +152,9 @@ type Request struct {
 type follower interface {
 	Follow(ctx context.Context) error
 	Following() bool
+	// HistoryFloor is, once following, a version above every change to
+	// partition p that was not delivered (see cluster.Node.HistoryFloor).
+	HistoryFloor(p int) (hlc.Timestamp, bool)
 }
 
 // Transport is what the service needs from the broker.
@@ -236,8 +239,7 @@ func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 	// until then every SINCE is answered "truncated", not with a replay
 	// missing what it never saw.
 	if f, ok := router.(follower); !ok || f.Following() {
-		s.history.begin(router.Clock().Now())
-		s.historyOn = true
+		s.beginHistory()
 	}
 	return s
 }
@@ -835,14 +837,27 @@ func (s *Service) Following() {
 	s.beginHistory()
 }
 
-// beginHistory starts the history once following began: what was applied
-// before (on this node's replicas, so at or below its clock) never
-// reached it; what reached it since, it keeps. Under dispatch.
+// beginHistory starts the history once following began: it holds every
+// change after each partition's floor, and keeps what reached it. A
+// cluster node knows the floors (from where it began following each
+// group: a restarted member's log replay reaches back before its
+// restart); else what was applied before following began is at or below
+// the node's clock. Under dispatch.
 func (s *Service) beginHistory() {
-	if !s.historyOn {
-		s.history.begin(s.router.Clock().Now())
-		s.historyOn = true
+	if s.historyOn {
+		return
 	}
+	s.historyOn = true
+	now := s.router.Clock().Now()
+	f, ok := s.router.(follower)
+	s.history.begin(func(p int) hlc.Timestamp {
+		if ok {
+			if v, known := f.HistoryFloor(p); known {
+				return v
+			}
+		}
+		return now
+	})
 }
 
 // ErrHistoryTruncated answers KEYNOTIFY ... SINCE when the change history no

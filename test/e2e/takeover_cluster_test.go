@@ -347,3 +347,39 @@ func TestWatchMovesWithTheServerReference(t *testing.T) {
 		t.Fatalf("%d clients on the members that stayed, want the writer and the watcher", n)
 	}
 }
+
+// TestRestartedMemberReplaysFromBeforeItsRestart: a restarted member's
+// replicas replay their logs (from their last snapshots) as they catch
+// up, and its change history begins with what they replay: a client that
+// watched a key before the restart resumes there (KEYNOTIFY ... SINCE)
+// with every change, those made while the member was down included,
+// rather than being told "history truncated".
+func TestRestartedMemberReplaysFromBeforeItsRestart(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	dir := t.TempDir()
+	first := startNode(t, "rr1", nil, nil)
+	startNode(t, "rr2", []string{first.ClusterAddr()}, nil)
+	third := startNode(t, "rr3", []string{first.ClusterAddr()}, func(c *server.Config) { c.DataDir = dir })
+	awaitSettled(t, first)
+	w := dialRaw(t, first, "rr-writer", rawOpts{cleanStart: true})
+	v1, _ := userProp(w.call("SET", "rr/k", "1"), "__ts")
+	expectPayload(t, w.call("SET", "rr/k", "2"), "+OK\r\n")
+	expectPayload(t, w.call("SET", "rr/other", "x"), "+OK\r\n")
+	mqtt, link := third.Addr(), third.ClusterAddr()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	if err := third.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	expectPayload(t, w.call("SET", "rr/k", "3"), "+OK\r\n") // while it is down
+	third = startNode(t, "rr3", []string{first.ClusterAddr()}, func(c *server.Config) {
+		c.DataDir, c.Listen, c.Cluster.Listen = dir, mqtt, link
+	})
+	c := dialRaw(t, third, "rr-watcher", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("KEYNOTIFY", "rr/k", "SINCE", v1), "+OK\r\n")
+	expectNotification(t, c, "rr/k", notifySet+"$1\r\n2\r\n")
+	expectNotification(t, c, "rr/k", notifySet+"$1\r\n3\r\n")
+	expectPayload(t, w.call("SET", "rr/k", "4"), "+OK\r\n")
+	expectNotification(t, c, "rr/k", notifySet+"$1\r\n4\r\n")
+}
