@@ -131,9 +131,9 @@ type follower struct {
 	// not delivered, once it has a position: every change above it is
 	// (see HistoryFloor).
 	floors map[int]hlc.Timestamp
-	gaps      atomic.Int32          // len(gapped): deliver looks at gapped only if some
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	gaps   atomic.Int32 // len(gapped): deliver looks at gapped only if some
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 func newFollower(n *Node) *follower {
