@@ -116,15 +116,29 @@ func New(m *Metrics, allowedHosts []string, log *slog.Logger) *Server {
 // OnEvents consumer.
 func (s *Server) Events(events []store.Event) { s.feed.Events(events) }
 
-// Serve listens on addr and serves n in the background.
-func (s *Server) Serve(addr string, n *Node) error {
-	s.node = n
-	s.metrics.bind(n)
+// Listen binds addr, before anything else starts: a port taken is then
+// the start's first failure, not one after the node created or joined its
+// cluster (a CI run's server exited so, its cluster made).
+func (s *Server) Listen(addr string) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	s.ln = ln
+	return nil
+}
+
+// Serve serves n in the background, on the address Listen bound (or on
+// addr, bound now).
+func (s *Server) Serve(addr string, n *Node) error {
+	s.node = n
+	s.metrics.bind(n)
+	if s.ln == nil {
+		if err := s.Listen(addr); err != nil {
+			return err
+		}
+	}
+	ln := s.ln
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go s.http.Serve(ln)
 	go s.sample()
@@ -137,6 +151,9 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Close stops the endpoint.
 func (s *Server) Close() error {
 	if s.http == nil {
+		if s.ln != nil {
+			return s.ln.Close() // bound, never served: a start that failed
+		}
 		return nil
 	}
 	close(s.stop)

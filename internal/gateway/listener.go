@@ -18,17 +18,13 @@ type Listener struct {
 	wg     sync.WaitGroup
 }
 
-// Listen listens on addr and serves every connection with serve (which
-// need not close it).
-func Listen(addr string, serve func(net.Conn)) (*Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
+// Serve serves every connection ln accepts with serve (which need not
+// close it), until Close.
+func Serve(ln net.Listener, serve func(net.Conn)) *Listener {
 	l := &Listener{ln: ln, serve: serve, conns: map[net.Conn]struct{}{}}
 	l.wg.Add(1)
 	go l.accept()
-	return l, nil
+	return l
 }
 
 // Addr is the listener's address.

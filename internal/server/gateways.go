@@ -34,8 +34,79 @@ func (g guard) Check(user string, password []byte) bool {
 
 func (g guard) Policy() *policy.Policy { return g.b.Security().Policy }
 
+// boundGateways are the gateways' listeners, bound when the server starts,
+// before anything else (a port taken fails the start before the node does
+// anything); nil where not asked for.
+type boundGateways struct {
+	resp, mc, http net.Listener
+}
+
+// bindGateways binds the gateways cfg asks for.
+func bindGateways(cfg Config) (*boundGateways, error) {
+	b := &boundGateways{}
+	bind := func(to *net.Listener, name, addr string) error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			b.close()
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		*to = ln
+		return nil
+	}
+	if cfg.RESPListen != "" {
+		if err := bind(&b.resp, "resp", cfg.RESPListen); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.MemcacheListen != "" {
+		if !cfg.MemcacheInsecure && !loopback(cfg.MemcacheListen) {
+			b.close()
+			return nil, fmt.Errorf("memcache: %s is not a loopback address, and memcached's protocol has no authentication: anyone who reaches it acts as an anonymous client (the policy's rules for one apply); give --memcache-insecure to serve it there anyway", cfg.MemcacheListen)
+		}
+		if err := bind(&b.mc, "memcache", cfg.MemcacheListen); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.HTTPListen != "" {
+		if err := bind(&b.http, "http", cfg.HTTPListen); err != nil {
+			return nil, err
+		}
+		if cfg.HTTPTLS {
+			cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+			if err != nil {
+				b.close()
+				return nil, fmt.Errorf("http: --http-tls needs --tls-cert and --tls-key: %w", err)
+			}
+			b.http = tls.NewListener(b.http, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		}
+	}
+	return b, nil
+}
+
+// close closes every listener bound (a start that failed).
+func (b *boundGateways) close() {
+	for _, ln := range []net.Listener{b.resp, b.mc, b.http} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// serve starts the gateways bound.
+func (s *Server) serveGateways(b *boundGateways, started time.Time) {
+	if b.resp != nil {
+		s.serveRESP(b.resp, started)
+	}
+	if b.mc != nil {
+		s.serveMemcache(b.mc, started)
+	}
+	if b.http != nil {
+		s.serveHTTP(b.http)
+	}
+}
+
 // serveRESP starts the Redis protocol endpoint.
-func (s *Server) serveRESP(addr string, started time.Time) error {
+func (s *Server) serveRESP(ln net.Listener, started time.Time) {
 	srv := redis.New(redis.Config{
 		Service: s.service,
 		Guard:   guard{s.broker},
@@ -47,12 +118,7 @@ func (s *Server) serveRESP(addr string, started time.Time) error {
 				Keys: t.Keys, Bytes: t.Bytes, Partial: t.Partial}
 		},
 	})
-	ln, err := gateway.Listen(addr, srv.Serve)
-	if err != nil {
-		return fmt.Errorf("resp: %w", err)
-	}
-	s.resp = ln
-	return nil
+	s.resp = gateway.Serve(ln, srv.Serve)
 }
 
 // RESPAddr is the Redis protocol endpoint's address, or "".
@@ -64,12 +130,9 @@ func (s *Server) RESPAddr() string {
 }
 
 // serveMemcache starts the memcached text protocol endpoint. Its clients
-// cannot authenticate, so only a loopback address is taken unless insecure
-// says the operator knows.
-func (s *Server) serveMemcache(addr string, insecure bool, started time.Time) error {
-	if !insecure && !loopback(addr) {
-		return fmt.Errorf("memcache: %s is not a loopback address, and memcached's protocol has no authentication: anyone who reaches it acts as an anonymous client (the policy's rules for one apply); give --memcache-insecure to serve it there anyway", addr)
-	}
+// cannot authenticate, so only a loopback address is bound unless the
+// operator said --memcache-insecure (see bindGateways).
+func (s *Server) serveMemcache(ln net.Listener, started time.Time) {
 	srv := memcache.New(memcache.Config{
 		Service: s.service,
 		Guard:   guard{s.broker},
@@ -79,12 +142,7 @@ func (s *Server) serveMemcache(addr string, insecure bool, started time.Time) er
 			return memcache.Info{Version: Version, Started: started, Keys: t.Keys, Bytes: t.Bytes}
 		},
 	})
-	ln, err := gateway.Listen(addr, srv.Serve)
-	if err != nil {
-		return fmt.Errorf("memcache: %w", err)
-	}
-	s.mc = ln
-	return nil
+	s.mc = gateway.Serve(ln, srv.Serve)
 }
 
 // loopback says whether a listen address stays on this machine.
@@ -108,26 +166,13 @@ func (s *Server) MemcacheAddr() string {
 	return s.mc.Addr()
 }
 
-// serveHTTP starts the HTTP key-value endpoint, over TLS with the node's
-// certificate if tlsOn.
-func (s *Server) serveHTTP(addr string, tlsOn bool) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("http: %w", err)
-	}
-	if tlsOn {
-		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("http: --http-tls needs --tls-cert and --tls-key: %w", err)
-		}
-		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-	}
+// serveHTTP starts the HTTP key-value endpoint (over TLS with the node's
+// certificate if --http-tls: see bindGateways).
+func (s *Server) serveHTTP(ln net.Listener) {
 	srv := httpkv.New(httpkv.Config{Service: s.service, Guard: guard{s.broker}, MaxValue: int64(s.cfg.Limits.MaxPacketSize),
 		Leases: lease.New(s.node), WatchBuffer: s.cfg.HTTPWatchBuffer, Logger: s.log})
 	srv.Serve(ln)
 	s.http = srv
-	return nil
 }
 
 // HTTPAddr is the HTTP endpoint's address, or "".

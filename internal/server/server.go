@@ -216,11 +216,20 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, stop: make(chan struct{})}
+	// The other listeners, bound first too: a port taken fails the start
+	// before the node creates or joins anything.
+	gateways, err := bindGateways(cfg)
+	if err != nil {
+		return nil, err
+	}
 	// A failed start releases what it got, newest first.
 	started := false
 	defer func() {
 		if started {
 			return
+		}
+		if gateways != nil {
+			gateways.close()
 		}
 		close(s.stop)
 		s.bg.Wait()
@@ -291,6 +300,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.AdminListen != "" {
 		metrics = admin.NewMetrics()
 		s.admin = admin.New(metrics, cfg.AdminAllowedHosts, cfg.Logger)
+		if err := s.admin.Listen(cfg.AdminListen); err != nil {
+			return nil, err
+		}
 		timings = metrics.Timings()
 		toService := onEvents
 		onEvents = func(ev []store.Event) {
@@ -445,21 +457,8 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.loadRetained(ret, b, loaded)
-	if cfg.RESPListen != "" {
-		if err := s.serveRESP(cfg.RESPListen, startTime); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.MemcacheListen != "" {
-		if err := s.serveMemcache(cfg.MemcacheListen, cfg.MemcacheInsecure, startTime); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.HTTPListen != "" {
-		if err := s.serveHTTP(cfg.HTTPListen, cfg.HTTPTLS); err != nil {
-			return nil, err
-		}
-	}
+	s.serveGateways(gateways, startTime)
+	gateways = nil // the server's to close now
 	if cfg.Attach != nil {
 		ac := *cfg.Attach
 		ac.Logger = cfg.Logger

@@ -495,3 +495,40 @@ func TestAdminEditKeepsALongValue(t *testing.T) {
 	}
 	expectPayload(t, c.call("GET", "doc"), "$5\r\nnewer\r\n")
 }
+
+// TestPortTakenFailsFirst: a start whose admin or gateway port is taken
+// fails before it does anything else: no cluster created in its data
+// directory, its MQTT port free again (a CI run's node created its
+// cluster, then exited on the admin port).
+func TestPortTakenFailsFirst(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for name, set := range map[string]func(*server.Config, string){
+		"admin listener": func(c *server.Config, a string) { c.AdminListen = a },
+		"resp":           func(c *server.Config, a string) { c.RESPListen = a },
+		"memcache":       func(c *server.Config, a string) { c.MemcacheListen = a },
+		"http":           func(c *server.Config, a string) { c.HTTPListen = a },
+	} {
+		dir := t.TempDir()
+		mqtt := freePort(t)
+		cfg := server.Config{Listen: mqtt, DataDir: dir, Logger: quietLogger(),
+			Cluster: server.ClusterConfig{NodeID: "taken", Listen: "127.0.0.1:0", Groups: 2}}
+		set(&cfg, taken.Addr().String())
+		_, err = server.Start(cfg)
+		if err == nil || !strings.HasPrefix(err.Error(), name+":") {
+			t.Fatalf("start with a taken %s port: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cluster")); !os.IsNotExist(err) {
+			t.Fatalf("%s: the failed start left its cluster directory: %v", name, err)
+		}
+		ln, err := net.Listen("tcp", mqtt)
+		if err != nil {
+			t.Fatalf("%s: the failed start kept its MQTT port: %v", name, err)
+		}
+		ln.Close()
+	}
+}
