@@ -50,6 +50,10 @@ const (
 type Config struct {
 	// URL of the server: mqtt://host:port (default scheme), tls://,
 	// ws://host:port/mqtt or wss://. A bare host:port means mqtt://.
+	// Several, comma-separated and of one scheme, name members of one
+	// cluster: each connection attempt tries them in order, so a client
+	// whose member stops or dies goes on with another (its watches resume
+	// there: every member keeps the change history).
 	URL      string
 	ClientID string // default: a random id
 	Username string
@@ -104,10 +108,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	u, err := serverURL(cfg.URL)
+	urls, err := serverURLs(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
+	u := urls[0]
 	clock, err := hlc.New(strings.ReplaceAll(cfg.ClientID, ":", "_"), nil)
 	if err != nil {
 		return nil, err
@@ -126,7 +131,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		setup:        make(chan error, 1),
 	}
 	ac := autopaho.ClientConfig{
-		ServerUrls:                    []*url.URL{u},
+		ServerUrls:                    urls,
 		TlsCfg:                        cfg.TLS,
 		KeepAlive:                     30,
 		CleanStartOnInitialConnection: true,
@@ -221,6 +226,22 @@ func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfi
 		return (&net.Dialer{}).DialContext(ctx, "tcp", host)
 	}
 	return (&tls.Dialer{Config: cfg.TlsCfg}).DialContext(ctx, "tcp", host)
+}
+
+// serverURLs parses Config.URL: one URL, or several of one scheme.
+func serverURLs(s string) ([]*url.URL, error) {
+	var out []*url.URL
+	for _, one := range strings.Split(s, ",") {
+		u, err := serverURL(strings.TrimSpace(one))
+		if err != nil {
+			return nil, err
+		}
+		if len(out) > 0 && u.Scheme != out[0].Scheme {
+			return nil, fmt.Errorf("server URLs %q: all of one scheme", s)
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 func serverURL(s string) (*url.URL, error) {

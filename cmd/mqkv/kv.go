@@ -39,7 +39,7 @@ func env(name, def string) string {
 }
 
 func (c *conn) flags(fs *pflag.FlagSet) {
-	fs.StringVarP(&c.server, "server", "s", env("MQKV_SERVER", "mqtt://127.0.0.1:1883"), "server `URL`: mqtt://, tls://, ws:// or wss:// (env MQKV_SERVER)")
+	fs.StringVarP(&c.server, "server", "s", env("MQKV_SERVER", "mqtt://127.0.0.1:1883"), "server `URL`: mqtt://, tls://, ws:// or wss://; several members of a cluster, comma-separated, to go on with another when one goes (env MQKV_SERVER)")
 	c.identityFlags(fs, "MQTT client `id`; random if empty (env MQKV_CLIENT_ID)")
 	timeout := 10 * time.Second
 	if d, err := time.ParseDuration(env("MQKV_TIMEOUT", "")); err == nil {

@@ -383,3 +383,86 @@ func TestRestartedMemberReplaysFromBeforeItsRestart(t *testing.T) {
 	expectPayload(t, w.call("SET", "rr/k", "4"), "+OK\r\n")
 	expectNotification(t, c, "rr/k", notifySet+"$1\r\n4\r\n")
 }
+
+// TestWatchGoesOnThroughAnotherMember: a client given several members
+// (comma-separated URLs) whose member goes away without naming another
+// (closed, its clients told only 0x8B) connects to the next, and its
+// watch resumes there with every change: each member keeps the change
+// history.
+func TestWatchGoesOnThroughAnotherMember(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	nodes := startNodes(t, "wg", 3, nil)
+	ctx := ctxFor(t, 60*time.Second)
+	watcher, err := client.Dial(ctx, client.Config{URL: "mqtt://" + nodes[2].Addr() + ",mqtt://" + nodes[0].Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { watcher.Close() })
+	writer, err := client.Dial(ctx, client.Config{URL: "mqtt://" + nodes[1].Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writer.Close() })
+	key := []byte("going/on")
+	w, err := watcher.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked []int
+	wctx, stop := context.WithCancel(ctx)
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		for i := 1; wctx.Err() == nil; i++ {
+			sctx, cancel := context.WithTimeout(wctx, 5*time.Second)
+			_, err := writer.Set(sctx, key, []byte(strconv.Itoa(i)))
+			cancel()
+			if err == nil { // (an election after the close may fail a few)
+				acked = append(acked, i)
+			}
+			// Slow enough that the changes made while the client moves (about
+			// 2 s: the member's sessions are taken over from a node that
+			// did not hand them over) fit the history's 64 per partition.
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { stop(); <-written }) // before the clients close
+	seen, prev := map[int]bool{}, 0
+	next := func() {
+		t.Helper()
+		select {
+		case e := <-w.Events():
+			n, _ := strconv.Atoi(string(e.Value))
+			if e.Resync {
+				t.Fatalf("a resync event (value %d) after value %d: the watch did not resume with every change", n, prev)
+			}
+			if n <= prev {
+				t.Fatalf("value %d after %d", n, prev)
+			}
+			prev, seen[n] = n, true
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no event after value %d", prev)
+		}
+	}
+	for prev < 10 {
+		next()
+	}
+	nodes[2].Close() // no Server Reference: the client's list decides
+	for target := prev + 15; prev < target; {
+		next()
+	}
+	stop()
+	<-written
+	for last := acked[len(acked)-1]; prev < last; {
+		next()
+	}
+	for _, a := range acked {
+		if !seen[a] {
+			t.Fatalf("SET %d acknowledged and never notified (%d acknowledged)", a, len(acked))
+		}
+	}
+	if n := nodes[0].Broker().Traffic().Clients; n < 1 {
+		t.Fatal("the watcher is not on the next member given")
+	}
+}
