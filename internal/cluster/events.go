@@ -15,13 +15,15 @@ import (
 
 // Change events in a cluster. Every replica applies the same entries and so
 // produces the same events per log entry; each keeps the recent ones in a
-// ring, by log index. A node that has clients watching keys (KEYNOTIFY)
-// follows every group: from its own replica's ring when it has one, else
-// over a stream from another replica's, and resumes by log index when it
-// switches source (a leader change, a replica that moves, a broken
-// stream), so its clients get every change once, in log order per group.
-// A node nobody watches through follows nothing: notifications cost
-// nothing per write on it.
+// ring, by log index. A node that follows (Follow: a server does at its
+// start, for its mirror of retained messages and its change history, and
+// so at its first KEYNOTIFY) follows every group: it starts from another
+// replica's ring, from that ring's beginning, so that its change history
+// reaches back as far as the group's rings do; it goes on from its own
+// replica's ring when it has one that serves its position, else over the
+// stream, and resumes by log index when it switches source (a leader
+// change, a replica that moves, a broken stream), so its clients get every
+// change once, in log order per group.
 //
 // A node on its own delivers events straight from its group's apply.
 
@@ -43,9 +45,13 @@ type ring struct {
 	entries []entryEvents
 	bytes   int
 	floor   uint64 // every entry after floor that had events is here
-	known   bool   // floor is meaningful (false after a snapshot install, until the next batch)
-	last    uint64 // the last index applied
-	wake    chan struct{}
+	// floorVersion is at or above the version of every change up to
+	// floor: the store's greatest when the ring began, then the greatest
+	// it dropped.
+	floorVersion hlc.Timestamp
+	known        bool   // floor is meaningful (false after a snapshot install, until the next batch)
+	last         uint64 // the last index applied
+	wake         chan struct{}
 }
 
 func newRing() *ring { return &ring{wake: make(chan struct{})} }
@@ -58,7 +64,7 @@ func (r *ring) add(b replica.Batch) {
 		return
 	}
 	if !r.known {
-		r.floor, r.known = b.First-1, true
+		r.floor, r.floorVersion, r.known = b.First-1, b.Before, true
 	}
 	start := 0
 	for _, m := range b.Marks {
@@ -73,6 +79,9 @@ func (r *ring) add(b replica.Batch) {
 	for len(r.entries) > ringEntries || r.bytes > ringBytes && len(r.entries) > 1 {
 		for _, e := range r.entries[0].Events {
 			r.bytes -= len(e.Key) + len(e.Value)
+			if e.Version.Compare(r.floorVersion) > 0 {
+				r.floorVersion = e.Version
+			}
 		}
 		r.floor = r.entries[0].Index
 		r.entries = r.entries[1:]
@@ -82,12 +91,13 @@ func (r *ring) add(b replica.Batch) {
 	r.wake = make(chan struct{})
 }
 
-// start is where the ring begins: every entry after it that had events
-// is here; ok is false while that is not known (see known).
-func (r *ring) start() (index uint64, ok bool) {
+// start is where the ring begins: every entry after index that had
+// events is here, and every change up to it has a version at most
+// version; ok is false while that is not known (see known).
+func (r *ring) start() (index uint64, version hlc.Timestamp, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.floor, r.known
+	return r.floor, r.floorVersion, r.known
 }
 
 // position is the last index applied.
@@ -248,21 +258,21 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 			close(positioned)
 		})
 	}
-	if f.ringOf(g) != nil {
-		// A replica of g here (a restarted member's): it replays its
-		// log from its last snapshot into its ring once it hears the
-		// group's commit index. Start from the ring's beginning, so that
-		// the node's change history holds what the log still has and a
-		// client back from before the restart resumes without a gap.
-		f.awaitRing(g)
-	}
-	for first := true; ; first = false {
+	for tried := false; ; tried = true {
 		select {
 		case <-f.stop:
 			return
 		default:
 		}
-		if r := f.ringOf(g); r != nil && f.current(g) && f.fromRing(r, g, &cursor, mark, first) {
+		// Starting out, from another member's ring first, from its
+		// beginning (see FromStart): a member that has run longer holds
+		// more of the group's changes than this node's replica, which
+		// began at its last snapshot (a restarted member's) or at the
+		// snapshot it was sent (a new one's); the node's change history
+		// then reaches back as far as it can, and a client resuming here
+		// gets every change. This node's replica takes over once it
+		// serves the position (see stream).
+		if r := f.ringOf(g); r != nil && (cursor != 0 || tried) && f.current(g) && f.fromRing(r, g, &cursor, mark) {
 			continue
 		}
 		f.fromPeers(g, &cursor, mark, &behind)
@@ -274,67 +284,25 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 	}
 }
 
-// ringCatchUp bounds how long a member's first Follow waits for its own
-// replica of a group to catch up (see awaitRing) before it follows from
-// another member's, from now. A restarted member of a healthy cluster
-// catches up in well under a second; one that cannot (no leader) does
-// not serve meanwhile either.
-const ringCatchUp = 5 * time.Second
-
-// awaitRing waits until this node's replica of g keeps up with its group
-// and its ring knows where it begins, at most ringCatchUp.
-func (f *follower) awaitRing(g int) {
-	deadline := time.Now().Add(ringCatchUp)
-	for time.Now().Before(deadline) {
-		if r := f.ringOf(g); r == nil {
-			return
-		} else if _, known := r.start(); known && f.current(g) {
-			return
-		}
-		select {
-		case <-f.stop:
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // fromRing delivers from this node's own replica while it can; it reports
 // false when the ring cannot serve the cursor (a replica that started from
-// a snapshot, or fell behind a stream). With fromStart and no position yet,
-// it starts from the ring's beginning rather than from now.
-func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64, hlc.Timestamp), fromStart bool) bool {
+// a snapshot, or fell behind a stream). Without a position yet (no other
+// member answered), it starts from the ring's beginning.
+func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64, hlc.Timestamp)) bool {
 	served := false
 	for {
 		since := *cursor
 		var floor hlc.Timestamp
 		if since == 0 {
-			// Read before the position: every change at or below it
-			// has a version at most this.
-			if rep := f.n.local(g); rep != nil {
-				floor = rep.MaxVersion()
+			start, v, known := r.start()
+			if !known {
+				return served
 			}
-			since = r.position()
-			if start, known := r.start(); fromStart && known {
-				since = start
-			}
+			since, floor = start, v
 		}
 		entries, last, wake, ok := r.since(since)
 		if !ok {
 			return served
-		}
-		if len(entries) > 0 && *cursor == 0 {
-			// Versions grow along a group's log: every change before
-			// the first one here is below it (and its wall time and
-			// counter are the group's alone), so this floor is above
-			// every change not delivered and below every one that is.
-			v := entries[0].Events[0].Version
-			for _, e := range entries[0].Events[1:] {
-				if e.Version.Compare(v) < 0 {
-					v = e.Version
-				}
-			}
-			floor = hlc.Timestamp{Wall: v.Wall, Counter: v.Counter}
 		}
 		served = true
 		f.deliver(g, entries)
@@ -482,7 +450,9 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, hl
 		}
 	}()
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor}) != nil {
+	// Starting out, from the beginning of the member's ring: the
+	// node's change history then reaches back as far as it can.
+	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor, FromStart: *cursor == 0}) != nil {
 		return false, 0
 	}
 	switchAt := time.Now().Add(10 * time.Second)
@@ -508,7 +478,11 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, hl
 		if !resp.MaxVersion.IsZero() {
 			n.clock.Observe(resp.MaxVersion) // before the position is marked (see serve)
 		}
-		mark(resp.Last, resp.MaxVersion)
+		floor := resp.Floor
+		if !resp.HasFloor { // from now (a release before Floor)
+			floor = resp.MaxVersion
+		}
+		mark(resp.Last, floor)
 		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) && f.current(g) {
 			if _, _, _, ok := r.since(*cursor); ok {
 				return true, 0 // this node's replica has caught up: use it
@@ -547,22 +521,25 @@ func (f *follower) endGap(g int) bool {
 }
 
 // serve streams this node's ring of g to a follower on another node.
-func (f *follower) serve(c *peer.Conn, g int, since uint64) {
+func (f *follower) serve(c *peer.Conn, g int, since uint64, fromStart bool) {
 	r := f.ringOf(g)
 	if r == nil {
 		c.Send(callResp{Kind: errNotLeader})
 		return
 	}
-	// A follower that starts from now also learns the greatest version
-	// applied before (read after the position, so it covers it): it has
-	// no replica of g whose applies would have shown it, and its history
-	// must begin above it, or a SINCE from between would be answered
-	// without the changes it missed.
-	var top hlc.Timestamp
-	if since == 0 {
+	// A follower that starts out (from now, or from the ring's start)
+	// also learns the greatest version applied before (read after the
+	// position, so it covers it), for its clock, and its floor (see
+	// floors): it has no replica of g whose applies would have shown
+	// them, and its history must begin above every change it did not get,
+	// or a SINCE from between would be answered without them.
+	starting, fromFloor := since == 0, false
+	first := starting // the first frame of a stream that starts out
+	var top, floor hlc.Timestamp
+	if starting {
 		since = r.position()
-		if rep := f.n.local(g); rep != nil {
-			top = rep.MaxVersion()
+		if start, v, known := r.start(); fromStart && known {
+			since, floor, fromFloor = start, v, true
 		}
 	}
 	for {
@@ -570,6 +547,15 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 		if !ok {
 			c.Send(callResp{Kind: errOther, Err: errEventsTruncated, Last: last})
 			return
+		}
+		if starting {
+			if rep := f.n.local(g); rep != nil {
+				top = rep.MaxVersion()
+			}
+			if !fromFloor {
+				floor = top // from now: every change not carried is at most it
+			}
+			starting = false
 		}
 		// In parts of a bounded size: a ring holds up to ringBytes, and
 		// one message of it all could take longer than the write deadline
@@ -581,10 +567,10 @@ func (f *follower) serve(c *peer.Conn, g int, since uint64) {
 				part, upTo = entries[:n], entries[n-1].Index
 			}
 			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-			if err := c.Send(callResp{Events: part, Last: upTo, MaxVersion: top}); err != nil {
+			if err := c.Send(callResp{Events: part, Last: upTo, MaxVersion: top, Floor: floor, HasFloor: first}); err != nil {
 				return
 			}
-			top = hlc.Timestamp{}
+			top, floor, first = hlc.Timestamp{}, hlc.Timestamp{}, false
 			if entries = entries[len(part):]; len(entries) == 0 {
 				break
 			}

@@ -56,7 +56,11 @@ type callReq struct {
 	Limit  int
 	Meta   meta.Op
 	Since  uint64 // opEvents: the last index already seen
-	Copy   uint64 // opCopyBegin, opCopyPage, opCopyEnd, opCopyKeep: the held copy (its id, chosen by the backup)
+	// FromStart asks an opEvents stream with Since 0 to begin at the
+	// start of the member's ring rather than now (a release before it
+	// begins now: the follower's history is shorter, not wrong).
+	FromStart bool
+	Copy      uint64 // opCopyBegin, opCopyPage, opCopyEnd, opCopyKeep: the held copy (its id, chosen by the backup)
 	// Relay asks a member that does not lead the group to carry an
 	// opSubmit, opGet or opAscend to its leader (see Node.via).
 	Relay bool
@@ -96,7 +100,9 @@ type callResp struct {
 	// Node.Totals).
 	Leads      []groupFigures
 	Keys       int           // opCopyBegin: its number of keys
-	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version
+	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version; opEvents' first frame: the group's
+	Floor      hlc.Timestamp // opEvents' first frame: above every change the stream does not carry (see follower.floors)
+	HasFloor   bool          // Floor is set (zero is a floor: every change carried)
 	DiskFull   *replica.DiskFullError
 	Member     bool // opMembership
 	Gone       bool // opMembership
@@ -122,7 +128,7 @@ func (n *Node) serveStream(from string, s net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	n.events.serve(c, req.Group, req.Since)
+	n.events.serve(c, req.Group, req.Since, req.FromStart)
 }
 
 // serveCall answers a call from another node.

@@ -50,6 +50,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	events, marks := f.batch.Events[:0], f.batch.Marks[:0]
 	expiring := false
 	f.mu.Lock()
+	before := f.st.MaxVersion()
 	for i, l := range logs {
 		if l.Type != raft.LogCommand {
 			continue
@@ -90,7 +91,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	// A new leader must issue versions above every applied one.
 	f.clock.Observe(maxVersion)
 	if f.onEvents != nil && len(logs) > 0 {
-		f.onEvents(Batch{Events: events, Marks: marks, First: logs[0].Index, Last: logs[len(logs)-1].Index})
+		f.onEvents(Batch{Events: events, Marks: marks, First: logs[0].Index, Last: logs[len(logs)-1].Index, Before: before})
 	}
 	clear(events) // drop references to values
 	f.batch = Batch{Events: events[:0], Marks: marks[:0]}

@@ -86,7 +86,10 @@ type Batch struct {
 	Events      []store.Event
 	Marks       []Mark
 	First, Last uint64
-	Reset       bool
+	// Before is the greatest version applied before the batch: every
+	// change up to First-1 has a version at most this.
+	Before hlc.Timestamp
+	Reset  bool
 }
 
 // Mark ends the events of one log entry within a Batch.

@@ -466,3 +466,39 @@ func TestWatchGoesOnThroughAnotherMember(t *testing.T) {
 		t.Fatal("the watcher is not on the next member given")
 	}
 }
+
+// TestJoinedMemberReplaysFromBeforeItJoined: a member follows the groups
+// it holds no replica of from another member's ring, from its start (not
+// from now), so its change history reaches back before it joined: a
+// client resuming there with KEYNOTIFY ... SINCE gets every change.
+func TestJoinedMemberReplaysFromBeforeItJoined(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	nodes := startNodes(t, "jr", 3, nil)
+	w := dialRaw(t, nodes[0], "jr-writer", rawOpts{cleanStart: true})
+	var v1 string
+	for i := 1; i <= 3; i++ {
+		for _, k := range []string{"jr/a", "jr/b", "jr/c", "jr/d"} { // keys of several groups
+			r := w.call("SET", k, fmt.Sprint(i))
+			expectPayload(t, r, "+OK\r\n")
+			if i == 1 && k == "jr/a" {
+				v1, _ = userProp(r, "__ts")
+			}
+		}
+	}
+	fourth := startNode(t, "jr4", []string{nodes[0].ClusterAddr()}, nil)
+	c := dialRaw(t, fourth, "jr-watcher", rawOpts{cleanStart: true})
+	expectPayload(t, c.call("KEYNOTIFY", "jr/*", "PATTERN", "SINCE", v1), "+OK\r\n")
+	got := map[string][]string{}
+	for i := range 11 { // every change after jr/a's first, in version order
+		p, ok := c.nextPublish(5 * time.Second)
+		if !ok {
+			t.Fatalf("%d notifications of 11: %v", i, got)
+		}
+		got[p.Topic] = append(got[p.Topic], string(p.Payload))
+	}
+	if len(got) != 4 {
+		t.Fatalf("notifications of %d keys, want 4: %v", len(got), got)
+	}
+	expectNoPublish(t, c, 300*time.Millisecond)
+}
