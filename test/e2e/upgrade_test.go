@@ -120,9 +120,9 @@ func TestRollingUpgrade(t *testing.T) {
 // acknowledged value was notified, in order, without a resync event: the
 // watcher's client registers again after each reconnect with KEYNOTIFY
 // ... SINCE its last version, and its restarted node replays what it
-// missed from its change history, which its replicas' log replay filled
-// with what came before the restart (a resync event would say the server
-// could not: notifications lost, covered by the key's current value).
+// missed from its change history, which began with another member's
+// recent changes (a resync event would say the server could not:
+// notifications lost, covered by the key's current value).
 func watchAcrossUpgrade(t *testing.T, addrs []string) func() {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
