@@ -125,3 +125,51 @@ func TestStreamParts(t *testing.T) {
 		t.Fatalf("%d entries sent of 101", next-1)
 	}
 }
+
+// TestFollowStartsWithTheRingsBacklog: a node that starts following a
+// group it holds no replica of gets the changes another member's ring
+// holds, from its beginning (the node's change history then reaches back
+// before it followed), and all of them before Follow returns, though
+// they come in several parts: its callers register for notifications
+// then, and must not be sent the older changes as new ones.
+func TestFollowStartsWithTheRingsBacklog(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 4, 1)
+	f := -1
+	for i, n := range h.nodes {
+		if !slices.Contains(n.state.Load().Placement()[0], n.cfg.NodeID) {
+			f = i
+		}
+	}
+	if f < 0 {
+		t.Fatal("every node holds a replica of group 0")
+	}
+	via := h.nodes[(f+1)%4]
+	value := bytes.Repeat([]byte("v"), 16<<10)
+	const backlog = 100 // 1.6 MiB: several parts of streamPart
+	for i := range backlog {
+		setAgainIfUnknown(t, via, store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("old", i)), Value: value})
+	}
+	if err := h.nodes[f].Follow(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for drained := false; !drained; {
+		select {
+		case evs := <-h.events[f]:
+			for _, e := range evs {
+				seen[string(e.Key)] = true
+			}
+		default:
+			drained = true
+		}
+	}
+	if len(seen) != backlog {
+		t.Fatalf("%d of the %d changes before Follow delivered when it returned", len(seen), backlog)
+	}
+	select {
+	case evs := <-h.events[f]:
+		t.Fatalf("a change from before Follow delivered after it returned: %s", evs[0].Key)
+	case <-time.After(500 * time.Millisecond):
+	}
+}

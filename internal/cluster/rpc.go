@@ -103,6 +103,7 @@ type callResp struct {
 	MaxVersion hlc.Timestamp // opCopyBegin: its greatest version; opEvents' first frame: the group's
 	Floor      hlc.Timestamp // opEvents' first frame: above every change the stream does not carry (see follower.floors)
 	HasFloor   bool          // Floor is set (zero is a floor: every change carried)
+	More       bool          // opEvents: more parts of the same catch-up follow at once
 	DiskFull   *replica.DiskFullError
 	Member     bool // opMembership
 	Gone       bool // opMembership
