@@ -252,8 +252,14 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 	// floors), and Follow hears that g has a position: its callers then
 	// register for notifications, which must not include the older
 	// changes of the catch-up.
-	mark := func(c uint64, floor hlc.Timestamp, caughtUp bool) {
+	// A catch-up cut off between its parts resumes from the cursor, in a
+	// stream that carries no floor: from keeps the first one.
+	var floor hlc.Timestamp
+	mark := func(c uint64, from *hlc.Timestamp, caughtUp bool) {
 		cursor = c
+		if from != nil {
+			floor = *from
+		}
 		if !caughtUp {
 			return
 		}
@@ -294,17 +300,17 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 // false when the ring cannot serve the cursor (a replica that started from
 // a snapshot, or fell behind a stream). Without a position yet (no other
 // member answered), it starts from the ring's beginning.
-func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64, hlc.Timestamp, bool)) bool {
+func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64, *hlc.Timestamp, bool)) bool {
 	served := false
 	for {
 		since := *cursor
-		var floor hlc.Timestamp
+		var from *hlc.Timestamp
 		if since == 0 {
 			start, v, known := r.start()
 			if !known {
 				return served
 			}
-			since, floor = start, v
+			since, from = start, &v
 		}
 		entries, last, wake, ok := r.since(since)
 		if !ok {
@@ -312,7 +318,7 @@ func (f *follower) fromRing(r *ring, g int, cursor *uint64, mark func(uint64, hl
 		}
 		served = true
 		f.deliver(g, entries)
-		mark(last, floor, true)
+		mark(last, from, true)
 		select {
 		case <-wake:
 		case <-f.stop:
@@ -359,7 +365,7 @@ func (f *follower) current(g int) bool {
 // fromPeers follows g from another replica's ring over the link, until the
 // stream breaks or this node's own replica can take over. behind counts
 // the rounds in a row in which no member could serve the cursor.
-func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64, hlc.Timestamp, bool), behind *int) {
+func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64, *hlc.Timestamp, bool), behind *int) {
 	n := f.n
 	var candidates []string
 	if l := n.leaderOf(g); l != "" && l != n.cfg.NodeID {
@@ -404,7 +410,7 @@ func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64, hlc.Timest
 	*behind = 0
 	f.n.log.Warn("change events lost: this node fell behind the group's event rings; notifications between are not delivered here", "group", g, "from", *cursor, "to", resume)
 	f.gap(g)
-	mark(resume, hlc.Timestamp{}, true) // (positioned before: a cursor to lose)
+	mark(resume, nil, true) // (positioned before: a cursor to lose)
 }
 
 // behindRounds is how many rounds a follower that some members do not
@@ -429,7 +435,7 @@ func (f *follower) gap(g int) {
 
 // stream follows g from member id; it reports whether it got anywhere,
 // and if the member no longer holds the cursor, from where it could go on.
-func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, hlc.Timestamp, bool)) (got bool, resume uint64) {
+func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *hlc.Timestamp, bool)) (got bool, resume uint64) {
 	n := f.n
 	addr := n.addrOf(id)
 	if addr == "" {
@@ -463,7 +469,6 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, hl
 	}
 	switchAt := time.Now().Add(10 * time.Second)
 	starting := *cursor == 0
-	var floor hlc.Timestamp // from the first frame, when starting
 	for {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var resp callResp
@@ -486,13 +491,15 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, hl
 		if !resp.MaxVersion.IsZero() {
 			n.clock.Observe(resp.MaxVersion) // before the position is marked (see serve)
 		}
+		var from *hlc.Timestamp
 		if starting { // the first frame
-			floor, starting = resp.Floor, false
+			floor := resp.Floor
 			if !resp.HasFloor { // from now (a release before Floor)
 				floor = resp.MaxVersion
 			}
+			from, starting = &floor, false
 		}
-		mark(resp.Last, floor, !resp.More)
+		mark(resp.Last, from, !resp.More)
 		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) && f.current(g) {
 			if _, _, _, ok := r.since(*cursor); ok {
 				return true, 0 // this node's replica has caught up: use it
