@@ -467,8 +467,16 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *h
 	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor, FromStart: *cursor == 0}) != nil {
 		return false, 0
 	}
-	switchAt := time.Now().Add(10 * time.Second)
 	starting := *cursor == 0
+	// When this node's replica may take over: at once after a starting
+	// catch-up (a new cluster's every member starts so, and a stream per
+	// group and member for 10 s more was load enough to make elections
+	// in CI), else after 10 s, so that a replica that lags is not
+	// switched to and from.
+	switchAt := time.Now().Add(10 * time.Second)
+	if starting {
+		switchAt = time.Now()
+	}
 	for {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var resp callResp
@@ -500,7 +508,7 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *h
 			from, starting = &floor, false
 		}
 		mark(resp.Last, from, !resp.More)
-		if r := f.ringOf(g); r != nil && time.Now().After(switchAt) && f.current(g) {
+		if r := f.ringOf(g); r != nil && !resp.More && time.Now().After(switchAt) && f.current(g) {
 			if _, _, _, ok := r.since(*cursor); ok {
 				return true, 0 // this node's replica has caught up: use it
 			}
