@@ -375,18 +375,17 @@ func (c *Client) unhold(kw *keyWatch, key string, read bool, v Value, since Vers
 	if !read {
 		return
 	}
-	var ws []*Watch
 	after := since
 	if (v.Found && v.Version.Compare(since) > 0) || (!v.Found && !deleted) {
 		e := Event{Key: []byte(key), Resync: true, Deleted: !v.Found, Value: v.Value, Version: v.Version}
-		for _, w := range kw.take(e, ws) {
+		for _, w := range kw.take(e, nil) {
 			w.push(e)
 		}
 		after = v.Version
 	}
 	for _, e := range held {
 		if e.Version.Compare(after) > 0 {
-			for _, w := range kw.take(e, ws) {
+			for _, w := range kw.take(e, nil) {
 				w.push(e)
 			}
 		}

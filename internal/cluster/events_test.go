@@ -21,15 +21,7 @@ import (
 func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 4, 1)
-	f := -1
-	for i, n := range h.nodes {
-		if !slices.Contains(n.state.Load().Placement()[0], n.cfg.NodeID) {
-			f = i
-		}
-	}
-	if f < 0 {
-		t.Fatal("every node holds a replica of group 0")
-	}
+	f := withoutReplica(t, h)
 	via := h.nodes[(f+1)%4]
 	if err := h.nodes[f].Follow(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -63,6 +55,19 @@ func TestFollowerGoesOnAfterFallingBehindTheRings(t *testing.T) {
 		t.Fatalf("OnEventsGap heard %v more", v)
 	default:
 	}
+}
+
+// withoutReplica returns the index of a node of h that holds no replica
+// of group 0.
+func withoutReplica(t *testing.T, h *harness) int {
+	t.Helper()
+	for i, n := range h.nodes {
+		if !slices.Contains(n.state.Load().Placement()[0], n.cfg.NodeID) {
+			return i
+		}
+	}
+	t.Fatal("every node holds a replica of group 0")
+	return -1
 }
 
 // setAgainIfUnknown submits cmd (a SET, which may be applied twice)
@@ -135,15 +140,7 @@ func TestStreamParts(t *testing.T) {
 func TestFollowStartsWithTheRingsBacklog(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 4, 1)
-	f := -1
-	for i, n := range h.nodes {
-		if !slices.Contains(n.state.Load().Placement()[0], n.cfg.NodeID) {
-			f = i
-		}
-	}
-	if f < 0 {
-		t.Fatal("every node holds a replica of group 0")
-	}
+	f := withoutReplica(t, h)
 	via := h.nodes[(f+1)%4]
 	value := bytes.Repeat([]byte("v"), 16<<10)
 	const backlog = 100 // 1.6 MiB: several parts of streamPart

@@ -92,7 +92,7 @@ func (b *boundGateways) close() {
 	}
 }
 
-// serve starts the gateways bound.
+// serveGateways starts the gateways bound.
 func (s *Server) serveGateways(b *boundGateways, started time.Time) {
 	if b.resp != nil {
 		s.serveRESP(b.resp, started)
