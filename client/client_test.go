@@ -421,6 +421,11 @@ func TestWatchReportsEveryGap(t *testing.T) {
 				return
 			}
 			acked = append(acked, i)
+			// Paced: a watcher behind the slow proxy acknowledges its
+			// notifications late, and unpaced (over 1,000 SETs a second)
+			// the server's queue for it filled and dropped some, as it
+			// does for a client that reads too slowly (CI, under load).
+			time.Sleep(5 * time.Millisecond)
 		}
 	}()
 	t.Cleanup(func() { stop(); <-written }) // before the clients close
@@ -500,16 +505,31 @@ func newSlowProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
 			p.conns = append(p.conns, c, u)
 			p.mu.Unlock()
 			go io.Copy(c, u)
+			// Latency, not a rate limit: each chunk leaves delay after it
+			// came, however many follow it (a sleep per read let through
+			// one PUBACK per 20 ms under load, and the server's queue for
+			// the watcher filled).
+			type chunk struct {
+				b   []byte
+				due time.Time
+			}
+			chunks := make(chan chunk, 4096)
 			go func() {
-				buf := make([]byte, 64<<10)
+				defer close(chunks)
 				for {
+					buf := make([]byte, 64<<10)
 					n, err := c.Read(buf)
 					if err != nil {
-						u.Close()
 						return
 					}
-					time.Sleep(delay)
-					if _, err := u.Write(buf[:n]); err != nil {
+					chunks <- chunk{buf[:n], time.Now().Add(delay)}
+				}
+			}()
+			go func() {
+				defer u.Close()
+				for ch := range chunks {
+					time.Sleep(time.Until(ch.due))
+					if _, err := u.Write(ch.b); err != nil {
 						c.Close()
 						return
 					}
