@@ -183,6 +183,13 @@ type Node struct {
 	metaReadyTerm atomic.Uint64
 	wg            sync.WaitGroup
 	closeOnce     sync.Once
+	// opening counts openGroup calls in progress; once shut (under mu)
+	// none starts. Close waits for them before it closes the groups and
+	// then the journal: a group opened meanwhile (on a peer's request)
+	// was never closed, and its raft, told of a new term, panicked on
+	// the closed journal (a CI run).
+	opening     sync.WaitGroup
+	openingShut bool
 	// The node cannot go on once a group's log could not be applied:
 	// Failed is closed, Err says why.
 	*replica.Fault
@@ -347,6 +354,10 @@ func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.stop)
 		n.wg.Wait()
+		n.mu.Lock()
+		n.openingShut = true
+		n.mu.Unlock()
+		n.opening.Wait()
 		n.events.close()
 		n.copies.close()
 		n.mu.Lock()
@@ -449,6 +460,12 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 		n.mu.Unlock()
 		return r, nil
 	}
+	if n.openingShut {
+		n.mu.Unlock()
+		return nil, errors.New("cluster: node closed")
+	}
+	n.opening.Add(1)
+	defer n.opening.Done()
 	n.mu.Unlock()
 	// Keys spread evenly over the groups by hash: each group enforces its
 	// share of the node's limits, so the cluster holds about the limit.
