@@ -421,7 +421,7 @@ func (n *Node) groupLog(id uint32, dir string) (replica.LogStore, error) {
 
 // transport builds the raft transport of a group over the link.
 func (n *Node) transport(g uint32) raft.Transport {
-	return unpipelined{raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	return &unpipelined{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.link.StreamLayer(g),
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
@@ -438,10 +438,51 @@ func (n *Node) transport(g uint32) raft.Transport {
 // grafana/pyroscope#5518, which disables it for the same reason). Raft
 // falls back to one AppendEntries at a time per follower, each carrying
 // every entry not yet sent (up to MaxAppendEntries).
-type unpipelined struct{ *raft.NetworkTransport }
+//
+// It also fences raft's heartbeat fast path. Raft runs a heartbeat on the
+// transport's connection goroutine, not its own: Shutdown neither stops
+// nor waits for one, and a heartbeat that passed raft's shutdown check
+// can still save a new term or read the log after the node has closed
+// its journal; raft then panics ("failed to save current term: journal:
+// closed", in CI). Close waits for the heartbeats in flight and turns
+// later ones away, so no raft code runs on a group once it is closed.
+type unpipelined struct {
+	*raft.NetworkTransport
 
-func (unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	mu       sync.Mutex
+	shut     bool
+	inFlight sync.WaitGroup
+}
+
+func (*unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
 	return nil, raft.ErrPipelineReplicationNotSupported
+}
+
+func (u *unpipelined) SetHeartbeatHandler(cb func(raft.RPC)) {
+	if cb == nil {
+		u.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	u.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		u.mu.Lock()
+		if u.shut {
+			u.mu.Unlock()
+			rpc.Respond(nil, raft.ErrTransportShutdown)
+			return
+		}
+		u.inFlight.Add(1)
+		u.mu.Unlock()
+		defer u.inFlight.Done()
+		cb(rpc)
+	})
+}
+
+func (u *unpipelined) Close() error {
+	u.mu.Lock()
+	u.shut = true
+	u.mu.Unlock()
+	u.inFlight.Wait()
+	return u.NetworkTransport.Close()
 }
 
 // groupDir is where replica g lives ("" in memory).
