@@ -63,11 +63,22 @@ type Config struct {
 	// means 10 s.
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// Direct sends each request on one key (GET, SET, DEL, VDEL, PTTL)
+	// straight to the cluster member that leads the key's group, over a
+	// connection of its own to that member, instead of through the
+	// member of URL, which would forward it: a hop less, and less CPU on
+	// the members. The client learns the leaders from the server (the
+	// ROUTES command) every few seconds; until it knows, and whenever a
+	// direct connection is down, requests take the first connection.
+	// Watches always do. mqtt:// and tls:// URLs only; against a server
+	// that does not know ROUTES, it changes nothing.
+	Direct bool
 }
 
 // Client is a connection to a state store. It is safe for concurrent use.
 type Client struct {
 	cfg       Config
+	scheme    string // of the URL
 	cm        *autopaho.ConnectionManager
 	clock     *hlc.Clock
 	respTopic string
@@ -93,10 +104,22 @@ type Client struct {
 	// regMu orders registration changes (KEYNOTIFY and its STOP) so that
 	// a watch starting while the key's last one stops is not undone.
 	regMu sync.Mutex
+
+	// direct keeps the routes and direct connections (Config.Direct);
+	// nil without.
+	direct *director
+	// parent is the client a direct connection serves (nil for one made
+	// by Dial): its clock is shared, and it has no watches.
+	parent *Client
 }
 
 // Dial connects and returns once the client can send requests.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	return dial(ctx, cfg, nil)
+}
+
+// dial connects: a client, or one's direct connection (parent set).
+func dial(ctx context.Context, cfg Config, parent *Client) (*Client, error) {
 	if cfg.ClientID == "" {
 		var b [8]byte
 		rand.Read(b[:])
@@ -113,13 +136,17 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	u := urls[0]
-	clock, err := hlc.New(strings.ReplaceAll(cfg.ClientID, ":", "_"), nil)
-	if err != nil {
+	var clock *hlc.Clock
+	if parent != nil {
+		clock = parent.clock
+	} else if clock, err = hlc.New(strings.ReplaceAll(cfg.ClientID, ":", "_"), nil); err != nil {
 		return nil, err
 	}
 	c := &Client{
-		cfg:   cfg,
-		clock: clock,
+		cfg:    cfg,
+		scheme: u.Scheme,
+		parent: parent,
+		clock:  clock,
 		// The Go SDK's shape: upper-case hex of the client id.
 		respTopic:    "clients/" + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/" + topics.Request + "/response",
 		notifyFilter: notifyPrefix + strings.ToUpper(hex.EncodeToString([]byte(cfg.ClientID))) + "/command/notify/#",
@@ -150,6 +177,13 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	switch u.Scheme {
 	case "mqtt", "tcp", "tls", "ssl", "mqtts":
 		ac.AttemptConnection = c.attemptConnection
+		if cfg.Direct {
+			c.direct = newDirector(c)
+		}
+	default:
+		if cfg.Direct {
+			return nil, fmt.Errorf("client: Direct takes mqtt:// and tls:// URLs, not %s://", u.Scheme)
+		}
 	}
 	if cfg.Username != "" || cfg.Password != "" {
 		ac.ConnectUsername, ac.ConnectPassword = cfg.Username, []byte(cfg.Password)
@@ -169,6 +203,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c.cm = cm
 	select {
 	case <-c.readyChan():
+		if c.direct != nil {
+			go c.direct.run()
+		}
 		return c, nil
 	case err := <-connErr:
 		c.Close()
@@ -219,6 +256,9 @@ func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfi
 	if ref := c.referred.Swap(nil); ref != nil {
 		c.log.Info("connecting to the server the last one referred to", "server", *ref, "configured", u.Host)
 		host = *ref
+	}
+	if c.direct != nil {
+		c.direct.local.Store(&host)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
@@ -272,6 +312,16 @@ func (c *Client) readyChan() chan struct{} {
 	return c.ready
 }
 
+// isReady reports whether the connection can take requests now.
+func (c *Client) isReady() bool {
+	select {
+	case <-c.readyChan():
+		return true
+	default:
+		return false
+	}
+}
+
 // onConnectionUp subscribes to the response topic and registers every
 // watched key again: registrations end with a connection. It must not
 // block, so the work runs in a goroutine that opens the gate for requests
@@ -308,12 +358,15 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 		// Its notification topics too: mqkv's broker delivers them without
 		// a subscription (and once with one), another broker that mqkv is
 		// attached to (mqkv attach) only with. Best effort: a broker may
-		// refuse it, and replies still come.
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-		if _, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: c.notifyFilter, QoS: 1}}}); err != nil {
-			c.log.Debug("subscribe to the notification topics failed", "error", err)
+		// refuse it, and replies still come. A direct connection has no
+		// watches.
+		if c.parent == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+			if _, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: c.notifyFilter, QoS: 1}}}); err != nil {
+				c.log.Debug("subscribe to the notification topics failed", "error", err)
+			}
+			cancel()
 		}
-		cancel()
 		c.mu.Lock()
 		if c.gen != gen {
 			c.mu.Unlock()
@@ -422,6 +475,9 @@ func (c *Client) Close() error {
 	}
 	c.watches = map[watchID]*keyWatch{}
 	c.mu.Unlock()
+	if c.direct != nil {
+		c.direct.close()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return c.cm.Disconnect(ctx)
@@ -436,13 +492,27 @@ type reply struct {
 	version Version
 }
 
+// errNotSent is a direct connection's answer to a request it did not
+// send, being down: the first connection takes it.
+var errNotSent = errors.New("client: direct connection down")
+
 // request sends one command and waits for its reply. props are extra user
 // properties (__ft).
 func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserProperty) (reply, error) {
+	if c.direct != nil && keyed(args) {
+		if d := c.direct.pick(args[1]); d != nil {
+			if r, err := d.request(ctx, args, props...); !errors.Is(err, errNotSent) {
+				return r, err
+			}
+		}
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
+	}
+	if c.parent != nil && !c.isReady() {
+		return reply{}, errNotSent
 	}
 	select {
 	case <-c.readyChan():

@@ -24,20 +24,23 @@ import (
 func keyOf(i, seq, keys int) []byte { return []byte("k" + strconv.Itoa((i*7919+seq)%keys)) }
 
 // mqkvKV: SET or GET through mqkv's Go client (the request framing of the
-// AIO SDKs), one connection per client, client i on node i of a cluster.
+// AIO SDKs), one connection per client, client i on node i of a cluster;
+// with direct, each client also connects to the members that lead its
+// keys' groups and sends each request there (client.Config.Direct).
 type mqkvKV struct {
-	addrs []string
-	get   bool
-	keys  int
-	value []byte
-	cs    []*client.Client
+	addrs  []string
+	get    bool
+	direct bool
+	keys   int
+	value  []byte
+	cs     []*client.Client
 }
 
 func (w *mqkvKV) name() string { return "mqkv" }
 
 func (w *mqkvKV) prepare(ctx context.Context, n int) error {
 	for i := range n {
-		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + w.addrs[i%len(w.addrs)]})
+		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + w.addrs[i%len(w.addrs)], Direct: w.direct})
 		if err != nil {
 			return err
 		}

@@ -119,6 +119,10 @@ func (m *Metrics) bind(n *Node) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
 	m.reg.MustRegister(groupMetrics{n.Data}, journalMetrics{n.Data})
+	if f, ok := n.Data.(interface{ Forwarded() (int64, int64) }); ok {
+		counter("mqkv_forwarded_writes_total", "State store writes this node sent on to the leader of their key's group on another node.", func() float64 { w, _ := f.Forwarded(); return float64(w) })
+		counter("mqkv_forwarded_reads_total", "State store key reads this node sent on to the leader of their key's group on another node.", func() float64 { _, r := f.Forwarded(); return float64(r) })
+	}
 	counter("mqkv_mqtt_forwarded_total", "Messages sent to other nodes of the cluster, one per node that wants each.", func() float64 {
 		return float64(n.Broker.Counters.Forwarded.Load())
 	})

@@ -24,6 +24,7 @@ type health struct {
 	probing map[string]bool
 	down    map[string]bool           // said to be down
 	shares  map[string][]groupFigures // what each member leads, as it said last
+	mqtt    map[string]string         // where each member's MQTT clients connect, as it said last
 }
 
 // groupFigures are the keys and bytes of a group its leader holds.
@@ -42,7 +43,7 @@ const (
 )
 
 func newHealth() *health {
-	return &health{seen: map[string]time.Time{}, probed: map[string]time.Time{}, probing: map[string]bool{}, down: map[string]bool{}, shares: map[string][]groupFigures{}}
+	return &health{seen: map[string]time.Time{}, probed: map[string]time.Time{}, probing: map[string]bool{}, down: map[string]bool{}, shares: map[string][]groupFigures{}, mqtt: map[string]string{}}
 }
 
 // probe sends the probes due to the members of st, and forgets those
@@ -86,6 +87,7 @@ func (n *Node) probe(h *health, st *meta.State) {
 			if _, member := h.seen[id]; member {
 				h.seen[id] = time.Now()
 				h.shares[id] = resp.Leads
+				h.mqtt[id] = resp.MQTTAddr
 			}
 		}(m.ID, m.Addr)
 	}
@@ -95,6 +97,7 @@ func (n *Node) probe(h *health, st *meta.State) {
 			delete(h.probed, id)
 			delete(h.down, id)
 			delete(h.shares, id)
+			delete(h.mqtt, id)
 		}
 	}
 }

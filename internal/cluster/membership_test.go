@@ -255,7 +255,11 @@ func TestRequestsCrossAPartialPartition(t *testing.T) {
 				}
 				cancel()
 			}
+			cancel()
 			if err == nil {
+				// The read has its own 2 s: the SET may have used most
+				// of its try's (a CI run's read failed so).
+				c, cancel = context.WithTimeout(context.Background(), 2*time.Second)
 				var e store.Entry
 				e, _, err = h.nodes[0].Get(c, []byte(key))
 				if err == nil && string(e.Value) != fmt.Sprint(i) {

@@ -154,6 +154,9 @@ type Node struct {
 	// durable, no other node may join (see create).
 	creating atomic.Bool
 	started  atomic.Bool // meta is set: calls may be answered
+	// forwardedWrites and forwardedReads count the requests this node
+	// sent on to another member's leader (see Forwarded).
+	forwardedWrites, forwardedReads atomic.Int64
 	// opened says the node has created, joined or reopened its cluster,
 	// its replicas opened: until then it does not say which it holds.
 	opened atomic.Bool

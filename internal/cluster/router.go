@@ -52,6 +52,13 @@ func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 	n.forward(ctx, g, p.Cmd, p.After, p.Done)
 }
 
+// Forwarded returns how many writes and key reads this node sent on to
+// another member, the leader of their key's group: the hop a client that
+// sends each request to its key's leader (see Routes) saves.
+func (n *Node) Forwarded() (writes, reads int64) {
+	return n.forwardedWrites.Load(), n.forwardedReads.Load()
+}
+
 // Writes forwarded to other nodes' leaders and not yet answered are
 // bounded per group, in number and in bytes: Submit waits for room, as it
 // waits for room in a local group's queue, so that a client pipelining
@@ -122,6 +129,7 @@ func (n *Node) forwardingTo(g int) *forwarding {
 // forward sends a write to its group's leader on another goroutine, once
 // there is room (see maxForwarded).
 func (n *Node) forward(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, done func(store.Result, error)) {
+	n.forwardedWrites.Add(1)
 	size := len(cmd.Key) + len(cmd.Value)
 	f := n.forwardingTo(g)
 	if err := f.acquire(ctx, size); err != nil {
@@ -239,6 +247,7 @@ func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
 		e, ok := r.Get(key)
 		return e, ok, nil
 	}
+	n.forwardedReads.Add(1)
 	var resp callResp
 	err := n.onLeader(ctx, g, callReq{Op: opGet, Group: g, Key: key}, &resp, func(r *replica.Group) {
 		resp.Entry, resp.Found = r.Get(key)

@@ -111,7 +111,10 @@ type callResp struct {
 	// (see replica.DiskGuard.Room), so it is given no leadership.
 	VolumeFull bool
 	MQTT       *MQTTFigures // opStatus: the node's broker's figures
-	ServerKeys int          // opCopyBegin: of Keys, the server's own (store.ServerKeys)
+	// opWho: where this node's MQTT clients connect (MQTTFigures.Addr),
+	// for the routes clients learn (Node.Routes).
+	MQTTAddr   string
+	ServerKeys int // opCopyBegin: of Keys, the server's own (store.ServerKeys)
 }
 
 type server struct {
@@ -232,6 +235,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 	case opWho:
 		resp.Holder, resp.Inc = n.cfg.NodeID, n.inc
 		resp.Leads = n.share()
+		resp.MQTTAddr = n.mqttAddr()
 	case opMembership:
 		st := n.state.Load()
 		if st == nil || st.Groups == 0 {

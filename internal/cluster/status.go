@@ -164,6 +164,52 @@ func (n *Node) mqttFigures() *MQTTFigures {
 	return &f
 }
 
+// mqttAddr is where this node's MQTT clients connect, "" if unknown.
+func (n *Node) mqttAddr() string {
+	if f := n.mqttFigures(); f != nil {
+		return f.Addr
+	}
+	return ""
+}
+
+// Routes returns, for each group, the MQTT address of the member that
+// leads it ("" where that is not known): this node's own replicas say for
+// the groups it holds, the others' answers to its probes (a second or
+// so old) for the rest. A key belongs to group store.Partition(key) %
+// len(routes). A client that sends each request there saves the hop from
+// the node it is connected to to the leader (client.Config.Direct); a
+// route gone stale costs only that hop again, since any member forwards.
+func (n *Node) Routes() []string {
+	groups := n.groupCount()
+	leaders := make([]string, groups)
+	for g := range groups {
+		if r := n.local(g); r != nil {
+			leaders[g], _ = r.Leader()
+		}
+	}
+	h := n.health
+	h.mu.Lock()
+	addrs := map[string]string{n.cfg.NodeID: n.mqttAddr()}
+	for id, a := range h.mqtt {
+		if !h.down[id] {
+			addrs[id] = a
+		}
+	}
+	for id, fs := range h.shares {
+		for _, f := range fs {
+			if f.Group < groups && leaders[f.Group] == "" {
+				leaders[f.Group] = id
+			}
+		}
+	}
+	h.mu.Unlock()
+	out := make([]string, groups)
+	for g, id := range leaders {
+		out[g] = addrs[id]
+	}
+	return out
+}
+
 // partitionsOf counts the partitions of group g.
 func partitionsOf(g, groups int) int {
 	n := store.Partitions / groups

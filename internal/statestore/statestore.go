@@ -356,6 +356,8 @@ func (s *Service) serve(r *Request, args [][]byte) {
 		s.pttl(r, args)
 	case "SCAN":
 		s.scan(r, args)
+	case "ROUTES":
+		s.routes(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
 	}
@@ -406,7 +408,7 @@ type Reply struct {
 	Key             []byte
 }
 
-var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN"}
+var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN", "ROUTES"}
 
 // commandName names a verb, for dispatch and metrics, from a fixed set so
 // that labels stay bounded.
@@ -896,6 +898,38 @@ func (s *Service) ping(r *Request, args [][]byte) {
 		return
 	}
 	s.reply(r, resp.Pong, hlc.Timestamp{})
+}
+
+// Routed is what a Router that spreads keys over cluster members also
+// implements (cluster.Node): for each group, the MQTT address of the
+// member leading it, "" where unknown. A key belongs to group
+// store.Partition(key) % len(Routes()).
+type Routed interface {
+	Routes() []string
+}
+
+// routes answers ROUTES (an mqkv extension): an array whose first element
+// is the number of partitions keys hash into (store.Partitions, of
+// CRC-32C), followed by one bulk string per group, the MQTT host:port of
+// its leader or empty. A client sends a key's requests to the leader of
+// group crc32c(key) % partitions % groups, and saves the hop the member
+// it is connected to would make (client.Config.Direct). A node on its own,
+// or a router that does not spread keys, answers one group: its own.
+func (s *Service) routes(r *Request, args [][]byte) {
+	if len(args) != 1 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	addrs := []string{""}
+	if rt, ok := s.router.(Routed); ok {
+		addrs = rt.Routes()
+	}
+	b := resp.AppendArrayHeader(nil, 1+len(addrs))
+	b = resp.AppendInt(b, store.Partitions)
+	for _, a := range addrs {
+		b = resp.AppendBulk(b, []byte(a))
+	}
+	s.reply(r, b, hlc.Timestamp{})
 }
 
 // pttl answers PTTL key (an mqkv extension, as in Redis): the key's
