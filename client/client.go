@@ -262,10 +262,17 @@ func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfi
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
+	var conn net.Conn
+	var err error
 	if u.Scheme == "mqtt" || u.Scheme == "tcp" {
-		return (&net.Dialer{}).DialContext(ctx, "tcp", host)
+		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", host)
+	} else {
+		conn, err = (&tls.Dialer{Config: cfg.TlsCfg}).DialContext(ctx, "tcp", host)
 	}
-	return (&tls.Dialer{Config: cfg.TlsCfg}).DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, err
+	}
+	return newPacketConn(conn), nil
 }
 
 // serverURLs parses Config.URL: one URL, or several of one scheme.
@@ -337,8 +344,13 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 	go func() {
 		for attempt := 0; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+			// QoS 0: a reply then needs no PUBACK, a packet each way
+			// less per request. It is as safe as QoS 1 here: the
+			// session ends with the connection (no Session Expiry
+			// Interval), so a reply in flight when it breaks is lost
+			// either way, and TCP delivers the rest.
 			sa, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
-				{Topic: c.respTopic, QoS: 1, NoLocal: true},
+				{Topic: c.respTopic, QoS: 0, NoLocal: true},
 			}})
 			cancel()
 			if err == nil {
