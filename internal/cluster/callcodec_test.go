@@ -77,7 +77,7 @@ func TestCallCodecKnowsEveryField(t *testing.T) {
 	check(hlc.Timestamp{}, []string{"Wall", "Counter", "Node"}, nil)
 	check(callResp{}, []string{"Kind", "Err", "Leader", "Result", "Entry", "Found", "DiskFull"},
 		[]string{"LeaderAddr", "Entries", "Exhausted", "Applied", "Servers", "Committed", "Status", "Events", "Last",
-			"Snapshot", "Holder", "Inc", "Leads", "Keys", "MaxVersion", "Floor", "HasFloor", "More", "Member", "Gone", "VolumeFull", "MQTT", "ServerKeys"})
+			"Snapshot", "Holder", "Inc", "Leads", "Keys", "MaxVersion", "Floor", "HasFloor", "More", "Member", "Gone", "VolumeFull", "MQTT", "MQTTAddr", "ServerKeys"})
 	check(store.Result{}, []string{"Outcome", "Version", "Previous", "HadPrevious"}, nil)
 	check(store.Entry{}, []string{"Key", "Value", "Version", "Fence", "ExpiresAt"}, nil)
 	check(replica.DiskFullError{}, []string{"Dir", "Free", "Reserve"}, nil)
