@@ -203,6 +203,7 @@ func (n *nodeFlags) storeFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&cc.TLSCert, "cluster-tls-cert", "", "node certificate `file` for the node link (mutual TLS with --cluster-tls-ca)")
 	fs.StringVar(&cc.TLSKey, "cluster-tls-key", "", "its private key `file`")
 	fs.StringVar(&cc.TLSCA, "cluster-tls-ca", "", "cluster CA `file`: node certificates must chain to it")
+	fs.BoolVar(&cc.QuorumReads, "quorum-reads", false, "every read of a group's leader confirms its leadership with a round of heartbeats, trusting no clock; by default a leader that a quorum accepted less than 500 ms ago serves reads at once (a lease: docs/cluster.md)")
 	fs.DurationVar(&cc.DeadNodeTimeout, "dead-node-timeout", 0, "remove a member that has not answered for this `duration` and rebuild its replicas on the others (0: never; mqkv cluster remove does it by hand)")
 	fs.BoolVar(&cc.Insecure, "cluster-insecure", false, "allow an unauthenticated node link on a non-loopback address (anyone who reaches it can join and read)")
 	fs.StringVar(&n.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")

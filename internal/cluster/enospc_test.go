@@ -99,7 +99,7 @@ func TestRealENOSPCOnAMember(t *testing.T) {
 	for i := range 2 {
 		for _, r := range h.nodes[i].Groups() {
 			if r.Raft().State() == raft.Leader {
-				r.Raft().LeadershipTransfer().Error()
+				r.TransferLeadership("", "").Error()
 			}
 		}
 		if h.nodes[i].meta.State() == raft.Leader {

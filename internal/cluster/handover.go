@@ -26,7 +26,9 @@ func (n *Node) HandOver(ctx context.Context) ([]int, error) {
 	for {
 		var led []int
 		reachable := false
-		try := func(g int, r *raft.Raft) {
+		// transfer hands a group's leadership over; a data group's goes
+		// through its replica (see replica.Group.TransferLeadership).
+		try := func(g int, r *raft.Raft, transfer func(raft.ServerID, raft.ServerAddress)) {
 			led = append(led, g)
 			if time.Since(tried[g]) < handOverRetry {
 				reachable = true // a transfer is under way
@@ -38,15 +40,15 @@ func (n *Node) HandOver(ctx context.Context) ([]int, error) {
 			}
 			reachable = true
 			tried[g] = time.Now()
-			r.LeadershipTransferToServer(id, addr) // does not block
+			transfer(id, addr) // does not block
 		}
 		for g, r := range n.Groups() {
 			if r.Raft().State() == raft.Leader {
-				try(g, r.Raft())
+				try(g, r.Raft(), func(id raft.ServerID, addr raft.ServerAddress) { r.TransferLeadership(string(id), string(addr)) })
 			}
 		}
 		if n.meta != nil && n.meta.State() == raft.Leader {
-			try(-1, n.meta)
+			try(-1, n.meta, func(id raft.ServerID, addr raft.ServerAddress) { n.meta.LeadershipTransferToServer(id, addr) })
 		}
 		if len(led) == 0 {
 			return nil, nil

@@ -102,6 +102,10 @@ type Config struct {
 	// DeadNodeTimeout, if set, removes a member that has not answered for
 	// that long (see deadWatch).
 	DeadNodeTimeout time.Duration
+	// QuorumReads has every read of a group's leader confirm the
+	// leadership with a round of heartbeats; without it the leader reads
+	// under a lease (see replica.ReadLease).
+	QuorumReads bool
 	// OnEventsGap, if set, hears that this node lost some changes of a
 	// group it follows (it fell further behind than the members' event
 	// rings keep): first with the zero version, then, once the group's
@@ -154,6 +158,8 @@ type Node struct {
 	// durable, no other node may join (see create).
 	creating atomic.Bool
 	started  atomic.Bool // meta is set: calls may be answered
+	// born is when the node was made (see openGroup).
+	born time.Time
 	// forwardedWrites and forwardedReads count the requests this node
 	// sent on to another member's leader (see Forwarded).
 	forwardedWrites, forwardedReads atomic.Int64
@@ -219,7 +225,7 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, clock: clock, link: cfg.Link, groups: map[int]*replica.Group{},
-		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault(), inc: randomID(), health: newHealth()}
+		changed: make(chan struct{}, 1), stop: make(chan struct{}), Fault: replica.NewFault(), inc: randomID(), health: newHealth(), born: time.Now()}
 	n.events = newFollower(n)
 	if n.link == nil {
 		return n, n.startAlone()
@@ -423,7 +429,7 @@ func (n *Node) groupLog(id uint32, dir string) (replica.LogStore, error) {
 }
 
 // transport builds the raft transport of a group over the link.
-func (n *Node) transport(g uint32) raft.Transport {
+func (n *Node) transport(g uint32) *unpipelined {
 	return &unpipelined{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.link.StreamLayer(g),
 		MaxPool: 3,
@@ -449,12 +455,61 @@ func (n *Node) transport(g uint32) raft.Transport {
 // its journal; raft then panics ("failed to save current term: journal:
 // closed", in CI). Close waits for the heartbeats in flight and turns
 // later ones away, so no raft code runs on a group once it is closed.
+//
+// And it notes when each follower accepted an AppendEntries (heartbeats
+// included) and in which term, for the leader's read lease (see
+// replica.ReadLease).
 type unpipelined struct {
 	*raft.NetworkTransport
 
 	mu       sync.Mutex
 	shut     bool
 	inFlight sync.WaitGroup
+
+	acksMu sync.Mutex
+	acks   map[string]ack // follower id → its last accepted AppendEntries
+}
+
+// acks is what a group's reads take their lease from: nil with
+// QuorumReads.
+func (n *Node) acks(tr *unpipelined) replica.Acks {
+	if n.cfg.QuorumReads {
+		return nil
+	}
+	return tr
+}
+
+// ack is when (on replica.LeaseClock) an AppendEntries of term that a
+// follower accepted was sent.
+type ack struct {
+	term uint64
+	sent time.Duration
+}
+
+func (u *unpipelined) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	sent := replica.LeaseClock()
+	err := u.NetworkTransport.AppendEntries(id, target, args, resp)
+	if err == nil && resp.Success && resp.Term == args.Term {
+		u.acksMu.Lock()
+		if a, ok := u.acks[string(id)]; !ok || args.Term > a.term || args.Term == a.term && sent > a.sent {
+			if u.acks == nil {
+				u.acks = map[string]ack{}
+			}
+			u.acks[string(id)] = ack{args.Term, sent}
+		}
+		u.acksMu.Unlock()
+	}
+	return err
+}
+
+// AckedAt implements replica.Acks.
+func (u *unpipelined) AckedAt(id string, term uint64) time.Duration {
+	u.acksMu.Lock()
+	defer u.acksMu.Unlock()
+	if a := u.acks[id]; a.term == term {
+		return a.sent
+	}
+	return 0
 }
 
 func (*unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
@@ -522,18 +577,23 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 	if err != nil {
 		return nil, fmt.Errorf("group %d: %w", g, err)
 	}
+	// A replica that restarts knows no leader and could vote at once for
+	// another, while a lease it granted before (accepting the leader's
+	// AppendEntries) still runs: it keeps out of its group until any
+	// such lease has ended (see replica.ReadLease).
+	if d := time.Until(n.born.Add(replica.ReadLease)); d > 0 {
+		time.Sleep(d)
+	}
 	tr := n.transport(uint32(g))
 	r, err := replica.Open(replica.Config{
 		NodeID: n.cfg.NodeID, Dir: n.groupDir(g), Log: log, Limits: limits, Clock: n.clock,
-		Transport: tr, Bootstrap: boot,
+		Transport: tr, Acks: n.acks(tr), Bootstrap: boot,
 		OnEvents: n.events.local(g), Timings: n.cfg.Timings, Logger: n.log.With("group", g), Disk: n.cfg.Disk,
 	})
 	if err != nil {
 		// The reconciler tries again soon: each try would leave a
 		// transport and its goroutine behind.
-		if c, ok := tr.(raft.WithClose); ok {
-			c.Close()
-		}
+		tr.Close()
 		return nil, fmt.Errorf("group %d: %w", g, err)
 	}
 	n.mu.Lock()
@@ -617,7 +677,7 @@ func (n *Node) startMeta() error {
 		logs, stable, snaps = l, l, replica.CheckedSnapshots(dir, fss, l)
 	}
 	trans := n.transport(metaGroup)
-	n.metaTrans = trans.(raft.WithClose)
+	n.metaTrans = trans
 	exists, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		return replica.SnapshotDamage(snaps, filepath.Join(n.cfg.Dir, "meta"), metaSnapshot, err)

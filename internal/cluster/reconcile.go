@@ -213,7 +213,7 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 	if n.volumeFull() {
 		if to := n.handoverTarget(g, want, suffrage, r.Raft().AppliedIndex()); to != "" {
 			n.log.Info("the data volume is full: handing the group's leadership over", "group", g, "to", to)
-			r.Raft().LeadershipTransferToServer(raft.ServerID(to), addr(to)).Error()
+			r.TransferLeadership(to, string(addr(to))).Error()
 			return true
 		}
 	}
@@ -272,7 +272,7 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 			// it). With none, the group is served here until one is.
 			if to := n.handoverTarget(g, want, suffrage, r.Raft().AppliedIndex()); to != "" {
 				n.log.Info("handing over leadership before leaving the group", "group", g, "to", to)
-				r.Raft().LeadershipTransferToServer(raft.ServerID(to), addr(to)).Error()
+				r.TransferLeadership(to, string(addr(to))).Error()
 				return true
 			}
 			continue
@@ -284,7 +284,7 @@ func (n *Node) reconcileGroup(rc *reconciler, st *meta.State, g int, want []stri
 	// 4. Balance leadership: the placement's preferred leader leads.
 	if pref := want[0]; pref != n.cfg.NodeID && suffrage[pref] == raft.Voter && time.Since(rc.leaderSince[g]) > balanceAfter {
 		if n.alive(pref) && n.caughtUp(pref, g, r.Raft().AppliedIndex()) {
-			r.Raft().LeadershipTransferToServer(raft.ServerID(pref), addr(pref)).Error()
+			r.TransferLeadership(pref, string(addr(pref))).Error()
 			return true
 		}
 	}
@@ -359,7 +359,7 @@ func (n *Node) handoverTarget(g int, want []string, suffrage map[string]raft.Ser
 func (n *Node) stepAside() {
 	for g, r := range n.Groups() {
 		if r.Raft().State() == raft.Leader {
-			if err := r.Raft().LeadershipTransfer().Error(); err != nil {
+			if err := r.TransferLeadership("", "").Error(); err != nil {
 				n.log.Debug("not a member: leadership not handed over yet", "group", g, "error", err)
 			}
 			continue

@@ -58,6 +58,11 @@ type Config struct {
 	// Transport carries raft traffic to the other voters. Nil: the group
 	// has one voter, this node, and needs none.
 	Transport raft.Transport
+	// Acks, with a Transport, says when the voters last accepted this
+	// replica's AppendEntries as its leader's: with it, a leader serves
+	// reads under a lease (see ReadReady). Nil: every read confirms the
+	// leadership with a round of heartbeats.
+	Acks Acks
 	// Bootstrap, if set, is the configuration a group with no state on
 	// disk starts with. Nil: with a Transport, wait to be added by the
 	// group's leader (a replica that joins); without, one voter (this
@@ -71,6 +76,33 @@ type Config struct {
 	// Disk, if set, refuses SETs while the data volume is nearly full.
 	Disk *DiskGuard
 }
+
+// Acks is what a group's transport knows of the AppendEntries it sent:
+// when (on LeaseClock) the last one that voter id accepted in term was
+// sent, zero if none.
+type Acks interface {
+	AckedAt(id string, term uint64) time.Duration
+}
+
+// processStart anchors monotonic.
+var processStart = time.Now()
+
+// monotonic reads Go's monotonic clock as a duration.
+func monotonic() time.Duration { return time.Since(processStart) }
+
+// ReadLease is how long after it sent an AppendEntries that a quorum of
+// voters accepted a leader serves reads without asking them again: half
+// the heartbeat timeout. A follower that accepted one neither stands for
+// election nor votes for another (hashicorp/raft refuses votes while it
+// knows a leader) until a heartbeat timeout has passed since, so no
+// other leader can commit anything before the lease ends, provided the
+// members' clocks run at rates within half of each other's (the same
+// assumption as raft's own leader lease and etcd's lease-based reads).
+// A member that restarts forgets its leader and could vote at once: a
+// node waits a ReadLease after it starts before it opens its groups (see
+// cluster.Node), and a leader that hands its leadership over serves no
+// lease reads for the rest of its term (see TransferLeadership).
+const ReadLease = 500 * time.Millisecond
 
 // Batch is what one batch of applied log entries changed: the events in
 // log order, and for each entry that changed something its index and where
@@ -234,9 +266,15 @@ type Group struct {
 	nudge     *time.Timer
 	nudgeFrom uint64 // entries when the timer was set
 
-	readyTerm     atomic.Uint64 // the term in which this leader applied all before it
-	commitAvg     atomic.Int64  // nanoseconds from proposal to applied, a moving average over entries (see holdFor)
-	leaderChanges atomic.Int64  // leaders observed since start
+	readyTerm atomic.Uint64 // the term in which this leader applied all before it
+	// noLease is the term in which this leader began handing its
+	// leadership over: its followers may vote for another at once.
+	noLease atomic.Uint64
+	// leaseReads and verifiedReads count the reads ReadReady allowed
+	// under the lease and after a round of heartbeats.
+	leaseReads, verifiedReads atomic.Int64
+	commitAvg                 atomic.Int64 // nanoseconds from proposal to applied, a moving average over entries (see holdFor)
+	leaderChanges             atomic.Int64 // leaders observed since start
 }
 
 type pending struct {
@@ -793,10 +831,65 @@ func (g *Group) ReadReady(timeout time.Duration) error {
 	if err := g.LeaderReady(timeout); err != nil {
 		return err
 	}
-	if g.cfg.Transport == nil || g.Voters() <= 1 {
-		return nil // a group of one by construction, or for now
+	if g.cfg.Transport == nil {
+		return nil // a group of one by construction
 	}
+	if term := g.raft.CurrentTerm(); g.leaseHeld(term) && g.raft.State() == raft.Leader {
+		g.leaseReads.Add(1)
+		return nil
+	}
+	g.verifiedReads.Add(1)
 	return g.VerifyLeader()
+}
+
+// leaseHeld reports whether this replica, leader in term, holds the read
+// lease (see ReadLease): a quorum of the voters, itself among them,
+// accepted an AppendEntries of term sent less than a ReadLease ago, and
+// it has not begun to hand its leadership over. A group whose only voter
+// is this replica holds it always.
+func (g *Group) leaseHeld(term uint64) bool {
+	if g.noLease.Load() == term {
+		return false
+	}
+	self := raft.ServerID(g.cfg.NodeID)
+	now := LeaseClock()
+	voters, acked, member := 0, 0, false
+	for _, s := range g.raft.GetConfiguration().Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		switch {
+		case s.ID == self:
+			member = true
+			acked++
+		case g.cfg.Acks != nil:
+			if t := g.cfg.Acks.AckedAt(string(s.ID), term); t != 0 && now-t < ReadLease {
+				acked++
+			}
+		}
+	}
+	return member && acked > voters/2
+}
+
+// TransferLeadership hands the leadership to voter id at addr, or to the
+// most caught-up voter if id is empty. The follower it goes to stands
+// for election at once, and the others vote for it though they know a
+// leader: from now until the term ends, reads here confirm the
+// leadership with a round of heartbeats (see ReadLease). Every handover
+// of a group's leadership must come through here.
+func (g *Group) TransferLeadership(id, addr string) raft.Future {
+	g.noLease.Store(g.raft.CurrentTerm())
+	if id == "" {
+		return g.raft.LeadershipTransfer()
+	}
+	return g.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(addr))
+}
+
+// Reads returns how many reads ReadReady allowed under the lease and how
+// many after a round of heartbeats.
+func (g *Group) Reads() (lease, verified int64) {
+	return g.leaseReads.Load(), g.verifiedReads.Load()
 }
 
 // Current reports whether this replica keeps up with its group: it leads,
@@ -835,7 +928,8 @@ func (g *Group) Voters() int {
 	return n
 }
 
-// Raft returns the group's raft instance, for membership changes.
+// Raft returns the group's raft instance, for membership changes. A
+// leadership transfer goes through TransferLeadership.
 func (g *Group) Raft() *raft.Raft { return g.raft }
 
 // Get returns a copy of the live entry under key.

@@ -35,6 +35,9 @@ type ClusterConfig struct {
 	// DeadNodeTimeout, if set, removes a member silent for that long and
 	// replaces its replicas (default off: mqkv cluster remove does it).
 	DeadNodeTimeout time.Duration
+	// QuorumReads has every read confirm the leadership with a round of
+	// heartbeats, trusting no clock (see replica.ReadLease).
+	QuorumReads bool
 
 	SecretFile string // shared secret nodes authenticate each other with
 	TLSCert    string // node certificate and key for the link (mTLS with TLSCA)

@@ -342,6 +342,7 @@ func Start(cfg Config) (*Server, error) {
 
 		OnEventsGap:     onEventsGap,
 		DeadNodeTimeout: cfg.Cluster.DeadNodeTimeout,
+		QuorumReads:     cfg.Cluster.QuorumReads,
 		MQTT: func() cluster.MQTTFigures {
 			var f cluster.MQTTFigures
 			if b := toBroker.Load(); b != nil {

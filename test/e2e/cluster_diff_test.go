@@ -279,7 +279,7 @@ func transferAll(nodes []*server.Server) int {
 	for _, s := range nodes {
 		for _, r := range s.Node().Groups() {
 			if _, leads := r.Leader(); leads {
-				if r.Raft().LeadershipTransfer().Error() == nil {
+				if r.TransferLeadership("", "").Error() == nil {
 					n++
 				}
 			}
