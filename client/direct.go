@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"hash/fnv"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,22 +87,12 @@ func keyed(args [][]byte) bool {
 	if len(args) < 2 {
 		return false
 	}
-	switch commandOf(args[0]) {
-	case "GET", "SET", "DEL", "VDEL", "PTTL":
-		return true
+	for _, name := range [...]string{"GET", "SET", "DEL", "VDEL", "PTTL"} {
+		if strings.EqualFold(string(args[0]), name) {
+			return true
+		}
 	}
 	return false
-}
-
-func commandOf(verb []byte) string {
-	b := make([]byte, len(verb))
-	for i, c := range verb {
-		if 'a' <= c && c <= 'z' {
-			c -= 'a' - 'A'
-		}
-		b[i] = c
-	}
-	return string(b)
 }
 
 // pick returns the direct connection for key, nil if the request should

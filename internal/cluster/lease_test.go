@@ -26,17 +26,25 @@ func (h *harness) leaderOfGroup(g int) int {
 	return -1
 }
 
+// ledKey starts three nodes (two groups) and returns them, the index of
+// the node that leads group g, and a key of g set to value.
+func ledKey(t *testing.T, g int, value string) (*harness, int, string) {
+	t.Helper()
+	h := newHarness(t, 3, 2)
+	var l int
+	eventuallyT(t, 10*time.Second, "a leader", func() bool { l = h.leaderOfGroup(g); return l >= 0 })
+	key := keyOfGroup(h.nodes[l], g)
+	if _, err := set(t, h.nodes[l], key, value); err != nil {
+		t.Fatal(err)
+	}
+	return h, l, key
+}
+
 // TestReadsUnderTheLease: a leader that its followers keep accepting
 // serves reads without a round of heartbeats each.
 func TestReadsUnderTheLease(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, 3, 2)
-	var l int
-	eventuallyT(t, 10*time.Second, "a leader of group 0", func() bool { l = h.leaderOfGroup(0); return l >= 0 })
-	key := keyOfGroup(h.nodes[l], 0)
-	if _, err := set(t, h.nodes[l], key, "v"); err != nil {
-		t.Fatal(err)
-	}
+	h, l, key := ledKey(t, 0, "v")
 	r := h.nodes[l].local(0)
 	lease0, verified0 := r.Reads()
 	for range 200 {
@@ -58,13 +66,7 @@ func TestReadsUnderTheLease(t *testing.T) {
 // lease at once.
 func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, 3, 2)
-	var l int
-	eventuallyT(t, 10*time.Second, "a leader of group 1", func() bool { l = h.leaderOfGroup(1); return l >= 0 })
-	key := keyOfGroup(h.nodes[l], 1)
-	if _, err := set(t, h.nodes[l], key, "old"); err != nil {
-		t.Fatal(err)
-	}
+	h, l, key := ledKey(t, 1, "old")
 	old := h.nodes[l].local(1)
 
 	// Reads on the old leader, as Node.Get makes them, until the end.
@@ -159,5 +161,35 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 	r.ReadReady(100 * time.Millisecond)
 	if lease1, _ := r.Reads(); lease1 != lease0 {
 		t.Fatal("a leader that began handing over its leadership served a read under the lease")
+	}
+}
+
+// TestQuorumReadsTrustNoLease: with QuorumReads every read on a leader
+// confirms the leadership with a round of heartbeats.
+func TestQuorumReadsTrustNoLease(t *testing.T) {
+	t.Parallel()
+	h := &harness{t: t, groups: 1}
+	for i := range 3 {
+		if err := h.tryStart(i, func(c *Config) { c.QuorumReads = true }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for i := range h.nodes {
+			h.stop(i)
+		}
+	})
+	h.awaitReplicas(3)
+	var l int
+	eventuallyT(t, 10*time.Second, "a leader of group 0", func() bool { l = h.leaderOfGroup(0); return l >= 0 })
+	r := h.nodes[l].local(0)
+	lease0, verified0 := r.Reads()
+	for range 50 {
+		if _, _, err := h.nodes[l].Get(ctx(t), []byte("k")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lease, verified := r.Reads(); lease != lease0 || verified-verified0 < 50 {
+		t.Fatalf("with QuorumReads, 50 reads: %d under the lease, %d confirmed", lease-lease0, verified-verified0)
 	}
 }
