@@ -468,6 +468,9 @@ type unpipelined struct {
 
 	acksMu sync.Mutex
 	acks   map[string]ack // follower id → its last accepted AppendEntries
+	// handedOver is the greatest term acknowledged when this leader sent
+	// a TimeoutNow (a leadership transfer): no lease in it or before.
+	handedOver uint64
 }
 
 // acks is what a group's reads take their lease from: nil with
@@ -491,6 +494,10 @@ func (u *unpipelined) AppendEntries(id raft.ServerID, target raft.ServerAddress,
 	err := u.NetworkTransport.AppendEntries(id, target, args, resp)
 	if err == nil && resp.Success && resp.Term == args.Term {
 		u.acksMu.Lock()
+		if args.Term <= u.handedOver {
+			u.acksMu.Unlock()
+			return err
+		}
 		if a, ok := u.acks[string(id)]; !ok || args.Term > a.term || args.Term == a.term && sent > a.sent {
 			if u.acks == nil {
 				u.acks = map[string]ack{}
@@ -500,6 +507,20 @@ func (u *unpipelined) AppendEntries(id raft.ServerID, target raft.ServerAddress,
 		u.acksMu.Unlock()
 	}
 	return err
+}
+
+// TimeoutNow, a leadership transfer's last step, makes its target stand
+// at once, with the other voters' votes though they know this leader:
+// the lease ends here, whoever asked for the transfer (replica's
+// TransferLeadership ends it too, earlier).
+func (u *unpipelined) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+	u.acksMu.Lock()
+	for _, a := range u.acks {
+		u.handedOver = max(u.handedOver, a.term)
+	}
+	clear(u.acks)
+	u.acksMu.Unlock()
+	return u.NetworkTransport.TimeoutNow(id, target, args, resp)
 }
 
 // AckedAt implements replica.Acks.
