@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +21,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/gorilla/websocket"
 
+	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/auth"
 	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/statestore"
@@ -866,6 +869,70 @@ func TestOfflineSessionGetsNoOthersNotifications(t *testing.T) {
 		}
 		if strings.HasPrefix(p.Topic, statestore.NotifyPrefix) {
 			t.Fatalf("dash got another client's notification on resume: %s %q", p.Topic, p.Payload)
+		}
+	}
+}
+
+// TestGoClientOverTLS: the Go client over tls://, many requests at once on
+// one connection while a watch is notified: paho writes a packet as up to
+// four buffers, which a TLS connection would send as records of their own
+// and could interleave between goroutines; the client gathers each
+// packet whole (client/conn.go).
+func TestGoClientOverTLS(t *testing.T) {
+	p := newPKI(t)
+	s := startServer(t, inMemory(), withTLS(p, false))
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	ctx := ctxFor(t, 60*time.Second)
+	c, err := client.Dial(ctx, client.Config{URL: "tls://" + s.Addrs()["tls"], TLS: &tls.Config{RootCAs: pool, ServerName: "localhost"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := c.Watch(ctx, []byte("tls/watched"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 16, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for g := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				k := []byte(fmt.Sprintf("tls/%d/%d", g, i))
+				v := bytes.Repeat([]byte{byte('a' + g)}, 100+i*37) // sizes vary
+				if _, err := c.Set(ctx, k, v); err != nil {
+					errs <- err
+					return
+				}
+				if got, err := c.Get(ctx, k); err != nil || !bytes.Equal(got.Value, v) {
+					errs <- fmt.Errorf("GET %s: %d bytes, %v", k, len(got.Value), err)
+					return
+				}
+				if g == 0 {
+					if _, err := c.Set(ctx, []byte("tls/watched"), []byte(fmt.Sprint(i))); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i := range each {
+		select {
+		case e := <-w.Events():
+			if string(e.Value) != fmt.Sprint(i) {
+				t.Fatalf("notification %d: %q", i, e.Value)
+			}
+		case <-ctx.Done():
+			t.Fatalf("notification %d did not come", i)
 		}
 	}
 }
