@@ -102,7 +102,7 @@ func (d *director) pick(key []byte) *Client {
 	if addr == "" {
 		return nil
 	}
-	if l := d.local.Load(); l != nil && *l == addr {
+	if d.isLocal(addr) {
 		return nil
 	}
 	d.mu.Lock()
@@ -122,10 +122,18 @@ func (d *director) pick(key []byte) *Client {
 	return c
 }
 
-// dialLocked starts a direct connection to addr, unless one is being
-// made or the last attempt failed less than a routeEvery ago.
+// isLocal reports whether addr is the one the first connection dialled:
+// its groups' requests take that connection.
+func (d *director) isLocal(addr string) bool {
+	l := d.local.Load()
+	return l != nil && *l == addr
+}
+
+// dialLocked starts a direct connection to addr, unless it has one, is
+// making one, addr is the first connection's, or the last attempt failed
+// less than a routeEvery ago.
 func (d *director) dialLocked(addr string) {
-	if d.dialing[addr] || time.Since(d.failed[addr]) < routeEvery {
+	if d.conns[addr] != nil || d.dialing[addr] || d.isLocal(addr) || time.Since(d.failed[addr]) < routeEvery {
 		return
 	}
 	d.dialing[addr] = true
@@ -216,7 +224,9 @@ func (d *director) refresh() error {
 	d.table.Store(t)
 	want := map[string]bool{}
 	for _, a := range t.leaders {
-		want[a] = a != ""
+		if a != "" {
+			want[a] = true
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -237,11 +247,8 @@ func (d *director) refresh() error {
 			go c.Close()
 		}
 	}
-	local := d.local.Load()
-	for addr, ok := range want {
-		if ok && d.conns[addr] == nil && (local == nil || *local != addr) {
-			d.dialLocked(addr)
-		}
+	for addr := range want {
+		d.dialLocked(addr)
 	}
 	return nil
 }

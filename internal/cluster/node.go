@@ -430,7 +430,7 @@ func (n *Node) groupLog(id uint32, dir string) (replica.LogStore, error) {
 
 // transport builds the raft transport of a group over the link.
 func (n *Node) transport(g uint32) *unpipelined {
-	return &unpipelined{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	return &unpipelined{acks: map[string]ack{}, NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.link.StreamLayer(g),
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
@@ -499,9 +499,6 @@ func (u *unpipelined) AppendEntries(id raft.ServerID, target raft.ServerAddress,
 			return err
 		}
 		if a, ok := u.acks[string(id)]; !ok || args.Term > a.term || args.Term == a.term && sent > a.sent {
-			if u.acks == nil {
-				u.acks = map[string]ack{}
-			}
 			u.acks[string(id)] = ack{args.Term, sent}
 		}
 		u.acksMu.Unlock()
