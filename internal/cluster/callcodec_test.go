@@ -72,7 +72,7 @@ func TestCallCodecKnowsEveryField(t *testing.T) {
 		}
 	}
 	check(callReq{}, []string{"Op", "Group", "Cmd", "After", "Key", "Relay"},
-		[]string{"From", "Prefix", "Limit", "Meta", "Since", "FromStart", "Copy"})
+		[]string{"From", "Prefix", "Limit", "Meta", "Since", "FromStart", "AnyReplica", "Copy"})
 	check(store.Command{}, []string{"Op", "Cond", "Key", "Value", "Version", "Now", "TTL", "Fence", "Expected"}, nil)
 	check(hlc.Timestamp{}, []string{"Wall", "Counter", "Node"}, nil)
 	check(callResp{}, []string{"Kind", "Err", "Leader", "Result", "Entry", "Found", "DiskFull"},

@@ -284,7 +284,8 @@ func (f *follower) follow(g int, positioned chan struct{}) {
 		// then reaches back as far as it can, and a client resuming here
 		// gets every change. This node's replica takes over once it
 		// serves the position (see stream).
-		if r := f.ringOf(g); r != nil && (cursor != 0 || tried) && f.current(g) && f.fromRing(r, g, &cursor, mark) {
+		// A leader's own ring holds every change acknowledged (see serve).
+		if r := f.ringOf(g); r != nil && (cursor != 0 || tried || f.leads(g)) && f.current(g) && f.fromRing(r, g, &cursor, mark) {
 			continue
 		}
 		f.fromPeers(g, &cursor, mark, &behind)
@@ -362,6 +363,15 @@ func (f *follower) current(g int) bool {
 	return g < len(t) && slices.Contains(t[g], n.cfg.NodeID) && r.Current(2*time.Second)
 }
 
+// leads reports whether this node's replica of g leads the group.
+func (f *follower) leads(g int) bool {
+	if r := f.n.local(g); r != nil {
+		_, leads := r.Leader()
+		return leads
+	}
+	return false
+}
+
 // fromPeers follows g from another replica's ring over the link, until the
 // stream breaks or this node's own replica can take over. behind counts
 // the rounds in a row in which no member could serve the cursor.
@@ -382,17 +392,39 @@ func (f *follower) fromPeers(g int, cursor *uint64, mark func(uint64, *hlc.Times
 	}
 	var resume uint64 // the earliest position a member that no longer holds the cursor can serve
 	truncated := 0
-	for _, id := range candidates {
-		got, from := f.stream(g, id, cursor, mark)
+	var sentOn []string // members that sent this node to the leader (see serve)
+	for i := 0; i < len(candidates); i++ {
+		id := candidates[i]
+		got, from, leader := f.stream(g, id, cursor, mark, false)
 		if got {
 			*behind = 0
 			return
+		}
+		if leader != "" {
+			sentOn = append(sentOn, id)
+			n.hint(g, leader)
+			// The leader next, unless it was asked already.
+			if j := slices.Index(candidates, leader); j > i+1 {
+				candidates = slices.Insert(slices.Delete(candidates, j, j+1), i+1, leader)
+			} else if j < 0 {
+				candidates = slices.Insert(candidates, i+1, leader)
+			}
+			continue
 		}
 		if from > 0 {
 			truncated++
 			if resume == 0 || from < resume {
 				resume = from
 			}
+		}
+	}
+	// The leader they named did not serve this node: start from one of
+	// theirs after all (what this node's callers are told may then
+	// include a few changes from before, rather than nothing at all).
+	for _, id := range sentOn {
+		if got, _, _ := f.stream(g, id, cursor, mark, true); got {
+			*behind = 0
+			return
 		}
 	}
 	if resume <= *cursor {
@@ -434,18 +466,20 @@ func (f *follower) gap(g int) {
 }
 
 // stream follows g from member id; it reports whether it got anywhere,
-// and if the member no longer holds the cursor, from where it could go on.
-func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *hlc.Timestamp, bool)) (got bool, resume uint64) {
+// if the member no longer holds the cursor, from where it could go on, and
+// if the member sent this node to the group's leader instead, who that is.
+// any asks the member to serve a start all the same (see serve).
+func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *hlc.Timestamp, bool), any bool) (got bool, resume uint64, leader string) {
 	n := f.n
 	addr := n.addrOf(id)
 	if addr == "" {
-		return false, 0
+		return false, 0, ""
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	s, err := n.link.Open(ctx, addr, peer.KindCall, nil)
 	cancel()
 	if err != nil {
-		return false, 0
+		return false, 0, ""
 	}
 	c := peer.NewConn(s)
 	defer c.Close()
@@ -464,8 +498,8 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *h
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	// Starting out, from the beginning of the member's ring: the
 	// node's change history then reaches back as far as it can.
-	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor, FromStart: *cursor == 0}) != nil {
-		return false, 0
+	if c.Send(callReq{Op: opEvents, Group: g, Since: *cursor, FromStart: *cursor == 0, AnyReplica: any}) != nil {
+		return false, 0, ""
 	}
 	starting := *cursor == 0
 	// When this node's replica may take over: at once after a starting
@@ -481,17 +515,20 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *h
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var resp callResp
 		if err := c.Receive(&resp); err != nil {
-			return got, 0
+			return got, 0, ""
 		}
-		if resp.Kind != errNone {
-			if resp.Kind == errOther && resp.Err == errEventsTruncated {
-				return got, resp.Last
-			}
-			return got, 0
+		switch {
+		case resp.Kind == errNone:
+		case resp.Kind == errOther && resp.Err == errEventsTruncated:
+			return got, resp.Last, ""
+		case resp.Kind == errNotLeader && !got && resp.Leader != id && resp.Leader != n.cfg.NodeID:
+			return false, 0, resp.Leader
+		default:
+			return got, 0, ""
 		}
 		select {
 		case <-f.stop:
-			return got, 0
+			return got, 0, ""
 		default:
 		}
 		got = true
@@ -510,7 +547,7 @@ func (f *follower) stream(g int, id string, cursor *uint64, mark func(uint64, *h
 		mark(resp.Last, from, !resp.More)
 		if r := f.ringOf(g); r != nil && !resp.More && time.Now().After(switchAt) && f.current(g) {
 			if _, _, _, ok := r.since(*cursor); ok {
-				return true, 0 // this node's replica has caught up: use it
+				return true, 0, "" // this node's replica has caught up: use it
 			}
 			switchAt = time.Now().Add(10 * time.Second)
 		}
@@ -546,11 +583,32 @@ func (f *follower) endGap(g int) bool {
 }
 
 // serve streams this node's ring of g to a follower on another node.
-func (f *follower) serve(c *peer.Conn, g int, since uint64, fromStart bool) {
+func (f *follower) serve(c *peer.Conn, req callReq) {
+	g, since, fromStart := req.Group, req.Since, req.FromStart
 	r := f.ringOf(g)
 	if r == nil {
 		c.Send(callResp{Kind: errNotLeader})
 		return
+	}
+	// A follower that starts out takes its position where this stream
+	// begins: changes acknowledged before it asked must all be in the
+	// catch-up, or its callers' registrations, made once it has caught
+	// up, would hear of them as new. Only the leader's ring is sure to
+	// hold them (a write is acknowledged once the leader applied it, and
+	// a new leader once it applied its predecessors' writes): another
+	// replica sends the follower to the leader it hears, unless the
+	// follower could not reach it. (A CI run caught a follower's ring two
+	// writes behind.)
+	if since == 0 && !req.AnyReplica {
+		if rep := f.n.local(g); rep != nil {
+			switch leader, leads := rep.Leader(); {
+			case leads:
+				rep.LeaderReady(2 * time.Second) // if not, the follower's next position covers the rest
+			case leader != "" && leader != f.n.cfg.NodeID:
+				c.Send(callResp{Kind: errNotLeader, Leader: leader})
+				return
+			}
+		}
 	}
 	// A follower that starts out (from now, or from the ring's start)
 	// also learns the greatest version applied before (read after the

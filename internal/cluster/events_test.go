@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -168,5 +169,47 @@ func TestFollowStartsWithTheRingsBacklog(t *testing.T) {
 	case evs := <-h.events[f]:
 		t.Fatalf("a change from before Follow delivered after it returned: %s", evs[0].Key)
 	case <-time.After(500 * time.Millisecond):
+	}
+}
+
+// TestAStartingStreamIsSentToTheLeader: a member that does not lead a
+// group sends a follower starting out to the leader (only its ring is sure
+// to hold every acknowledged change: a CI run caught another member's two
+// writes behind, and its follower then heard of them as new), and serves
+// it all the same when the follower could not reach the leader.
+func TestAStartingStreamIsSentToTheLeader(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 3, 1)
+	var l int
+	eventuallyT(t, 10*time.Second, "a leader", func() bool { l = h.leaderOfGroup(0); return l >= 0 })
+	other := h.nodes[(l+1)%3]
+	eventuallyT(t, 10*time.Second, "the other member hears the leader", func() bool {
+		id, _ := other.local(0).Leader()
+		return id == h.nodes[l].cfg.NodeID
+	})
+	from := h.nodes[(l+2)%3]
+	first := func(any bool) callResp {
+		t.Helper()
+		s, err := from.link.Open(ctx(t), from.addrOf(other.cfg.NodeID), peer.KindCall, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := peer.NewConn(s)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.Send(callReq{Op: opEvents, FromStart: true, AnyReplica: any}); err != nil {
+			t.Fatal(err)
+		}
+		var resp callResp
+		if err := c.Receive(&resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if resp := first(false); resp.Kind != errNotLeader || resp.Leader != h.nodes[l].cfg.NodeID {
+		t.Fatalf("a follower's start at a non-leader: %+v, want errNotLeader naming %s", resp, h.nodes[l].cfg.NodeID)
+	}
+	if resp := first(true); resp.Kind != errNone || !resp.HasFloor {
+		t.Fatalf("with AnyReplica: %+v, want the stream's first frame", resp)
 	}
 }

@@ -60,7 +60,11 @@ type callReq struct {
 	// start of the member's ring rather than now (a release before it
 	// begins now: the follower's history is shorter, not wrong).
 	FromStart bool
-	Copy      uint64 // opCopyBegin, opCopyPage, opCopyEnd, opCopyKeep: the held copy (its id, chosen by the backup)
+	// AnyReplica asks a member that does not lead the group to start an
+	// opEvents stream from its own ring all the same: the follower could
+	// not reach the leader it was sent to (see follower.serve).
+	AnyReplica bool
+	Copy       uint64 // opCopyBegin, opCopyPage, opCopyEnd, opCopyKeep: the held copy (its id, chosen by the backup)
 	// Relay asks a member that does not lead the group to carry an
 	// opSubmit, opGet or opAscend to its leader (see Node.via).
 	Relay bool
@@ -132,7 +136,7 @@ func (n *Node) serveStream(from string, s net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	n.events.serve(c, req.Group, req.Since, req.FromStart)
+	n.events.serve(c, req)
 }
 
 // serveCall answers a call from another node.
