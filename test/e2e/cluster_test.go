@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,14 +35,39 @@ import (
 // returned before: a port closed at once is free again for the next call,
 // and a node once got the same port for its MQTT listener and its node
 // link (TestClusterLinearizableUnderFaults: "address already in use").
+//
+// The ports are below the kernel's ephemeral range, from a place of this
+// process's own: a port from that range (the kernel's choice for a listen
+// on port 0) was taken by some connection's local end before the node
+// meant for it listened ("admin listener: bind: address already in use",
+// in CI, with the cluster pass running beside the main one).
 func freePort(t *testing.T) string {
 	t.Helper()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	portsOnce.Do(func() {
+		lo := 32768
+		if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+			if f := strings.Fields(string(b)); len(f) == 2 {
+				if v, err := strconv.Atoi(f[0]); err == nil {
+					lo = v
+				}
+			}
 		}
-		addr := ln.Addr().String()
+		portsLow, portsHigh = 10000, lo
+		if portsHigh-portsLow < 1000 { // no room below it: take the kernel's choice
+			portsHigh = 0
+		}
+		nextPort.Store(int64(os.Getpid()*7919) % int64(max(portsHigh-portsLow, 1)))
+	})
+	for range 1000 {
+		addr := "127.0.0.1:0"
+		if portsHigh > 0 {
+			addr = fmt.Sprintf("127.0.0.1:%d", portsLow+int(nextPort.Add(1)%int64(portsHigh-portsLow)))
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		addr = ln.Addr().String()
 		ln.Close()
 		if _, issued := issuedPorts.LoadOrStore(addr, true); !issued {
 			return addr
@@ -51,8 +77,14 @@ func freePort(t *testing.T) string {
 	return ""
 }
 
-// issuedPorts holds the addresses freePort returned.
-var issuedPorts sync.Map
+// issuedPorts holds the addresses freePort returned; it hands out ports
+// from [portsLow, portsHigh), from nextPort on.
+var (
+	issuedPorts         sync.Map
+	portsOnce           sync.Once
+	portsLow, portsHigh int
+	nextPort            atomic.Int64
+)
 
 // procCluster is a cluster of real mqkv processes.
 type procCluster struct {
