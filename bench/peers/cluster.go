@@ -37,6 +37,10 @@ func buildNATS(dir string) (string, error) {
 
 // startMQKVCluster runs three durable mqkv nodes as one cluster; addr
 // lists their MQTT addresses.
+// mqkvGroups, if not 0, is the number of raft groups of mqkv's clusters
+// (-mqkv-groups; mqkv's default otherwise).
+var mqkvGroups int
+
 func startMQKVCluster(bin, dir string) (*server, error) {
 	var procs []*process
 	var addrs, links, admin []string
@@ -53,6 +57,9 @@ func startMQKVCluster(bin, dir string) (*server, error) {
 		linkAddr := fmt.Sprintf("127.0.0.1:%d", link)
 		args := []string{"serve", "--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprint("n", i+1)),
 			"--node-id", fmt.Sprint("n", i+1), "--cluster-listen", linkAddr}
+		if mqkvGroups > 0 {
+			args = append(args, "--groups", fmt.Sprint(mqkvGroups))
+		}
 		a, err := freeAddr() // for profiles, and to see the cluster settle
 		if err != nil {
 			return nil, err

@@ -79,9 +79,12 @@ func main() {
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	baseline := flag.String("baseline", "", "another mqkv `binary` (an earlier build) run beside mqkv as one more contestant")
+	flag.IntVar(&mqkvGroups, "mqkv-groups", 0, "raft groups of mqkv's three-node clusters (0: mqkv's default)")
+	mqkvOnly := flag.Bool("mqkv-only", false, "run mqkv's rows only (with -baseline: one build against another)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
 	etcdConns := flag.String("etcd-conns", "1,8,64", "etcd: gRPC connections the clients share, a `list` swept (one row each)")
 	natsConns := flag.String("nats-conns", "1,8,64", "NATS: connections the clients share, a `list` swept (one row each)")
+	mqkvConns := flag.String("mqkv-conns", "0", "mqkv (set, get, cluster-set, cluster-get): MQTT connections the clients share, a `list` swept (one row each; 0: one each, the first row the one others are compared with)")
 	profileDir := flag.String("profile", "", "write CPU profiles of every mqkv node over its first measured round into this `dir`, and print where the CPU went")
 	cpuProfile := flag.String("cpuprofile", "", "write the load generator's CPU profile to this `file` (what the clients cost)")
 	pin := flag.Bool("pin", false, "run each server on CPU 1 and the load generator on CPU 0 (taskset): the server's capacity on one core, apart from the clients' cost")
@@ -117,13 +120,17 @@ func main() {
 		}
 	}
 	value := []byte(strings.Repeat("v", *valueSize))
-	etcdSweep, err := counts(*etcdConns)
+	etcdSweep, err := counts(*etcdConns, 1)
 	if err != nil {
 		log.Fatalf("-etcd-conns: %v", err)
 	}
-	natsSweep, err := counts(*natsConns)
+	natsSweep, err := counts(*natsConns, 1)
 	if err != nil {
 		log.Fatalf("-nats-conns: %v", err)
+	}
+	mqkvSweep, err := counts(*mqkvConns, 0)
+	if err != nil {
+		log.Fatalf("-mqkv-conns: %v", err)
 	}
 	var natsBin string
 	nats := func() string {
@@ -137,11 +144,14 @@ func main() {
 	for _, w := range strings.Split(*only, ",") {
 		// The first contestant is mqkv; every other row is compared with it.
 		var cs []contestant
-		mqkv := func(start func(bin, dir string) (*server, error), load func(addr string) workload) {
-			cs = append(cs, contestant{"mqkv", func(dir string) (*server, error) { return start(*mqkvBin, dir) }, load})
+		mqkvAs := func(label string, start func(bin, dir string) (*server, error), load func(addr string) workload) {
+			cs = append(cs, contestant{"mqkv" + label, func(dir string) (*server, error) { return start(*mqkvBin, dir) }, load})
 			if *baseline != "" {
-				cs = append(cs, contestant{"mqkv baseline", func(dir string) (*server, error) { return start(*baseline, dir) }, load})
+				cs = append(cs, contestant{"mqkv baseline" + label, func(dir string) (*server, error) { return start(*baseline, dir) }, load})
 			}
+		}
+		mqkv := func(start func(bin, dir string) (*server, error), load func(addr string) workload) {
+			mqkvAs("", start, load)
 		}
 		switch w {
 		case "set", "get", "cluster-set", "cluster-get":
@@ -155,9 +165,20 @@ func main() {
 			// key's leader (client.Config.Direct); the AIO SDKs send
 			// every request to the member they are connected to, which
 			// forwards two in three: that is the second row.
-			mqkv(start, func(addr string) workload {
-				return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value, direct: cluster}
-			})
+			for k, n := range mqkvSweep {
+				label := ""
+				if n > 0 {
+					label = fmt.Sprintf(" %d conn", n)
+				}
+				load := func(addr string) workload {
+					return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value, direct: cluster, conns: n}
+				}
+				if k == 0 {
+					mqkvAs(label, start, load) // the row every other is compared with
+					continue
+				}
+				cs = append(cs, contestant{"mqkv" + label, func(dir string) (*server, error) { return start(*mqkvBin, dir) }, load})
+			}
 			if cluster {
 				cs = append(cs, contestant{"mqkv, every request through the client's member", func(dir string) (*server, error) { return start(*mqkvBin, dir) }, func(addr string) workload {
 					return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value}
@@ -228,6 +249,9 @@ func main() {
 			cs = append(cs, contestant{"nats", func(dir string) (*server, error) { return startNATSCluster(nats(), dir) }, load})
 		default:
 			log.Fatalf("unknown workload %q", w)
+		}
+		if *mqkvOnly {
+			cs = slices.DeleteFunc(cs, func(c contestant) bool { return !strings.HasPrefix(c.label, "mqkv") })
 		}
 		sums := make([]result, len(cs))
 		for r := 0; r < *rounds; r++ {
@@ -351,12 +375,12 @@ type contestant struct {
 }
 
 // counts parses a comma-separated list of positive numbers.
-func counts(list string) ([]int, error) {
+func counts(list string, least int) ([]int, error) {
 	var ns []int
 	for _, f := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%q is not a positive number", f)
+		if err != nil || n < least {
+			return nil, fmt.Errorf("%q is not a number of %d or more", f, least)
 		}
 		ns = append(ns, n)
 	}

@@ -31,6 +31,7 @@ type mqkvKV struct {
 	addrs  []string
 	get    bool
 	direct bool
+	conns  int // MQTT connections the clients share (one each if 0), as etcdKV's and natsKV's
 	keys   int
 	value  []byte
 	cs     []*client.Client
@@ -39,7 +40,11 @@ type mqkvKV struct {
 func (w *mqkvKV) name() string { return "mqkv" }
 
 func (w *mqkvKV) prepare(ctx context.Context, n int) error {
-	for i := range n {
+	conns := n
+	if w.conns > 0 {
+		conns = min(n, w.conns)
+	}
+	for i := range conns {
 		c, err := client.Dial(ctx, client.Config{URL: "mqtt://" + w.addrs[i%len(w.addrs)], Direct: w.direct})
 		if err != nil {
 			return err
@@ -48,7 +53,7 @@ func (w *mqkvKV) prepare(ctx context.Context, n int) error {
 	}
 	if w.get { // every key holds a value
 		for k := range w.keys {
-			if _, err := w.cs[k%n].Set(ctx, keyOf(0, k, w.keys), w.value); err != nil {
+			if _, err := w.cs[k%len(w.cs)].Set(ctx, keyOf(0, k, w.keys), w.value); err != nil {
 				return err
 			}
 		}
@@ -59,13 +64,13 @@ func (w *mqkvKV) prepare(ctx context.Context, n int) error {
 func (w *mqkvKV) op(ctx context.Context, i, seq int) error {
 	k := keyOf(i, seq, w.keys)
 	if w.get {
-		v, err := w.cs[i].Get(ctx, k)
+		v, err := w.cs[i%len(w.cs)].Get(ctx, k)
 		if err == nil && !v.Found {
 			err = fmt.Errorf("GET %s: not found", k)
 		}
 		return err
 	}
-	_, err := w.cs[i].Set(ctx, k, w.value)
+	_, err := w.cs[i%len(w.cs)].Set(ctx, k, w.value)
 	return err
 }
 

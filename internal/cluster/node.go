@@ -65,9 +65,11 @@ const (
 //
 // Protocol 1: the first, msgpack on the node link. Protocol 2: forwarded
 // writes and reads, and their replies, in a binary form (callcodec.go).
+// Protocol 3: raft's AppendEntries in a binary form on the call streams
+// (appendcodec.go).
 const (
 	ProtocolMin = 1
-	ProtocolMax = 2
+	ProtocolMax = 3
 )
 
 // metaGroup is the stream layer id of the metadata group (replica groups
@@ -143,6 +145,10 @@ type Node struct {
 	log   *slog.Logger
 	clock *hlc.Clock
 	link  *peer.Link
+	// transports are the raft transports of the groups open here, by
+	// stream layer id (see serveAppends); appenders send the groups'
+	// AppendEntries, by member address (see appender).
+	transports, appenders sync.Map
 
 	// journal holds the logs of every group on this node, the metadata
 	// group's too (nil in memory and on a node on its own).
@@ -428,139 +434,6 @@ func (n *Node) groupLog(id uint32, dir string) (replica.LogStore, error) {
 	return l, nil
 }
 
-// transport builds the raft transport of a group over the link.
-func (n *Node) transport(g uint32) *unpipelined {
-	return &unpipelined{acks: map[string]ack{}, NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  n.link.StreamLayer(g),
-		MaxPool: 3,
-		Timeout: 10 * time.Second,
-		Logger:  replica.RaftLogger("raft-net", n.log),
-	})}
-}
-
-// unpipelined is raft's network transport without pipelined replication.
-// hashicorp/raft v1.7.3's pipeline deadlocks when a follower answers an
-// AppendEntries with Success=false (a log mismatch after a leader change,
-// for one): the decoder stops, the sender parks on a channel nobody reads,
-// the follower gets no entry again while heartbeats keep it from calling
-// an election, and the leader's Shutdown waits forever (seen in CI; also
-// grafana/pyroscope#5518, which disables it for the same reason). Raft
-// falls back to one AppendEntries at a time per follower, each carrying
-// every entry not yet sent (up to MaxAppendEntries).
-//
-// It also fences raft's heartbeat fast path. Raft runs a heartbeat on the
-// transport's connection goroutine, not its own: Shutdown neither stops
-// nor waits for one, and a heartbeat that passed raft's shutdown check
-// can still save a new term or read the log after the node has closed
-// its journal; raft then panics ("failed to save current term: journal:
-// closed", in CI). Close waits for the heartbeats in flight and turns
-// later ones away, so no raft code runs on a group once it is closed.
-//
-// And it notes when each follower accepted an AppendEntries (heartbeats
-// included) and in which term, for the leader's read lease (see
-// replica.ReadLease).
-type unpipelined struct {
-	*raft.NetworkTransport
-
-	mu       sync.Mutex
-	shut     bool
-	inFlight sync.WaitGroup
-
-	acksMu sync.Mutex
-	acks   map[string]ack // follower id → its last accepted AppendEntries
-	// handedOver is the greatest term acknowledged when this leader sent
-	// a TimeoutNow (a leadership transfer): no lease in it or before.
-	handedOver uint64
-}
-
-// acks is what a group's reads take their lease from: nil with
-// QuorumReads.
-func (n *Node) acks(tr *unpipelined) replica.Acks {
-	if n.cfg.QuorumReads {
-		return nil
-	}
-	return tr
-}
-
-// ack is when (on replica.LeaseClock) an AppendEntries of term that a
-// follower accepted was sent.
-type ack struct {
-	term uint64
-	sent time.Duration
-}
-
-func (u *unpipelined) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
-	sent := replica.LeaseClock()
-	err := u.NetworkTransport.AppendEntries(id, target, args, resp)
-	if err == nil && resp.Success && resp.Term == args.Term {
-		u.acksMu.Lock()
-		if args.Term <= u.handedOver {
-			u.acksMu.Unlock()
-			return err
-		}
-		if a, ok := u.acks[string(id)]; !ok || args.Term > a.term || args.Term == a.term && sent > a.sent {
-			u.acks[string(id)] = ack{args.Term, sent}
-		}
-		u.acksMu.Unlock()
-	}
-	return err
-}
-
-// TimeoutNow, a leadership transfer's last step, makes its target stand
-// at once, with the other voters' votes though they know this leader:
-// the lease ends here, whoever asked for the transfer (replica's
-// TransferLeadership ends it too, earlier).
-func (u *unpipelined) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
-	u.acksMu.Lock()
-	for _, a := range u.acks {
-		u.handedOver = max(u.handedOver, a.term)
-	}
-	clear(u.acks)
-	u.acksMu.Unlock()
-	return u.NetworkTransport.TimeoutNow(id, target, args, resp)
-}
-
-// AckedAt implements replica.Acks.
-func (u *unpipelined) AckedAt(id string, term uint64) time.Duration {
-	u.acksMu.Lock()
-	defer u.acksMu.Unlock()
-	if a := u.acks[id]; a.term == term {
-		return a.sent
-	}
-	return 0
-}
-
-func (*unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
-	return nil, raft.ErrPipelineReplicationNotSupported
-}
-
-func (u *unpipelined) SetHeartbeatHandler(cb func(raft.RPC)) {
-	if cb == nil {
-		u.NetworkTransport.SetHeartbeatHandler(nil)
-		return
-	}
-	u.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
-		u.mu.Lock()
-		if u.shut {
-			u.mu.Unlock()
-			rpc.Respond(nil, raft.ErrTransportShutdown)
-			return
-		}
-		u.inFlight.Add(1)
-		u.mu.Unlock()
-		defer u.inFlight.Done()
-		cb(rpc)
-	})
-}
-
-func (u *unpipelined) Close() error {
-	u.mu.Lock()
-	u.shut = true
-	u.mu.Unlock()
-	u.inFlight.Wait()
-	return u.NetworkTransport.Close()
-}
-
 // groupDir is where replica g lives ("" in memory).
 func (n *Node) groupDir(g int) string {
 	if n.cfg.Dir == "" {
@@ -621,6 +494,7 @@ func (n *Node) openGroup(g int, boot *raft.Configuration) (*replica.Group, error
 		return old, nil
 	}
 	n.groups[g] = r
+	n.serving(uint32(g), tr)
 	n.publish()
 	n.watchFailure(r)
 	return r, nil
@@ -719,6 +593,7 @@ func (n *Node) startMeta() error {
 		return replica.SnapshotDamage(snaps, filepath.Join(n.cfg.Dir, "meta"), metaSnapshot, err)
 	}
 	n.meta = r
+	n.serving(metaGroup, trans)
 	n.started.Store(true)
 	switch {
 	case creating:

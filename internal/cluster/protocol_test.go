@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mqkv/mqkv/internal/store"
 )
 
 // TestClusterProtocol: the cluster runs at the highest protocol every
@@ -87,5 +90,75 @@ func TestClusterProtocol(t *testing.T) {
 	}
 	if p := h.nodes[2].Protocol(); p != 2 {
 		t.Fatalf("protocol %d after the refused rollback: it never falls", p)
+	}
+}
+
+// TestAppendsGoBinaryAtProtocol3: raft's AppendEntries go in msgpack on
+// the groups' streams while a member speaks protocol 2 at most, and in
+// their binary form once every member was upgraded; the cluster keeps
+// every write across the change, members of both kinds side by side.
+func TestAppendsGoBinaryAtProtocol3(t *testing.T) {
+	t.Parallel()
+	h := &harness{t: t, groups: 2}
+	t.Cleanup(func() {
+		for i := range h.nodes {
+			h.stop(i)
+		}
+	})
+	speaks := func(hi int) func(*Config) {
+		return func(c *Config) { c.Protocols = [2]int{1, hi} }
+	}
+	served := func() (n uint64) {
+		for _, node := range h.nodes {
+			node.transports.Range(func(_, u any) bool {
+				n += u.(*groupTransport).served.Load()
+				return true
+			})
+		}
+		return n
+	}
+	for i := range 3 {
+		if err := h.tryStart(i, speaks(2)); err != nil {
+			t.Fatalf("n%d: %v", i+1, err)
+		}
+	}
+	h.awaitReplicas(3)
+	written := 0
+	write := func() {
+		t.Helper()
+		if _, err := submitAgainIfUnknown(t, h.any(), store.Command{Op: store.OpSet, Key: []byte(fmt.Sprint("k", written)), Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+		written++
+	}
+	write()
+	if n := served(); n != 0 {
+		t.Fatalf("%d binary AppendEntries at protocol 2", n)
+	}
+	for i := range 3 {
+		h.stop(i)
+		if err := h.tryStart(i, speaks(3)); err != nil {
+			t.Fatalf("n%d upgraded: %v", i+1, err)
+		}
+		write()
+		if n := served(); i < 2 && n != 0 {
+			t.Fatalf("%d binary AppendEntries with a member that speaks protocol 2 at most", n)
+		}
+	}
+	eventuallyT(t, 20*time.Second, "protocol 3 on every member", func() bool {
+		for _, node := range h.nodes {
+			if node.Protocol() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	write()
+	eventuallyT(t, 10*time.Second, "binary AppendEntries", func() bool { return served() > 0 })
+	for i := range written {
+		e, found, err := h.any().Get(ctx(t), []byte(fmt.Sprint("k", i)))
+		if err != nil || !found || string(e.Value) != "v" {
+			t.Fatalf("k%d after the upgrade: %v %v %q", i, err, found, e.Value)
+		}
 	}
 }

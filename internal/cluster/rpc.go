@@ -141,6 +141,9 @@ func (n *Node) serveStream(from string, s net.Conn) {
 
 // serveCall answers a call from another node.
 func (n *Node) serveCall(from string, body []byte) []byte {
+	if len(body) > 0 && body[0] == binAppends {
+		return n.serveAppends(body)
+	}
 	var req callReq
 	resp := callResp{Kind: errOther, Err: "malformed call"}
 	bin, err := decodeCall(body, &req)

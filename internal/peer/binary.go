@@ -39,6 +39,9 @@ func (r *Reader) Len() int { return len(r.b) }
 
 func (r *Reader) fail() { r.bad, r.b = true, nil }
 
+// Fail marks the input bad: a value read is not one the form allows.
+func (r *Reader) Fail() { r.fail() }
+
 // Uvarint reads an unsigned varint.
 func (r *Reader) Uvarint() uint64 {
 	v, n := binary.Uvarint(r.b)
