@@ -37,11 +37,15 @@ func buildNATS(dir string) (string, error) {
 
 // startMQKVCluster runs three durable mqkv nodes as one cluster; addr
 // lists their MQTT addresses.
-// mqkvGroups, if not 0, is the number of raft groups of mqkv's clusters
-// (-mqkv-groups; mqkv's default otherwise).
-var mqkvGroups int
+func startMQKVCluster(bin, dir string) (*server, error) { return startMQKVClusterOf(0)(bin, dir) }
 
-func startMQKVCluster(bin, dir string) (*server, error) {
+// startMQKVClusterOf is startMQKVCluster with groups raft groups (mqkv's
+// default if 0).
+func startMQKVClusterOf(groups int) func(bin, dir string) (*server, error) {
+	return func(bin, dir string) (*server, error) { return startMQKVClusterWith(bin, dir, groups) }
+}
+
+func startMQKVClusterWith(bin, dir string, groups int) (*server, error) {
 	var procs []*process
 	var addrs, links, admin []string
 	for i := range 3 {
@@ -57,8 +61,8 @@ func startMQKVCluster(bin, dir string) (*server, error) {
 		linkAddr := fmt.Sprintf("127.0.0.1:%d", link)
 		args := []string{"serve", "--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprint("n", i+1)),
 			"--node-id", fmt.Sprint("n", i+1), "--cluster-listen", linkAddr}
-		if mqkvGroups > 0 {
-			args = append(args, "--groups", fmt.Sprint(mqkvGroups))
+		if groups > 0 {
+			args = append(args, "--groups", fmt.Sprint(groups))
 		}
 		a, err := freeAddr() // for profiles, and to see the cluster settle
 		if err != nil {

@@ -79,7 +79,7 @@ func main() {
 	aliases := flag.Uint("topic-alias-max", 0, "Topic Alias Maximum the pub/sub clients give in CONNECT (mosquitto 2.0 sends no aliases whatever it is)")
 	mqkvBin := flag.String("mqkv", "", "mqkv binary (default: built from the repository)")
 	baseline := flag.String("baseline", "", "another mqkv `binary` (an earlier build) run beside mqkv as one more contestant")
-	flag.IntVar(&mqkvGroups, "mqkv-groups", 0, "raft groups of mqkv's three-node clusters (0: mqkv's default)")
+	mqkvGroups := flag.String("mqkv-groups", "0", "raft groups of mqkv's three-node clusters, a `list` swept (0: mqkv's default), each with every -mqkv-conns")
 	mqkvOnly := flag.Bool("mqkv-only", false, "run mqkv's rows only (with -baseline: one build against another)")
 	flag.StringVar(&mqkvAdmin, "mqkv-admin", "", "serve mqkv's admin endpoint (metrics, pprof) on this `address` while measuring")
 	etcdConns := flag.String("etcd-conns", "1,8,64", "etcd: gRPC connections the clients share, a `list` swept (one row each)")
@@ -132,6 +132,10 @@ func main() {
 	if err != nil {
 		log.Fatalf("-mqkv-conns: %v", err)
 	}
+	groupSweep, err := counts(*mqkvGroups, 0)
+	if err != nil {
+		log.Fatalf("-mqkv-groups: %v", err)
+	}
 	var natsBin string
 	nats := func() string {
 		if natsBin == "" {
@@ -165,19 +169,32 @@ func main() {
 			// key's leader (client.Config.Direct); the AIO SDKs send
 			// every request to the member they are connected to, which
 			// forwards two in three: that is the second row.
-			for k, n := range mqkvSweep {
-				label := ""
-				if n > 0 {
-					label = fmt.Sprintf(" %d conn", n)
+			groups := []int{0}
+			if cluster {
+				groups = groupSweep
+			}
+			for gi, gs := range groups {
+				start := start
+				if cluster {
+					start = startMQKVClusterOf(gs)
 				}
-				load := func(addr string) workload {
-					return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value, direct: cluster, conns: n}
+				for k, n := range mqkvSweep {
+					label := ""
+					if n > 0 {
+						label = fmt.Sprintf(" %d conn", n)
+					}
+					if gs > 0 {
+						label += fmt.Sprintf(", %d groups", gs)
+					}
+					load := func(addr string) workload {
+						return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value, direct: cluster, conns: n}
+					}
+					if gi == 0 && k == 0 {
+						mqkvAs(label, start, load) // the row every other is compared with
+						continue
+					}
+					cs = append(cs, contestant{"mqkv" + label, func(dir string) (*server, error) { return start(*mqkvBin, dir) }, load})
 				}
-				if k == 0 {
-					mqkvAs(label, start, load) // the row every other is compared with
-					continue
-				}
-				cs = append(cs, contestant{"mqkv" + label, func(dir string) (*server, error) { return start(*mqkvBin, dir) }, load})
 			}
 			if cluster {
 				cs = append(cs, contestant{"mqkv, every request through the client's member", func(dir string) (*server, error) { return start(*mqkvBin, dir) }, func(addr string) workload {

@@ -33,16 +33,23 @@ type harness struct {
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func newHarness(t *testing.T, n, groups int) *harness {
-	h := &harness{t: t, groups: groups}
+	h := emptyHarness(t, groups)
 	for i := 0; i < n; i++ {
 		h.start(i)
 	}
+	h.awaitReplicas(min(n, 3))
+	return h
+}
+
+// emptyHarness is a harness of no node yet, whose nodes stop when the
+// test ends.
+func emptyHarness(t *testing.T, groups int) *harness {
+	h := &harness{t: t, groups: groups}
 	t.Cleanup(func() {
 		for i := range h.nodes {
 			h.stop(i)
 		}
 	})
-	h.awaitReplicas(min(n, 3))
 	return h
 }
 

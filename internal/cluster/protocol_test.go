@@ -9,21 +9,19 @@ import (
 	"github.com/mqkv/mqkv/internal/store"
 )
 
+// speaks has a node speak cluster protocols lo to hi, as a release
+// "test-<hi>".
+func speaks(lo, hi int) func(*Config) {
+	return func(c *Config) { c.Protocols = [2]int{lo, hi}; c.Release = "test-" + string(rune('0'+hi)) }
+}
+
 // TestClusterProtocol: the cluster runs at the highest protocol every
 // member speaks, rises once the last member that spoke less is upgraded,
 // never falls, and refuses a node that does not speak it (a joiner of an
 // older release, a member rolled back below it) with both named.
 func TestClusterProtocol(t *testing.T) {
 	t.Parallel()
-	h := &harness{t: t, groups: 2}
-	t.Cleanup(func() {
-		for i := range h.nodes {
-			h.stop(i)
-		}
-	})
-	speaks := func(lo, hi int) func(*Config) {
-		return func(c *Config) { c.Protocols = [2]int{lo, hi}; c.Release = "test-" + string(rune('0'+hi)) }
-	}
+	h := emptyHarness(t, 2)
 	// n1 creates the cluster with a release that speaks protocol 1 only
 	// (a cluster starts at its creator's highest).
 	for i, hi := range []int{1, 2, 2} {
@@ -99,15 +97,7 @@ func TestClusterProtocol(t *testing.T) {
 // every write across the change, members of both kinds side by side.
 func TestAppendsGoBinaryAtProtocol3(t *testing.T) {
 	t.Parallel()
-	h := &harness{t: t, groups: 2}
-	t.Cleanup(func() {
-		for i := range h.nodes {
-			h.stop(i)
-		}
-	})
-	speaks := func(hi int) func(*Config) {
-		return func(c *Config) { c.Protocols = [2]int{1, hi} }
-	}
+	h := emptyHarness(t, 2)
 	served := func() (n uint64) {
 		for _, node := range h.nodes {
 			node.transports.Range(func(_, u any) bool {
@@ -118,7 +108,7 @@ func TestAppendsGoBinaryAtProtocol3(t *testing.T) {
 		return n
 	}
 	for i := range 3 {
-		if err := h.tryStart(i, speaks(2)); err != nil {
+		if err := h.tryStart(i, speaks(1, 2)); err != nil {
 			t.Fatalf("n%d: %v", i+1, err)
 		}
 	}
@@ -137,7 +127,7 @@ func TestAppendsGoBinaryAtProtocol3(t *testing.T) {
 	}
 	for i := range 3 {
 		h.stop(i)
-		if err := h.tryStart(i, speaks(3)); err != nil {
+		if err := h.tryStart(i, speaks(1, 3)); err != nil {
 			t.Fatalf("n%d upgraded: %v", i+1, err)
 		}
 		write()
