@@ -99,8 +99,12 @@ type appender struct {
 }
 
 // appendsInFlight is how many messages an appender has on their way at
-// once: with one, the follower's disk idled while a message and its answer
-// crossed the link.
+// once. One gathered more per message and cost less CPU in
+// BenchmarkAppendEntries (4 AppendEntries a message against 2, about 25 µs
+// each against 33), but a message is answered once every group in it has
+// answered, and a group whose follower is slow to (busy, or catching up)
+// would then hold every group's replication to that member up; with two,
+// the others go on in the second.
 const appendsInFlight = 2
 
 // appendBatch bounds a message's size (one AppendEntries alone may be
