@@ -1,13 +1,13 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"hash/fnv"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,13 +87,16 @@ func keyed(args [][]byte) bool {
 	if len(args) < 2 {
 		return false
 	}
-	for _, name := range [...]string{"GET", "SET", "DEL", "VDEL", "PTTL"} {
-		if strings.EqualFold(string(args[0]), name) {
+	for _, name := range keyedVerbs {
+		if bytes.EqualFold(args[0], name) {
 			return true
 		}
 	}
 	return false
 }
+
+// keyedVerbs are the commands on one key that may go direct.
+var keyedVerbs = [][]byte{[]byte("GET"), []byte("SET"), []byte("DEL"), []byte("VDEL"), []byte("PTTL")}
 
 // pick returns the direct connection for key, nil if the request should
 // take the first connection.

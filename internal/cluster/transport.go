@@ -114,6 +114,7 @@ const appendBatch = 1 << 20
 // pendingAppend is one group's AppendEntries waiting for its answer.
 type pendingAppend struct {
 	groupAppend
+	size int // appendSize's bound
 	resp *raft.AppendEntriesResponse
 	err  error
 	// turn, for one that waits, brings a batch for it to send (it and
@@ -122,7 +123,7 @@ type pendingAppend struct {
 }
 
 func (a *appender) append(g uint32, req *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
-	p := &pendingAppend{groupAppend: groupAppend{g, req}, resp: resp}
+	p := &pendingAppend{groupAppend: groupAppend{g, req}, size: appendSize(req), resp: resp}
 	if isHeartbeat(req) {
 		a.send([]*pendingAppend{p})
 		return p.err
@@ -147,8 +148,8 @@ func (a *appender) append(g uint32, req *raft.AppendEntriesRequest, resp *raft.A
 // takeLocked takes the next message's worth of the queue.
 func (a *appender) takeLocked() []*pendingAppend {
 	n, size := 0, 0
-	for n < len(a.queue) && (n == 0 || size+appendSize(a.queue[n].req) <= appendBatch) {
-		size += appendSize(a.queue[n].req)
+	for n < len(a.queue) && (n == 0 || size+a.queue[n].size <= appendBatch) {
+		size += a.queue[n].size
 		n++
 	}
 	batch := slices.Clone(a.queue[:n])
@@ -186,7 +187,7 @@ func (a *appender) send(batch []*pendingAppend) {
 	size := 16
 	for i, p := range batch {
 		reqs[i] = p.groupAppend
-		size += appendSize(p.req)
+		size += p.size
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()
