@@ -353,13 +353,19 @@ func TestMembersRestartedFarApartFormTheirCluster(t *testing.T) {
 		t.Fatalf("n1, alone, did not wait for its cluster: %v", s.err)
 	case <-time.After(10 * reopenWait):
 	}
-	if _, err := startAt(t, "n2", dirs[1], addrs[1], addrs[:1]); err != nil {
+	n2, err := startAt(t, "n2", dirs[1], addrs[1], addrs[:1])
+	if err != nil {
 		t.Fatal(err)
 	}
 	s := <-first
 	if s.err != nil {
 		t.Fatal(s.err)
 	}
+	// Start returns once reopenQuick has passed, serving "starting"
+	// until the members have met (a CI run's Get came before): wait for
+	// both to serve, which also ends their reopening (it reads
+	// reopenWait, which the deferred reset writes).
+	eventuallyT(t, 30*time.Second, "n1 and n2 serving", func() bool { return s.n.Ready() && n2.Ready() })
 	if e, ok, err := s.n.Get(ctx(t), []byte("k")); err != nil || !ok || string(e.Value) != "v" {
 		t.Fatalf("k after the restarts: %q %v %v", e.Value, ok, err)
 	}
