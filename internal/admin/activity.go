@@ -2,6 +2,8 @@ package admin
 
 import (
 	"cmp"
+	"hash/maphash"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
@@ -21,13 +23,57 @@ type activity struct {
 	cur, last window
 	slow      []SlowRequest    // the last maxSlow, oldest first
 	now       func() time.Time // time.Now; a test holds it still so that no window ends mid-test
+	// keySample: one request in keySample is counted for its key, as
+	// keySample requests. Counting every one cost a pipelined GET 4 % of
+	// its CPU (a map of thousands of keys misses the cache); the hot keys
+	// the figures are for stand out just as well in a sample. 1 in tests.
+	keySample uint32
 }
 
 type window struct {
 	since, until time.Time
-	clients      map[string]*int64
-	keys         map[string]*int64
+	clients      tally
+	keys         tally
 }
+
+// tally counts requests by name. Names are looked up by a 64-bit hash
+// (maphash, seeded per process) instead of by their bytes: a key map of
+// thousands of strings missed the cache at each compare, and cost a
+// GET pipelined through the RESP endpoint an eighth of its CPU. Two
+// names of one hash (about one chance in 10^11 with maxTracked names)
+// would share a count; these are statistics.
+type tally struct {
+	n     map[uint64]int64
+	names map[uint64]string // written once per name, read by take
+}
+
+var tallySeed = maphash.MakeSeed()
+
+func newTally() tally { return tally{n: map[uint64]int64{}, names: map[uint64]string{}} }
+
+// add counts n requests of the name of hash h; name makes the name, the
+// first time only. Past maxTracked names, a new one counts as othersName.
+// One map operation when the name is known (the common case).
+func (t *tally) add(h uint64, n int64, name func() string) {
+	before := len(t.n)
+	t.n[h] += n
+	if len(t.n) == before {
+		return
+	}
+	if before >= maxTracked {
+		delete(t.n, h)
+		t.n[othersHash] += n
+		t.names[othersHash] = othersName
+		return
+	}
+	t.names[h] = name()
+}
+
+// othersHash is othersName's place in a tally.
+var othersHash = maphash.String(tallySeed, othersName)
+
+// count is name's count.
+func (t *tally) count(name string) int64 { return t.n[maphash.String(tallySeed, name)] }
 
 const activityWindow = 5 * time.Second
 
@@ -63,17 +109,20 @@ type Activity struct {
 }
 
 func newActivity() *activity {
-	return &activity{cur: newWindow(time.Now().Truncate(activityWindow)), now: time.Now}
+	return &activity{cur: newWindow(time.Now().Truncate(activityWindow)), now: time.Now, keySample: 8}
 }
 
 func newWindow(at time.Time) window {
-	return window{since: at, clients: map[string]*int64{}, keys: map[string]*int64{}}
+	return window{since: at, clients: newTally(), keys: newTally()}
 }
 
 // rotate starts a new window when the current one is over. Windows are
 // aligned on activityWindow: the last complete one is the one before the
 // current, empty if nothing was counted in it.
 func (a *activity) rotate(now time.Time) {
+	if d := now.Sub(a.cur.since); d >= 0 && d < activityWindow {
+		return // within the current window (the common case: no division)
+	}
 	start := now.Truncate(activityWindow)
 	if !a.cur.since.Before(start) {
 		return
@@ -93,13 +142,9 @@ func (a *activity) observe(r statestore.Reply) {
 	defer a.mu.Unlock()
 	now := a.now()
 	a.rotate(now)
-	count(a.cur.clients, r.ClientID)
-	if r.Key != nil {
-		if n, ok := a.cur.keys[string(r.Key)]; ok { // looked up without copying the key
-			*n++
-		} else {
-			count(a.cur.keys, string(r.Key))
-		}
+	a.cur.clients.add(maphash.String(tallySeed, r.ClientID), 1, func() string { return r.ClientID })
+	if r.Key != nil && (a.keySample <= 1 || rand.Uint32N(a.keySample) == 0) {
+		a.cur.keys.add(maphash.Bytes(tallySeed, r.Key), int64(max(a.keySample, 1)), func() string { return string(r.Key) })
 	}
 	if r.Duration >= slowRequest {
 		if len(a.slow) == maxSlow {
@@ -107,23 +152,6 @@ func (a *activity) observe(r statestore.Reply) {
 		}
 		a.slow = append(a.slow, SlowRequest{At: now, ClientID: r.ClientID, Command: r.Command, Key: string(r.Key), MS: float64(r.Duration.Microseconds()) / 1000})
 	}
-}
-
-// count adds one to name's count, or to othersName's past maxTracked
-// names. Counts are pointers so that a known name's is raised without a
-// map assignment, which would copy a key made from bytes.
-func count(m map[string]*int64, name string) {
-	n, ok := m[name]
-	if !ok {
-		if len(m) >= maxTracked {
-			name = othersName
-		}
-		if n, ok = m[name]; !ok {
-			n = new(int64)
-			m[name] = n
-		}
-	}
-	*n++
 }
 
 // take returns the figures of the last complete window (the current one
@@ -144,10 +172,10 @@ func (a *activity) take() Activity {
 	return Activity{WindowSeconds: secs, Clients: top(w.clients, secs), Keys: top(w.keys, secs), Slow: slow}
 }
 
-func top(m map[string]*int64, secs float64) []Rate {
-	out := make([]Rate, 0, len(m))
-	for name, n := range m {
-		out = append(out, Rate{Name: name, PerSecond: float64(*n) / secs})
+func top(t tally, secs float64) []Rate {
+	out := make([]Rate, 0, len(t.n))
+	for h, n := range t.n {
+		out = append(out, Rate{Name: t.names[h], PerSecond: float64(n) / secs})
 	}
 	slices.SortFunc(out, func(a, b Rate) int {
 		if c := cmp.Compare(b.PerSecond, a.PerSecond); c != 0 {

@@ -10,6 +10,7 @@ import (
 
 func TestActivityRanksClientsAndKeys(t *testing.T) {
 	a := newActivity()
+	a.keySample = 1 // exact counts
 	at := a.cur.since.Add(time.Second)
 	a.now = func() time.Time { return at }
 	for i := range 30 {
@@ -38,26 +39,43 @@ func TestActivityRanksClientsAndKeys(t *testing.T) {
 
 func TestActivityIsBounded(t *testing.T) {
 	a := newActivity()
+	a.keySample = 1 // exact counts
 	// All in one window: a window ending halfway would split the counts.
 	at := a.cur.since.Add(time.Second)
 	a.now = func() time.Time { return at }
 	for i := range maxTracked + 500 {
 		a.observe(statestore.Reply{ClientID: fmt.Sprint(i), Key: []byte(fmt.Sprint(i))})
 	}
-	others := func(m map[string]*int64) int64 {
-		if n := m[othersName]; n != nil {
-			return *n
-		}
-		return 0
-	}
-	if len(a.cur.clients) > maxTracked+1 || others(a.cur.clients) != 500 || len(a.cur.keys) > maxTracked+1 || others(a.cur.keys) != 500 {
+	others := func(t tally) int64 { return t.count(othersName) }
+	if len(a.cur.clients.n) > maxTracked+1 || others(a.cur.clients) != 500 || len(a.cur.keys.n) > maxTracked+1 || others(a.cur.keys) != 500 {
 		t.Fatalf("%d clients tracked, %d under others; %d keys, %d under others",
-			len(a.cur.clients), others(a.cur.clients), len(a.cur.keys), others(a.cur.keys))
+			len(a.cur.clients.n), others(a.cur.clients), len(a.cur.keys.n), others(a.cur.keys))
 	}
 	for range 3 * maxSlow {
 		a.observe(statestore.Reply{Duration: time.Second})
 	}
 	if len(a.slow) != maxSlow {
 		t.Fatalf("%d slow requests kept", len(a.slow))
+	}
+}
+
+// BenchmarkActivityObserve counts requests spread over 10,000 keys, as a
+// load generator's random keys spread them: the map lookups miss the
+// cache, and they are on every request's path.
+func BenchmarkActivityObserve(b *testing.B) {
+	a := newActivity()
+	at := a.cur.since.Add(time.Second)
+	a.now = func() time.Time { return at }
+	keys := make([][]byte, 10_000)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("key:%012d", i*7919%10_000))
+	}
+	clients := make([]string, 50)
+	for i := range clients {
+		clients[i] = fmt.Sprintf("resp-%d", 4611686018427387905+i)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		a.observe(statestore.Reply{Command: "GET", ClientID: clients[i%50], Key: keys[(i*7)%10_000], Duration: time.Millisecond})
 	}
 }

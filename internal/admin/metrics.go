@@ -26,11 +26,23 @@ type Metrics struct {
 
 	activity *activity
 
+	// children caches the label children ObserveReply counts into: the
+	// vectors' own lookup hashes the label values at every request.
+	childMu  sync.RWMutex
+	children map[replyLabels]replyChildren
+
 	// recent holds the latencies of the last requests, for the p99 that
 	// status and the console show.
 	mu     sync.Mutex
 	recent []time.Duration
 	next   int
+}
+
+type replyLabels struct{ command, result string }
+
+type replyChildren struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer
 }
 
 var latencyBuckets = prometheus.ExponentialBuckets(50e-6, 2, 16) // 50 µs … 1.6 s
@@ -61,6 +73,7 @@ func NewMetrics() *Metrics {
 		}),
 		recent:   make([]time.Duration, 0, 4096),
 		activity: newActivity(),
+		children: map[replyLabels]replyChildren{},
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.commit, m.sync, m.entry, m.snapBytes, m.snapTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -83,8 +96,9 @@ func (m *Metrics) Timings() replica.Timings {
 // ObserveReply is the state store service's OnReply.
 func (m *Metrics) ObserveReply(r statestore.Reply) {
 	d := r.Duration
-	m.requests.WithLabelValues(r.Command, r.Result).Inc()
-	m.latency.WithLabelValues(r.Command).Observe(d.Seconds())
+	c := m.childrenOf(replyLabels{r.Command, r.Result})
+	c.requests.Inc()
+	c.latency.Observe(d.Seconds())
 	m.activity.observe(r)
 	m.mu.Lock()
 	if len(m.recent) < cap(m.recent) {
@@ -94,6 +108,23 @@ func (m *Metrics) ObserveReply(r statestore.Reply) {
 		m.next = (m.next + 1) % len(m.recent)
 	}
 	m.mu.Unlock()
+}
+
+// childrenOf returns the metrics of one command and result. The labels
+// come from fixed sets (statestore's command names and results), so the
+// cache stays small.
+func (m *Metrics) childrenOf(l replyLabels) replyChildren {
+	m.childMu.RLock()
+	c, ok := m.children[l]
+	m.childMu.RUnlock()
+	if ok {
+		return c
+	}
+	c = replyChildren{m.requests.WithLabelValues(l.command, l.result), m.latency.WithLabelValues(l.command)}
+	m.childMu.Lock()
+	m.children[l] = c
+	m.childMu.Unlock()
+	return c
 }
 
 // p99 returns the 99th percentile of the recent request latencies and

@@ -52,6 +52,9 @@ func init() { connIDs.Store(1 << 62) }
 // ErrNotAuthenticated answers a command before a required AUTH.
 var ErrNotAuthenticated = errors.New("authentication required")
 
+// errNotAuthorized answers a client the policy in force does not let in.
+var errNotAuthorized = errors.New(string(resp.ErrNotAuthorized))
+
 // Client is one gateway connection: its identity and its calls. Its
 // methods are used by one goroutine at a time (the connection's).
 type Client struct {
@@ -68,8 +71,8 @@ type Client struct {
 	pol   *policy.Policy // the policy grant was computed from
 	grant *policy.Grant
 
-	calls  chan answer // Call's, made at its first use
-	answer func(resp.Value, hlc.Timestamp)
+	calls chan answer // AppendCall's, made at its first use
+	dst   []byte      // what AppendCall appends to, while it waits
 }
 
 // NewClient starts a connection's client; protocol names it ("resp").
@@ -147,13 +150,28 @@ func (c *Client) Grant() *policy.Grant {
 // empty, is the fencing token (__ft). The service stamps writes with the
 // node's clock, as the SDKs stamp theirs (StampWrites).
 func (c *Client) Call(fence string, args ...[]byte) (resp.Value, hlc.Timestamp) {
+	p, version := c.AppendCall(nil, fence, args...)
+	return Parse(p), version
+}
+
+// AppendCall is Call with the reply appended to dst as the service
+// encodes it (RESP3), for an endpoint that can send it on as it is: a
+// bulk string is the same in RESP2 and RESP3, and a GET's value is then
+// copied once, into dst, not encoded, parsed and encoded again.
+func (c *Client) AppendCall(dst []byte, fence string, args ...[]byte) ([]byte, hlc.Timestamp) {
 	if c.calls == nil {
 		c.calls = make(chan answer, 1)
-		c.answer = func(v resp.Value, ver hlc.Timestamp) { c.calls <- answer{v, ver} }
 	}
-	c.Go(fence, args, c.answer)
+	r, refused := c.request(appender{c})
+	if refused != nil {
+		return resp.AppendError(dst, refused.Error()), hlc.Timestamp{}
+	}
+	r.FencingToken, r.HasFencingToken = fence, fence != ""
+	c.dst = dst
+	c.svc.Do(r, args)
 	a := <-c.calls // one call at a time: the channel serves them all
-	return a.value, a.version
+	c.dst = nil
+	return a.payload, a.version
 }
 
 // SetIfUnchanged reads key and SETs it to what next makes of the value
@@ -185,7 +203,7 @@ func (c *Client) SetIfUnchanged(fence string, key []byte, next func(cur []byte) 
 func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Timestamp)) {
 	r, refused := c.request(replier(done))
 	if refused != nil {
-		done(*refused, hlc.Timestamp{})
+		done(resp.Value{Kind: resp.ErrorReply, Str: []byte(refused.Error())}, hlc.Timestamp{})
 		return
 	}
 	r.FencingToken, r.HasFencingToken = fence, fence != ""
@@ -195,13 +213,13 @@ func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Times
 // request is a Request of the client's, answered through origin; or the
 // error that answers it at once (not authenticated, or not let in by the
 // policy in force).
-func (c *Client) request(origin any) (*statestore.Request, *resp.Value) {
+func (c *Client) request(origin any) (*statestore.Request, error) {
 	if !c.authed {
-		return nil, &resp.Value{Kind: resp.ErrorReply, Str: []byte(ErrNotAuthenticated.Error())}
+		return nil, ErrNotAuthenticated
 	}
 	g := c.Grant()
 	if !g.CanConnect() {
-		return nil, &resp.Value{Kind: resp.ErrorReply, Str: []byte(resp.ErrNotAuthorized)}
+		return nil, errNotAuthorized
 	}
 	return &statestore.Request{ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: origin, StampWrites: true}, nil
 }
@@ -216,7 +234,7 @@ func (c *Client) Watch(args [][]byte, notify func(store.Event) bool, gap func())
 	ch := make(chan resp.Value, 1)
 	r, refused := c.request(watcher{replier(func(v resp.Value, _ hlc.Timestamp) { ch <- v }), notify, gap})
 	if refused != nil {
-		return *refused
+		return resp.Value{Kind: resp.ErrorReply, Str: []byte(refused.Error())}
 	}
 	c.svc.Do(r, args)
 	return <-ch
@@ -241,7 +259,7 @@ func (w watcher) Gap() {
 }
 
 type answer struct {
-	value   resp.Value
+	payload []byte
 	version hlc.Timestamp
 }
 
@@ -251,11 +269,29 @@ type replier func(resp.Value, hlc.Timestamp)
 
 // Reply implements statestore.Replier.
 func (f replier) Reply(_ *statestore.Request, payload []byte, version hlc.Timestamp) {
+	f(Parse(payload), version)
+}
+
+// appender answers AppendCall: it appends the reply to the client's dst.
+type appender struct{ c *Client }
+
+// Reply implements statestore.Replier.
+func (a appender) Reply(_ *statestore.Request, payload []byte, version hlc.Timestamp) {
+	a.c.calls <- answer{append(a.c.dst, payload...), version}
+}
+
+// ReplyBulk implements statestore.BulkReplier.
+func (a appender) ReplyBulk(_ *statestore.Request, value []byte, version hlc.Timestamp) {
+	a.c.calls <- answer{resp.AppendBulk(a.c.dst, value), version}
+}
+
+// Parse reads a reply of the service's.
+func Parse(payload []byte) resp.Value {
 	v, err := resp.ParseReply(payload) // an error's text comes without its "ERR "
 	if err != nil {                    // the service's own replies always parse
 		v = resp.Value{Kind: resp.ErrorReply, Str: []byte("internal error: " + err.Error())}
 	}
-	f(v, version)
+	return v
 }
 
 // ReadValue reads an n-byte value a client announced. The buffer grows as

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/gateway"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/resp"
 )
@@ -53,14 +54,13 @@ func init() {
 
 // command answers one command.
 func (c *conn) command(args [][]byte) {
-	name := strings.ToUpper(string(args[0]))
-	cmd, ok := commands[name]
+	cmd, ok := lookup(args[0])
 	if !ok {
 		c.unknown(args)
 		return
 	}
 	if (cmd.arity > 0 && len(args) != cmd.arity) || (cmd.arity < 0 && len(args) < -cmd.arity) {
-		c.w.err(fmt.Sprintf("ERR wrong number of arguments for '%s' command", strings.ToLower(name)))
+		c.w.err(fmt.Sprintf("ERR wrong number of arguments for '%s' command", strings.ToLower(string(args[0]))))
 		return
 	}
 	if !cmd.open && !c.c.Authenticated() {
@@ -68,6 +68,24 @@ func (c *conn) command(args [][]byte) {
 		return
 	}
 	cmd.run(c, args)
+}
+
+// lookup finds a command by its name in any case, without allocating:
+// names are short, upper-cased into a buffer on the stack.
+func lookup(name []byte) (command, bool) {
+	var buf [16]byte
+	if len(name) > len(buf) {
+		return command{}, false // longer than any command's name
+	}
+	up := buf[:len(name)]
+	for i, c := range name {
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		up[i] = c
+	}
+	cmd, ok := commands[string(up)] // looked up without a copy
+	return cmd, ok
 }
 
 // unknown answers as Redis does a command it does not have.
@@ -286,8 +304,16 @@ func matchGlob(pattern, s string) bool {
 }
 
 func (c *conn) get(args [][]byte) {
-	v, _ := c.call([]byte("GET"), args[1])
-	c.w.value(v)
+	c.getArgs = [2][]byte{verbGET, args[1]} // read at once: reused
+	start := len(c.w.b)
+	c.w.b, _ = c.c.AppendCall(c.w.b, "", c.getArgs[:]...)
+	if p := c.w.b[start:]; !(len(p) > 1 && p[0] == '$' && p[1] != '-') {
+		// Not a value (the same bytes in RESP2 and RESP3): a nil, which
+		// RESP3 writes its own way, or an error, in Redis's words.
+		p = bytes.Clone(p)
+		c.w.b = c.w.b[:start]
+		c.w.value(gateway.Parse(p))
+	}
 }
 
 // set serves SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t] when
@@ -319,6 +345,8 @@ func has(opts [][]byte, name string) bool {
 	}
 	return false
 }
+
+var verbGET = []byte("GET")
 
 // setCommand turns Redis's SET into the store's (NX, PX, GET kept; EX,
 // EXAT and PXAT made PX; XX left to the caller), or says what is wrong

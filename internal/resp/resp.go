@@ -5,6 +5,7 @@ package resp
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 )
 
@@ -109,6 +110,7 @@ func AppendInt(b []byte, n int64) []byte {
 
 // AppendBulk appends a RESP bulk string.
 func AppendBulk(b, s []byte) []byte {
+	b = slices.Grow(b, len(s)+24) // one allocation for a value of any size
 	b = append(b, '$')
 	b = strconv.AppendInt(b, int64(len(s)), 10)
 	b = append(b, '\r', '\n')

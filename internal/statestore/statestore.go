@@ -288,6 +288,15 @@ type Replier interface {
 	Reply(r *Request, payload []byte, version hlc.Timestamp)
 }
 
+// BulkReplier is a Replier that takes a value as it is, not encoded: a
+// gateway writes it into its own reply buffer, with one copy and no
+// allocation (a GET's reply is most of what a pipelined GET costs). The
+// value must not be kept past the call without a copy.
+type BulkReplier interface {
+	Replier
+	ReplyBulk(r *Request, value []byte, version hlc.Timestamp)
+}
+
 // Notifier receives the notifications of a gateway client's KEYNOTIFY
 // registrations (an HTTP watch): a Request whose Origin is a Notifier
 // registers them to it instead of the transport. Notify runs on the
@@ -387,16 +396,35 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 		s.transport.Reply(r, payload, version)
 	}
 	if s.OnReply != nil {
-		cmd := r.command
-		if cmd == "" {
-			cmd = "INVALID"
-		}
 		res := resultOf(payload)
-		if cmd == "PTTL" && res == "not_applied" {
+		if r.command == "PTTL" && res == "not_applied" {
 			res = "ok" // -1: a key without expiry
 		}
-		s.OnReply(Reply{Command: cmd, Result: res, Duration: time.Since(r.start), ClientID: r.ClientID, Key: r.key})
+		s.observe(r, res)
 	}
+}
+
+// replyBulk answers r with a value (a bulk string): given as it is to an
+// origin that takes it so, encoded otherwise.
+func (s *Service) replyBulk(r *Request, value []byte, version hlc.Timestamp) {
+	br, ok := r.Origin.(BulkReplier)
+	if !ok {
+		s.reply(r, resp.AppendBulk(nil, value), version)
+		return
+	}
+	br.ReplyBulk(r, value, version)
+	if s.OnReply != nil {
+		s.observe(r, "ok")
+	}
+}
+
+// observe reports an answered request to OnReply.
+func (s *Service) observe(r *Request, result string) {
+	cmd := r.command
+	if cmd == "" {
+		cmd = "INVALID"
+	}
+	s.OnReply(Reply{Command: cmd, Result: result, Duration: time.Since(r.start), ClientID: r.ClientID, Key: r.key})
 }
 
 // Reply describes one answered request, for metrics and activity figures.
@@ -501,7 +529,7 @@ func (s *Service) get(r *Request, args [][]byte) {
 	case !found:
 		s.reply(r, resp.Nil, hlc.Timestamp{})
 	default:
-		s.reply(r, resp.AppendBulk(nil, e.Value), e.Version)
+		s.replyBulk(r, e.Value, e.Version)
 	}
 }
 
