@@ -307,6 +307,7 @@ func (c *conn) get(args [][]byte) {
 	c.getArgs = [2][]byte{verbGET, args[1]} // read at once: reused
 	start := len(c.w.b)
 	c.w.b, _ = c.c.AppendCall(c.w.b, "", c.getArgs[:]...)
+	c.getArgs[1] = nil // the key is not kept past the call
 	if p := c.w.b[start:]; !(len(p) > 1 && p[0] == '$' && p[1] != '-') {
 		// Not a value (the same bytes in RESP2 and RESP3): a nil, which
 		// RESP3 writes its own way, or an error, in Redis's words.

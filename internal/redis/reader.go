@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"math"
 	"strconv"
 
 	"github.com/mqkv/mqkv/internal/gateway"
@@ -112,7 +113,7 @@ func (r *reader) number(kind byte) (int, error) {
 	if neg {
 		digits = line[1:]
 	}
-	if len(digits) == 0 || len(digits) > 18 {
+	if len(digits) == 0 {
 		return 0, r.badNumber(kind)
 	}
 	n := 0
@@ -120,10 +121,14 @@ func (r *reader) number(kind byte) (int, error) {
 		if c < '0' || c > '9' {
 			return 0, r.badNumber(kind)
 		}
+		if n > (math.MaxInt-9)/10 {
+			n = math.MaxInt // too big for anything: the caller refuses it
+			continue
+		}
 		n = n*10 + int(c-'0')
 	}
 	if neg {
-		n = -n
+		return -n, nil // a negative count of any size is an empty command
 	}
 	return n, nil
 }

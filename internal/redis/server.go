@@ -97,6 +97,7 @@ type conn struct {
 	slots    []*slot    // replies not yet written, in command order
 	writing  map[string]int
 	inFlight int // writes not yet answered
+	pending  int // replies queued and not yet written
 	ended    bool
 	// more: the reader has more of a pipeline buffered, so the writer
 	// waits for it and writes the replies together (a write each cost
@@ -104,14 +105,16 @@ type conn struct {
 	more bool
 }
 
-// slot is one command's reply, done once known.
+// slot is one command's reply (or, done at once, several: see emit),
+// done once known.
 type slot struct {
 	b    []byte
+	n    int // replies in b
 	done bool
 }
 
-// maxSlots bounds the replies a connection holds unwritten: a client that
-// pipelines faster than it reads waits.
+// maxSlots bounds the replies a connection holds unwritten (pending): a
+// client that pipelines faster than it reads waits.
 const maxSlots = 1024
 
 // Serve serves one client connection until it ends.
@@ -179,36 +182,44 @@ func (c *conn) settle() {
 // more says further commands are buffered already.
 func (c *conn) emit(more bool) {
 	c.mu.Lock()
-	if n := len(c.slots); n > 0 && c.slots[n-1].done && len(c.slots[n-1].b) < maxMerged {
-		// Behind a reply not written yet: written with it, in the same
-		// slot (a slot and a buffer per reply cost a pipelined GET a
-		// twentieth of its CPU), and the writer's buffer kept.
-		last := c.slots[n-1]
-		last.b = append(last.b, c.w.b...)
-		c.w.b = c.w.b[:0]
-		c.more = more
-		if !more {
-			c.cond.Broadcast()
+	if n := len(c.slots); n > 0 && c.pending < maxSlots && len(c.w.b) <= maxMergedReply {
+		if last := c.slots[n-1]; last.done && len(last.b)+len(c.w.b) <= maxMerged {
+			// Behind a reply not written yet: written with it, in the
+			// same slot (a slot and a buffer per reply cost a pipelined
+			// GET a twentieth of its CPU), and the writer's buffer kept.
+			last.b = append(last.b, c.w.b...)
+			last.n++
+			c.pending++
+			c.w.b = c.w.b[:0]
+			c.more = more
+			if !more {
+				c.cond.Broadcast()
+			}
+			c.mu.Unlock()
+			return
 		}
-		c.mu.Unlock()
-		return
 	}
 	c.mu.Unlock()
-	c.push(&slot{b: c.w.take(), done: true}, more)
+	c.push(&slot{b: c.w.take(), n: 1, done: true}, more)
 }
 
-// maxMerged bounds the replies emit adds to one slot.
-const maxMerged = 64 << 10
+// Merging replies into one slot: small ones only (a large one keeps its
+// own buffer, which goes with it), up to maxMerged bytes a slot.
+const (
+	maxMergedReply = 4 << 10
+	maxMerged      = 16 << 10
+)
 
 // push queues a reply slot, waiting while too many are unwritten.
 func (c *conn) push(sl *slot, more bool) {
 	c.mu.Lock()
-	for len(c.slots) >= maxSlots && !c.ended {
+	for c.pending >= maxSlots && !c.ended {
 		c.more = false // the writer must take some first
 		c.cond.Broadcast()
 		c.cond.Wait()
 	}
 	c.slots = append(c.slots, sl)
+	c.pending += sl.n
 	c.more = more
 	if !more {
 		c.cond.Broadcast()
@@ -252,7 +263,7 @@ func (c *conn) startWrite(key string, args [][]byte, more bool) {
 	c.writing[key]++
 	c.inFlight++
 	c.mu.Unlock()
-	sl := &slot{}
+	sl := &slot{n: 1}
 	c.push(sl, more)
 	proto := c.w.proto // HELLO, which changes it, waits for writes in flight
 	finish := func(w *writer) {
@@ -306,6 +317,7 @@ func (c *conn) writeLoop(wrote chan<- struct{}) {
 		n := 0
 		for n < len(c.slots) && c.slots[n].done {
 			buf = append(buf, c.slots[n].b...)
+			c.pending -= c.slots[n].n
 			n++
 		}
 		c.slots = append(c.slots[:0], c.slots[n:]...)
