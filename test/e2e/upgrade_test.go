@@ -343,8 +343,10 @@ func lockAcrossUpgrade(t *testing.T, addrs []string) func() {
 					}
 				}
 				within := time.Since(began) < term-500*time.Millisecond
-				lease.Release(ctx)
-				cancel()
+				// Recorded before the release, while the lock is held, so
+				// that the tokens are in the order of the holds (recorded
+				// after it, a holder delayed between its release and the
+				// record came after the next holder's: CI, under load).
 				mu.Lock()
 				if err == nil && within {
 					holds++
@@ -354,6 +356,8 @@ func lockAcrossUpgrade(t *testing.T, addrs []string) func() {
 					}
 				}
 				mu.Unlock()
+				lease.Release(ctx)
+				cancel()
 			}
 		}()
 	}
@@ -369,7 +373,7 @@ func lockAcrossUpgrade(t *testing.T, addrs []string) func() {
 			t.Fatalf("the lock was held only %d times across the upgrade", holds)
 		}
 		// Each holder's token is newer than the one before (recorded in
-		// the order the holds ended; they do not overlap).
+		// the order of the holds, which do not overlap).
 		for i := 1; i < len(tokens); i++ {
 			if tokens[i].Compare(tokens[i-1]) <= 0 {
 				t.Fatalf("fencing token %v after %v: not increasing", tokens[i], tokens[i-1])
