@@ -399,6 +399,10 @@ func TestRestartedMemberReplaysFromBeforeItsRestart(t *testing.T) {
 	third = startNode(t, "rr3", []string{first.ClusterAddr()}, func(c *server.Config) {
 		c.DataDir, c.Listen, c.Cluster.Listen = dir, mqtt, link
 	})
+	// Start returns while the member is still starting (it meets its
+	// cluster after); until then a SUBSCRIBE waits up to 5 s for the
+	// retained messages it is to get, as long as the client's wait (CI).
+	eventually(t, "the restarted member to serve", third.Node().Ready)
 	c := dialRaw(t, third, "rr-watcher", rawOpts{cleanStart: true})
 	expectPayload(t, c.call("KEYNOTIFY", "rr/k", "SINCE", v1), "+OK\r\n")
 	expectNotification(t, c, "rr/k", notifySet+"$1\r\n2\r\n")
