@@ -72,9 +72,6 @@ func (t *tally) add(h uint64, n int64, name func() string) {
 // othersHash is othersName's place in a tally.
 var othersHash = maphash.String(tallySeed, othersName)
 
-// count is name's count.
-func (t *tally) count(name string) int64 { return t.n[maphash.String(tallySeed, name)] }
-
 const activityWindow = 5 * time.Second
 
 const (

@@ -46,7 +46,7 @@ func TestActivityIsBounded(t *testing.T) {
 	for i := range maxTracked + 500 {
 		a.observe(statestore.Reply{ClientID: fmt.Sprint(i), Key: []byte(fmt.Sprint(i))})
 	}
-	others := func(t tally) int64 { return t.count(othersName) }
+	others := func(t tally) int64 { return t.n[othersHash] }
 	if len(a.cur.clients.n) > maxTracked+1 || others(a.cur.clients) != 500 || len(a.cur.keys.n) > maxTracked+1 || others(a.cur.keys) != 500 {
 		t.Fatalf("%d clients tracked, %d under others; %d keys, %d under others",
 			len(a.cur.clients.n), others(a.cur.clients), len(a.cur.keys.n), others(a.cur.keys))

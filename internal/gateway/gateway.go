@@ -203,7 +203,7 @@ func (c *Client) SetIfUnchanged(fence string, key []byte, next func(cur []byte) 
 func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Timestamp)) {
 	r, refused := c.request(replier(done))
 	if refused != nil {
-		done(resp.Value{Kind: resp.ErrorReply, Str: []byte(refused.Error())}, hlc.Timestamp{})
+		done(refusal(refused), hlc.Timestamp{})
 		return
 	}
 	r.FencingToken, r.HasFencingToken = fence, fence != ""
@@ -224,6 +224,11 @@ func (c *Client) request(origin any) (*statestore.Request, error) {
 	return &statestore.Request{ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: origin, StampWrites: true}, nil
 }
 
+// refusal answers a request that request() refused.
+func refusal(err error) resp.Value {
+	return resp.Value{Kind: resp.ErrorReply, Str: []byte(err.Error())}
+}
+
 // Watch registers a KEYNOTIFY (args: KEYNOTIFY key [PATTERN] [SINCE v])
 // whose notifications go to notify (on the goroutine that applies the log:
 // it must not block, nor keep the event's bytes; false drops one), and
@@ -234,7 +239,7 @@ func (c *Client) Watch(args [][]byte, notify func(store.Event) bool, gap func())
 	ch := make(chan resp.Value, 1)
 	r, refused := c.request(watcher{replier(func(v resp.Value, _ hlc.Timestamp) { ch <- v }), notify, gap})
 	if refused != nil {
-		return resp.Value{Kind: resp.ErrorReply, Str: []byte(refused.Error())}
+		return refusal(refused)
 	}
 	c.svc.Do(r, args)
 	return <-ch

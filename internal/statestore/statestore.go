@@ -718,7 +718,7 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 	case store.Applied:
 		switch {
 		case op == store.OpSet && get && res.HadPrevious:
-			s.reply(r, resp.AppendBulk(nil, res.Previous), res.Version)
+			s.replyBulk(r, res.Previous, res.Version)
 		case op == store.OpSet && get:
 			s.reply(r, resp.Nil, res.Version)
 		case op == store.OpSet:
