@@ -206,6 +206,9 @@ func (m *Metrics) bind(n *Node) {
 	counter("mqkv_requests_without_response_topic_total", "Requests dropped for want of a response topic.", func() float64 {
 		return float64(n.Service.Counters.NoResponseTopic.Load())
 	})
+	counter("mqkv_requests_repeated_total", "Writes delivered again (attach mode) and answered with their first execution's result, not executed twice.", func() float64 {
+		return float64(n.Service.Counters.Repeats.Load())
+	})
 	counter("mqkv_requests_denied_total", "Requests refused by the authorization policy.", func() float64 {
 		return float64(n.Service.Counters.Denied.Load())
 	})

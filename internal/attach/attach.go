@@ -427,6 +427,10 @@ func (a *Attach) receive(cl *paho.Client, p *paho.Publish) {
 	}
 	switch first, e := a.recent.join(r, w); {
 	case first:
+		// Remembered by the store too, with its result: a copy that
+		// comes to another process (or to this one after a restart) is
+		// not executed again.
+		r.ID = []byte(keyOf(r))
 		a.dispatch(w)
 	case e != nil:
 		a.Duplicates.Add(1)

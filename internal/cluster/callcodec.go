@@ -26,7 +26,7 @@ import (
 // (store.AppendCommand), as bytes.
 //
 // binReply: Kind (byte), flags (bit 0 Found, 1 HadPrevious, 2 DiskFull
-// follows), Err, Leader (strings), Result: Outcome (byte), Version
+// follows, 3 Repeated (protocol 4)), Err, Leader (strings), Result: Outcome (byte), Version
 // (timestamp), Previous (bytes); Entry: Key, Value (bytes), Version,
 // Fence (timestamps), ExpiresAt (varint); then, if flagged, DiskFull:
 // Dir (string), Free, Reserve (uvarints).
@@ -105,6 +105,9 @@ func appendReply(b []byte, resp *callResp) []byte {
 	if resp.DiskFull != nil {
 		flags |= 4
 	}
+	if resp.Result.Repeated {
+		flags |= 8
+	}
 	b = append(b, binReply, byte(resp.Kind), flags)
 	b = peer.AppendString(b, resp.Err)
 	b = peer.AppendString(b, resp.Leader)
@@ -134,7 +137,7 @@ func decodeReply(b []byte, resp *callResp) error {
 	r := peer.NewReader(b[1:])
 	*resp = callResp{Kind: errKind(r.Byte())}
 	flags := r.Byte()
-	resp.Found, resp.Result.HadPrevious = flags&1 != 0, flags&2 != 0
+	resp.Found, resp.Result.HadPrevious, resp.Result.Repeated = flags&1 != 0, flags&2 != 0, flags&8 != 0
 	resp.Err, resp.Leader = r.String(), r.String()
 	resp.Result.Outcome = store.Outcome(r.Byte())
 	resp.Result.Version = readTimestamp(r)
@@ -146,7 +149,7 @@ func decodeReply(b []byte, resp *callResp) error {
 	if flags&4 != 0 {
 		resp.DiskFull = &replica.DiskFullError{Dir: r.String(), Free: r.Uvarint(), Reserve: r.Uvarint()}
 	}
-	if r.Bad() || r.Len() != 0 || flags>>3 != 0 {
+	if r.Bad() || r.Len() != 0 || flags>>4 != 0 {
 		return errBadCall
 	}
 	return nil

@@ -15,9 +15,10 @@ var (
 	someTime = hlc.Timestamp{Wall: 1795890746000, Counter: 3, Node: "n1"}
 	someCall = callReq{Op: opSubmit, Group: 7, Relay: true, After: someTime, Key: []byte("k"),
 		Cmd: store.Command{Op: store.OpSet, Cond: store.Cond(2), Key: []byte("key"), Value: []byte("value"), Version: someTime,
-			Now: 1795890746001, TTL: -5, Fence: hlc.Timestamp{Wall: 9, Counter: 1 << 60, Node: "n2"}, Expected: hlc.Timestamp{Wall: -1}}}
+			Now: 1795890746001, TTL: -5, Fence: hlc.Timestamp{Wall: 9, Counter: 1 << 60, Node: "n2"}, Expected: hlc.Timestamp{Wall: -1},
+			Request: []byte("client\x00corr"), Keep: 10_000}}
 	someReply = callResp{Kind: errDiskFull, Err: "full", Leader: "n3", Found: true,
-		Result:   store.Result{Outcome: store.NotApplied, Version: someTime, Previous: []byte("old"), HadPrevious: true},
+		Result:   store.Result{Outcome: store.NotApplied, Version: someTime, Previous: []byte("old"), HadPrevious: true, Repeated: true},
 		Entry:    store.Entry{Key: []byte("k"), Value: []byte("v"), Version: someTime, Fence: someTime, ExpiresAt: 1 << 40},
 		DiskFull: &replica.DiskFullError{Dir: "/d", Free: 1, Reserve: 2}}
 )
@@ -73,12 +74,12 @@ func TestCallCodecKnowsEveryField(t *testing.T) {
 	}
 	check(callReq{}, []string{"Op", "Group", "Cmd", "After", "Key", "Relay"},
 		[]string{"From", "Prefix", "Limit", "Meta", "Since", "FromStart", "AnyReplica", "Copy"})
-	check(store.Command{}, []string{"Op", "Cond", "Key", "Value", "Version", "Now", "TTL", "Fence", "Expected"}, nil)
+	check(store.Command{}, []string{"Op", "Cond", "Key", "Value", "Version", "Now", "TTL", "Fence", "Expected", "Request", "Keep"}, nil)
 	check(hlc.Timestamp{}, []string{"Wall", "Counter", "Node"}, nil)
 	check(callResp{}, []string{"Kind", "Err", "Leader", "Result", "Entry", "Found", "DiskFull"},
 		[]string{"LeaderAddr", "Entries", "Exhausted", "Applied", "Servers", "Committed", "Status", "Events", "Last",
 			"Snapshot", "Holder", "Inc", "Leads", "Keys", "MaxVersion", "Floor", "HasFloor", "More", "Member", "Gone", "VolumeFull", "MQTT", "MQTTAddr", "ServerKeys"})
-	check(store.Result{}, []string{"Outcome", "Version", "Previous", "HadPrevious"}, nil)
+	check(store.Result{}, []string{"Outcome", "Version", "Previous", "HadPrevious", "Repeated"}, nil)
 	check(store.Entry{}, []string{"Key", "Value", "Version", "Fence", "ExpiresAt"}, nil)
 	check(replica.DiskFullError{}, []string{"Dir", "Free", "Reserve"}, nil)
 }

@@ -66,11 +66,17 @@ const (
 // Protocol 1: the first, msgpack on the node link. Protocol 2: forwarded
 // writes and reads, and their replies, in a binary form (callcodec.go).
 // Protocol 3: raft's AppendEntries in a binary form on the call streams
-// (appendcodec.go).
+// (appendcodec.go). Protocol 4: writes that carry their request's id, so
+// that a request is executed once (store.Command.Request; log entries of
+// batch format 4, snapshots of format 2).
 const (
 	ProtocolMin = 1
-	ProtocolMax = 3
+	ProtocolMax = 4
 )
+
+// protocolRequests is the cluster protocol from which writes carry their
+// request's id.
+const protocolRequests = 4
 
 // metaGroup is the stream layer id of the metadata group (replica groups
 // are numbered from 0).
@@ -821,6 +827,11 @@ func (n *Node) Protocol() int {
 	}
 	return ProtocolMin
 }
+
+// RemembersRequests reports whether a write may carry the id of its
+// request (store.Command.Request), to be executed once: on a node on its
+// own, which alone reads its logs, or once every member reads them.
+func (n *Node) RemembersRequests() bool { return n.link == nil || n.Protocol() >= protocolRequests }
 
 func randomID() string {
 	var b [16]byte

@@ -143,6 +143,11 @@ func TestAppendsGoBinaryAtProtocol3(t *testing.T) {
 		}
 		return true
 	})
+	for i, node := range h.nodes {
+		if node.RemembersRequests() {
+			t.Fatalf("n%d: writes carry their request's id at protocol 3, which the members do not all read", i+1)
+		}
+	}
 	write()
 	eventuallyT(t, 10*time.Second, "binary AppendEntries", func() bool { return served() > 0 })
 	for i := range written {

@@ -136,6 +136,13 @@ type Request struct {
 	// StampWrites stamps a write without Timestamp with the node's clock
 	// (a gateway's: its clients send no __ts).
 	StampWrites bool
+	// ID, if set, names the request among every requester's for as long
+	// as it may be delivered again (its message expiry, or KeepRequest):
+	// a write carrying it is executed once, however many times and to
+	// whichever process it is delivered, where the router remembers
+	// requests (see store.Command.Request). Set by a transport whose
+	// requests may come again without its knowing (attach mode).
+	ID []byte
 	// Origin is the transport's own handle on the connection the request
 	// came from, for its Reply; the service does not look at it.
 	Origin any
@@ -185,6 +192,9 @@ type Counters struct {
 	RegistrationsActive atomic.Int64
 	Denied              atomic.Int64 // requests refused by the policy
 	EventsLost          atomic.Int64 // losses of changes to this node: it fell behind a group (see EventsGap)
+	// Repeats are writes answered with the result of their request's
+	// earlier execution (Request.ID), not executed again.
+	Repeats atomic.Int64
 }
 
 // Limits bound what one request or client may use. Zero means unlimited.
@@ -684,6 +694,9 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 		s.fail(r, e)
 		return
 	}
+	if len(r.ID) > 0 && s.remembers() {
+		cmd.Request, cmd.Keep = r.ID, keepRequest(r)
+	}
 	op := cmd.Op
 	ctx := r.deadlineIn(RequestTimeout)
 	s.writes.Start()
@@ -707,7 +720,32 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 	}})
 }
 
+// KeepRequest is how long a write's request is remembered (Request.ID)
+// when it has no message expiry: then the broker may deliver it again for
+// as long as the requester's session lasts, and this is the bound.
+const KeepRequest = time.Minute
+
+// keepRequest is how long r is remembered, in milliseconds: past its
+// message expiry the broker drops it, so no copy comes later (a second
+// more for the clocks).
+func keepRequest(r *Request) int64 {
+	if r.MessageExpiry > 0 {
+		return int64(r.MessageExpiry)*1000 + 1000
+	}
+	return KeepRequest.Milliseconds()
+}
+
+// remembers reports whether the router executes a request with an ID once
+// (a cluster does once every member can: cluster.Node.RemembersRequests).
+func (s *Service) remembers() bool {
+	m, ok := s.router.(interface{ RemembersRequests() bool })
+	return ok && m.RemembersRequests()
+}
+
 func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get bool) {
+	if res.Repeated {
+		s.Counters.Repeats.Add(1)
+	}
 	switch res.Outcome {
 	case store.FenceRequired:
 		s.fail(r, resp.ErrMissingFencingToken)

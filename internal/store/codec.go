@@ -29,10 +29,14 @@ import (
 // whatever the node's flags are now. Format 3 is format 2 followed by the
 // CRC-32C of everything before it: the log store (raft-wal) checks only
 // the newest batch, so without it a damaged entry further back would be
-// applied as whatever it decodes to, or skipped.
+// applied as whatever it decodes to, or skipped. Format 4 is format 3
+// with every command followed by its request (Command.Request, Keep):
+// written only for a batch that has one, so a log without remembered
+// requests stays readable by the releases before it.
 const (
-	batchFormatV2 = 2
-	batchFormat   = 3
+	batchFormatV2       = 2
+	batchFormat         = 3
+	batchFormatRequests = 4
 )
 
 // ErrCorrupt is returned for log entries and snapshots that cannot be read.
@@ -41,19 +45,43 @@ var ErrCorrupt = errors.New("store: corrupt data")
 // AppendBatch appends the encoding of cmds, to be applied under limits, to b.
 func AppendBatch(b []byte, limits Limits, cmds []Command) []byte {
 	start := len(b)
-	b = append(b, batchFormat)
+	format := byte(batchFormat)
+	for i := range cmds {
+		if len(cmds[i].Request) > 0 {
+			format = batchFormatRequests
+			break
+		}
+	}
+	b = append(b, format)
 	b = binary.AppendUvarint(b, uint64(limits.MaxKeys))
 	b = binary.AppendVarint(b, limits.MaxBytes)
 	b = binary.AppendUvarint(b, uint64(len(cmds)))
 	for i := range cmds {
-		b = AppendCommand(b, &cmds[i])
+		b = appendCommand(b, &cmds[i])
+		if format == batchFormatRequests {
+			b = appendRequest(b, &cmds[i])
+		}
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
 }
 
-// AppendCommand appends one command's encoding, as a batch holds it (and
-// a node forwarding a write to its group's leader sends it), to b.
+// AppendCommand appends one command's encoding, as a node forwarding a
+// write to its group's leader sends it, to b: as a batch holds it,
+// followed by its request if it has one.
 func AppendCommand(b []byte, c *Command) []byte {
+	b = appendCommand(b, c)
+	if len(c.Request) > 0 {
+		b = appendRequest(b, c)
+	}
+	return b
+}
+
+func appendRequest(b []byte, c *Command) []byte {
+	b = appendBytes(b, c.Request)
+	return binary.AppendVarint(b, c.Keep)
+}
+
+func appendCommand(b []byte, c *Command) []byte {
 	b = append(b, byte(c.Op), byte(c.Cond))
 	b = appendBytes(b, c.Key)
 	b = appendBytes(b, c.Value)
@@ -70,6 +98,12 @@ func DecodeCommand(data []byte) (Command, error) {
 	d := decoder{b: data}
 	var c Command
 	d.command(&c)
+	if d.err == nil && d.off < len(data) {
+		d.request(&c)
+		if len(c.Request) == 0 { // not how AppendCommand writes one
+			d.err = ErrCorrupt
+		}
+	}
 	if d.err != nil || d.off != len(data) {
 		return Command{}, ErrCorrupt
 	}
@@ -92,6 +126,15 @@ func (d *decoder) command(c *Command) {
 	}
 }
 
+// request reads a command's request (format 4).
+func (d *decoder) request(c *Command) {
+	c.Request = d.bytes()
+	c.Keep = d.varint()
+	if c.Keep < 0 || len(c.Request) == 0 && c.Keep != 0 {
+		d.err = ErrCorrupt
+	}
+}
+
 // VerifyBatch checks a log entry's checksum (format 3) or, for entries
 // without one, that it decodes.
 func VerifyBatch(data []byte) error {
@@ -105,7 +148,7 @@ func VerifyBatch(data []byte) error {
 
 // batchBody returns the part of a format 3 batch its checksum covers.
 func batchBody(data []byte) ([]byte, error) {
-	if len(data) < 5 || data[0] != batchFormat {
+	if len(data) < 5 || data[0] != batchFormat && data[0] != batchFormatRequests {
 		return nil, fmt.Errorf("%w: unknown batch format", ErrCorrupt)
 	}
 	body := data[:len(data)-4]
@@ -136,6 +179,9 @@ func DecodeBatch(data []byte) (Limits, []Command, error) {
 	cmds := make([]Command, n)
 	for i := range cmds {
 		d.command(&cmds[i])
+		if data[0] == batchFormatRequests {
+			d.request(&cmds[i])
+		}
 	}
 	if d.err != nil || d.off != len(data) {
 		return Limits{}, nil, ErrCorrupt
@@ -234,23 +280,38 @@ func (d *decoder) node() string {
 // Snapshot format:
 //
 //	"MQKVSNAP" | format u8 | max version | key count uvarint
-//	| entries (key, value, version, fence, expiresAt) | CRC-32C (4 bytes, big endian)
+//	| format 2: request count uvarint
+//	| entries (key, value, version, fence, expiresAt)
+//	| format 2: remembered requests (id, key, due (varint), outcome u8,
+//	  version, flags u8 (bit 0 HadPrevious), previous)
+//	| CRC-32C (4 bytes, big endian)
 //
-// The checksum covers every byte before it.
+// The checksum covers every byte before it. Format 2 is written only by
+// a store that remembers requests, so that the releases before it read
+// the snapshots of a store that does not.
 const (
-	snapshotMagic  = "MQKVSNAP"
-	snapshotFormat = 1
+	snapshotMagic          = "MQKVSNAP"
+	snapshotFormat         = 1
+	snapshotFormatRequests = 2
 )
 
-// WriteSnapshot writes every stored entry to w. Call it on a Clone so writes
-// to the live store can go on meanwhile.
+// WriteSnapshot writes every stored entry, and every remembered request,
+// to w. Call it on a Clone so writes to the live store can go on
+// meanwhile.
 func (s *Store) WriteSnapshot(w io.Writer) error {
-	sw, err := NewSnapshotWriter(w, s.maxVersion, s.keys.Len())
+	sw, err := newSnapshotWriter(w, s.maxVersion, s.keys.Len(), s.requests.len())
 	if err != nil {
 		return err
 	}
 	s.keys.Ascend(func(e *Entry) bool {
 		err = sw.Add(e)
+		return err == nil
+	})
+	if err != nil {
+		return err
+	}
+	s.rememberedOf(func(r *remembered) bool {
+		err = sw.addRequest(r)
 		return err == nil
 	})
 	if err != nil {
@@ -268,19 +329,55 @@ type SnapshotWriter struct {
 	scratch []byte
 	left    int    // entries still to come
 	last    []byte // the last key written: keys must ascend
+	// requestsLeft are the remembered requests still to come, after the
+	// entries.
+	requestsLeft int
 }
 
 // NewSnapshotWriter writes the head of a snapshot of count entries whose
 // greatest version is maxVersion.
 func NewSnapshotWriter(w io.Writer, maxVersion hlc.Timestamp, count int) (*SnapshotWriter, error) {
+	return newSnapshotWriter(w, maxVersion, count, 0)
+}
+
+func newSnapshotWriter(w io.Writer, maxVersion hlc.Timestamp, count, requests int) (*SnapshotWriter, error) {
 	crc := crc32.New(castagnoli)
-	sw := &SnapshotWriter{w: w, crc: crc, bw: bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10), left: count}
+	sw := &SnapshotWriter{w: w, crc: crc, bw: bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10), left: count, requestsLeft: requests}
 	sw.scratch = append(sw.scratch, snapshotMagic...)
-	sw.scratch = append(sw.scratch, snapshotFormat)
+	if requests > 0 {
+		sw.scratch = append(sw.scratch, snapshotFormatRequests)
+	} else {
+		sw.scratch = append(sw.scratch, snapshotFormat)
+	}
 	sw.scratch = AppendTimestamp(sw.scratch, maxVersion)
 	sw.scratch = binary.AppendUvarint(sw.scratch, uint64(count))
+	if requests > 0 {
+		sw.scratch = binary.AppendUvarint(sw.scratch, uint64(requests))
+	}
 	_, err := sw.bw.Write(sw.scratch)
 	return sw, err
+}
+
+// addRequest writes the next remembered request, once every entry was
+// added.
+func (sw *SnapshotWriter) addRequest(r *remembered) error {
+	if sw.left != 0 || sw.requestsLeft == 0 {
+		return errors.New("store: a remembered request out of the snapshot's place")
+	}
+	sw.requestsLeft--
+	sw.scratch = appendBytes(sw.scratch[:0], []byte(r.id))
+	sw.scratch = appendBytes(sw.scratch, r.key)
+	sw.scratch = binary.AppendVarint(sw.scratch, r.at)
+	sw.scratch = append(sw.scratch, byte(r.res.Outcome))
+	sw.scratch = AppendTimestamp(sw.scratch, r.res.Version)
+	var flags byte
+	if r.res.HadPrevious {
+		flags = 1
+	}
+	sw.scratch = append(sw.scratch, flags)
+	sw.scratch = appendBytes(sw.scratch, r.res.Previous)
+	_, err := sw.bw.Write(sw.scratch)
+	return err
 }
 
 // Add writes the next entry; keys must ascend.
@@ -304,8 +401,8 @@ func (sw *SnapshotWriter) Add(e *Entry) error {
 
 // Close ends the snapshot with its checksum, once every entry was added.
 func (sw *SnapshotWriter) Close() error {
-	if sw.left != 0 {
-		return fmt.Errorf("store: %d entries short of the snapshot's count", sw.left)
+	if sw.left != 0 || sw.requestsLeft != 0 {
+		return fmt.Errorf("store: %d entries and %d requests short of the snapshot's counts", sw.left, sw.requestsLeft)
 	}
 	if err := sw.bw.Flush(); err != nil {
 		return err
@@ -322,15 +419,21 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 	if sr.err == nil && string(magic) != snapshotMagic {
 		return fmt.Errorf("%w: not a snapshot", ErrCorrupt)
 	}
-	if f := sr.byte(); sr.err == nil && f != snapshotFormat {
-		return fmt.Errorf("%w: unknown snapshot format %d", ErrCorrupt, f)
+	format := sr.byte()
+	if sr.err == nil && format != snapshotFormat && format != snapshotFormatRequests {
+		return fmt.Errorf("%w: unknown snapshot format %d", ErrCorrupt, format)
 	}
 	maxVersion := sr.timestamp()
 	n := sr.uvarint()
+	var nreq uint64
+	if format == snapshotFormatRequests {
+		nreq = sr.uvarint()
+	}
 	keys := btree.NewG(degree, lessEntry)
 	index := map[string]*Entry{}
 	expiry := btree.NewG(degree, lessExpiry)
 	var total int64
+	serverKeys := 0
 	for i := uint64(0); i < n && sr.err == nil; i++ {
 		k := append([]byte(nil), sr.bytesField()...) // the next read reuses the scratch buffer
 		v := sr.bytesField()
@@ -350,8 +453,33 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 		}
 		index[keyString(e)] = e
 		total += e.size()
+		if Reserved(e.Key) {
+			serverKeys++
+		}
 		if e.ExpiresAt != 0 {
 			expiry.ReplaceOrInsert(expiryItem{at: e.ExpiresAt, key: e.Key})
+		}
+	}
+	requests := newRequestTable()
+	for i := uint64(0); i < nreq && sr.err == nil; i++ {
+		r := &remembered{id: string(sr.bytesField())}
+		r.key = append([]byte(nil), sr.bytesField()...)
+		r.at = sr.varint()
+		r.res.Outcome = Outcome(sr.byte())
+		r.res.Version = sr.timestamp()
+		flags := sr.byte()
+		prev := sr.bytesField()
+		if flags&1 != 0 {
+			r.res.Previous, r.res.HadPrevious = append([]byte{}, prev...), true
+		}
+		switch {
+		case sr.err != nil:
+		case r.id == "" || r.res.Outcome > QuotaExceeded || flags > 1 || flags == 0 && len(prev) > 0:
+			sr.err = errors.New("bad remembered request")
+		case requests.byID.Has(r):
+			sr.err = errors.New("duplicate remembered request")
+		default:
+			requests.add(r)
 		}
 	}
 	if sr.err != nil {
@@ -366,6 +494,7 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 		return fmt.Errorf("%w: trailing data", ErrCorrupt)
 	}
 	s.keys, s.index, s.expiry, s.bytes, s.maxVersion = keys, index, expiry, total, maxVersion
+	s.serverKeys, s.requests = serverKeys, requests
 	return nil
 }
 

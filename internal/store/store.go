@@ -83,6 +83,12 @@ type Command struct {
 	TTL      int64         // SET: milliseconds to live from Now; 0 for no expiry
 	Fence    hlc.Timestamp // the request's fencing token; zero if it carried none
 	Expected hlc.Timestamp // OpExpire: the version the key must still hold
+	// Request, if set, identifies the request the command serves; the
+	// store remembers its result for Keep milliseconds from Now, and a
+	// command of the same request meanwhile is answered with it, not
+	// applied (see requests.go).
+	Request []byte
+	Keep    int64
 }
 
 // Outcome says what a command did.
@@ -107,6 +113,9 @@ type Result struct {
 	// when the key did not exist (for SET ... GET).
 	Previous    []byte
 	HadPrevious bool
+	// Repeated says the command's request had been executed already:
+	// this is that execution's result, and nothing changed.
+	Repeated bool
 }
 
 // EventKind is the kind of a change event.
@@ -166,6 +175,8 @@ type Store struct {
 	// of replacing it in the tree (a walk down the tree, 1.8 µs of a
 	// durable SET's 26 at 10,000 keys).
 	gen uint64
+	// requests are the requests remembered (see requests.go).
+	requests requestTable
 }
 
 // generations hands out Store.gen.
@@ -174,11 +185,12 @@ var generations atomic.Uint64
 // New returns an empty store.
 func New(limits Limits) *Store {
 	return &Store{
-		keys:   btree.NewG(degree, lessEntry),
-		index:  map[string]*Entry{},
-		expiry: btree.NewG(degree, lessExpiry),
-		limits: limits,
-		gen:    generations.Add(1),
+		keys:     btree.NewG(degree, lessEntry),
+		index:    map[string]*Entry{},
+		expiry:   btree.NewG(degree, lessExpiry),
+		limits:   limits,
+		gen:      generations.Add(1),
+		requests: newRequestTable(),
 	}
 }
 
@@ -207,6 +219,7 @@ func (s *Store) Clone() *Store {
 	c.keys = s.keys.Clone()
 	c.index = nil // copying it would make Clone cost O(keys)
 	c.expiry = s.expiry.Clone()
+	c.requests = s.requests.clone()
 	c.gen = generations.Add(1)
 	s.gen = generations.Add(1) // the entries are shared now
 	return &c
@@ -305,6 +318,16 @@ func (s *Store) Due(now int64, max int, fn func(key []byte, version hlc.Timestam
 // events. It is deterministic: the same commands in the same order leave
 // every store in the same state with the same results.
 func (s *Store) Apply(c *Command, events []Event) (Result, []Event) {
+	if s.requests.len() > 0 {
+		s.requests.forget(c.Now, forgetPerCommand)
+	}
+	if len(c.Request) > 0 {
+		return s.applyRemembering(c, events)
+	}
+	return s.apply(c, events)
+}
+
+func (s *Store) apply(c *Command, events []Event) (Result, []Event) {
 	if c.Version.Compare(s.maxVersion) > 0 {
 		s.maxVersion = c.Version
 	}
@@ -522,6 +545,10 @@ func (s *Store) Split(n int, part func(key []byte) int) []*Store {
 		out[part(e.Key)].replace(nil, e)
 		return true
 	})
+	s.rememberedOf(func(r *remembered) bool {
+		out[part(r.key)].requests.add(r)
+		return true
+	})
 	return out
 }
 
@@ -537,6 +564,10 @@ func Merge(parts []*Store) *Store {
 		}
 		p.keys.Ascend(func(e *Entry) bool {
 			out.replace(out.lookup(e.Key), e)
+			return true
+		})
+		p.rememberedOf(func(r *remembered) bool {
+			out.requests.add(r)
 			return true
 		})
 	}

@@ -623,6 +623,7 @@ func TestPartitionIsFixed(t *testing.T) {
 
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add(AppendBatch(nil, Limits{MaxKeys: 3}, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1)}}))
+	f.Add(AppendBatch(nil, Limits{}, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1), Request: []byte("c\x00r"), Keep: 5}}))
 	f.Add([]byte{2, 0, 0, 255, 255, 255, 255, 15})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -649,6 +650,11 @@ func FuzzDecodeBatch(f *testing.F) {
 func FuzzReadSnapshot(f *testing.F) {
 	h := randomStore(&testing.T{}, 3, 50)
 	var buf bytes.Buffer
+	_ = h.s.WriteSnapshot(&buf)
+	f.Add(buf.Bytes())
+	h.applyReq("c\x00r", 1000, Command{Op: OpSet, Key: []byte("k"), Value: []byte("v")})
+	h.applyReq("c\x00s", 1000, Command{Op: OpDel, Key: []byte("k")})
+	buf.Reset()
 	_ = h.s.WriteSnapshot(&buf)
 	f.Add(buf.Bytes())
 	f.Add([]byte(snapshotMagic + "\x01"))

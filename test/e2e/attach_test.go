@@ -21,6 +21,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/mqkv/mqkv/internal/admin"
+	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
 
@@ -422,4 +423,127 @@ func TestAttachOverTLS(t *testing.T) {
 	rc := dialRaw(t, address(plain), "tls-client", rawOpts{cleanStart: true})
 	expectPayload(t, rc.do(req{args: []string{"SET", "tls/k", "v"}, ts: now(), srcID: true}), "+OK\r\n")
 	expectPayload(t, rc.do(req{args: []string{"GET", "tls/k"}, ts: now(), srcID: true}), "$1\r\nv\r\n")
+}
+
+// TestAttachRequestRunsOnceAcrossRestart: a write the attached server
+// answered is remembered by the store, not only by the process: after a
+// restart on the same data directory (as after a crash between its
+// execution and its acknowledgement, when the broker delivers it again to
+// the restarted process), the same request gets the first execution's
+// reply and changes nothing.
+func TestAttachRequestRunsOnceAcrossRestart(t *testing.T) {
+	ownBroker(t)
+	m := startMosquitto(t)
+	dir := t.TempDir()
+	s := startServerIn(t, dir, attachTo(m.addr))
+	awaitAttached(t, s.Server)
+	rc := dialRaw(t, address(m.addr), "restarted", rawOpts{cleanStart: true})
+	corr := []byte("fedcba9876543210")
+	r := req{args: []string{"SET", "restart/k", "first", "NX"}, ts: now(), srcID: true, corr: corr}
+	first := rc.do(r)
+	expectPayload(t, first, "+OK\r\n")
+	firstTS, _ := userProp(first, "__ts")
+	s.Close()
+
+	s = startServerIn(t, dir, attachTo(m.addr))
+	awaitAttached(t, s.Server)
+	r.args[2] = "second" // executed again, SET NX would not apply
+	again := rc.do(r)
+	expectPayload(t, again, "+OK\r\n")
+	if ts, _ := userProp(again, "__ts"); ts != firstTS {
+		t.Fatalf("the repeat answered version %s, the first execution %s", ts, firstTS)
+	}
+	get := rc.do(req{args: []string{"GET", "restart/k"}, ts: now(), srcID: true})
+	expectPayload(t, get, "$5\r\nfirst\r\n")
+	if ts, _ := userProp(get, "__ts"); ts != firstTS {
+		t.Fatalf("the key's version is %s, the first execution's %s", ts, firstTS)
+	}
+	if n := s.Service().Counters.Repeats.Load(); n != 1 {
+		t.Fatalf("%d repeats counted, want 1", n)
+	}
+}
+
+// TestAttachedProcessesExecuteOnce: two attached processes of a
+// three-node cluster, in two share groups, so that mosquitto hands every request to both, as
+// a broker that hands an unacknowledged request to another member
+// would: each write is executed once. Both processes answer with the
+// same reply (a conditional write executed twice would answer
+// differently), the key holds that reply's version, and an observer is
+// notified once.
+func TestAttachedProcessesExecuteOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	ownBroker(t)
+	m := startMosquitto(t)
+	var nodes []*server.Server
+	for i, group := range []string{"first", "second", ""} { // the third is not attached
+		var join []string
+		if i > 0 {
+			join = []string{nodes[0].ClusterAddr()}
+		}
+		nodes = append(nodes, startNode(t, fmt.Sprintf("x%d", i+1), join, func(c *server.Config) {
+			if group != "" {
+				attachAlso(m.addr)(c)
+				c.Attach.Group = group
+			}
+		}))
+	}
+	awaitSettled(t, nodes[0])
+	for _, n := range nodes[:2] {
+		awaitAttached(t, n)
+		eventually(t, "the cluster to run at the protocol that remembers requests", n.Node().RemembersRequests)
+	}
+	// The observer registers with the first node's own broker: through
+	// mosquitto both processes would register it, and notify it twice.
+	obs := dialRaw(t, asTestServer(nodes[0]), "observer", rawOpts{cleanStart: true})
+	expectPayload(t, obs.call("KEYNOTIFY", "once/k"), "+OK\r\n")
+	replies := dialRaw(t, address(m.addr), "replies", rawOpts{cleanStart: true})
+	if code := replies.subscribe("once/replies", 1); code != 1 {
+		t.Fatalf("SUBACK %#x", code)
+	}
+	requester := dialRaw(t, address(m.addr), "requester", rawOpts{cleanStart: true})
+	var first string // the last write's reply
+	both := func(args ...string) string {
+		t.Helper()
+		requester.send(req{args: args, ts: now(), srcID: true, respTopc: "once/replies"})
+		var ts [2]string
+		for i := range ts {
+			p, ok := replies.nextPublish(10 * time.Second)
+			if !ok {
+				t.Fatalf("%q: %d replies, want 2 (one from each process)", args, i)
+			}
+			if i == 1 && string(p.Payload) != first {
+				t.Fatalf("%q answered %q and %q: executed twice", args, first, p.Payload)
+			}
+			first = string(p.Payload)
+			ts[i], _ = userProp(p, "__ts")
+		}
+		if ts[0] != ts[1] {
+			t.Fatalf("%q answered with versions %s and %s", args, ts[0], ts[1])
+		}
+		return ts[0]
+	}
+	setTS := both("SET", "once/k", "v", "NX")
+	if first != "+OK\r\n" {
+		t.Fatalf("SET NX answered %q", first)
+	}
+	get := obs.call("GET", "once/k")
+	if ts, _ := userProp(get, "__ts"); ts != setTS {
+		t.Fatalf("the key's version %s, the SET's %s", ts, setTS)
+	}
+	expectNotification(t, obs, "once/k", notifySet+"$1\r\nv\r\n")
+	both("DEL", "once/k")
+	if first != ":1\r\n" {
+		t.Fatalf("DEL answered %q", first)
+	}
+	expectNotification(t, obs, "once/k", notifyDelete)
+	expectNoPublish(t, obs, time.Second)
+	var repeats int64
+	for _, n := range nodes {
+		repeats += n.Service().Counters.Repeats.Load()
+	}
+	if repeats != 2 {
+		t.Fatalf("%d repeats counted, want 2 (the second copy of each write)", repeats)
+	}
 }
