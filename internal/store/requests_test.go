@@ -187,3 +187,18 @@ func TestBatchWithRequests(t *testing.T) {
 		t.Fatal("a command with an empty request decoded")
 	}
 }
+
+// TestSnapshotCountsServerKeys: a restored store tells the server's own
+// keys from the users' as the store it was taken from.
+func TestSnapshotCountsServerKeys(t *testing.T) {
+	h := newHarness(t)
+	h.apply(Command{Op: OpSet, Key: []byte(ReservedPrefix + "retained/a"), Value: []byte("m")})
+	h.apply(Command{Op: OpSet, Key: []byte("user"), Value: []byte("v")})
+	restored := New(Limits{})
+	if err := restored.ReadSnapshot(bytes.NewReader(snapshotBytes(t, h.s))); err != nil {
+		t.Fatal(err)
+	}
+	if restored.ServerKeys() != 1 || h.s.ServerKeys() != 1 {
+		t.Fatalf("server keys %d restored, %d before", restored.ServerKeys(), h.s.ServerKeys())
+	}
+}
