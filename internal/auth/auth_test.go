@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,4 +154,25 @@ func FuzzParseCertAttributes(f *testing.F) {
 		}
 		ca.CertPrincipal(nil)
 	})
+}
+
+// TestUnknownUserCostsAWrongPassword: a check for an unknown user
+// compares against a hash of the file's cost, made beforehand at the
+// default cost (a first miss must not cost a bcrypt more than a wrong
+// password).
+func TestUnknownUserCostsAWrongPassword(t *testing.T) {
+	if c, err := bcrypt.Cost(defaultDummy); err != nil || c != bcrypt.DefaultCost || bcrypt.CompareHashAndPassword(defaultDummy, []byte("mqkv-dummy")) != nil {
+		t.Fatalf("the default dummy hash: cost %d, %v", c, err)
+	}
+	h, _ := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost+1)
+	p, err := ParsePasswords(fmt.Appendf(nil, "alice:%s\n", h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Check("bob", []byte("pw")) {
+		t.Fatal("an unknown user accepted")
+	}
+	if c, _ := bcrypt.Cost(dummyHash(p.cost)); c != bcrypt.MinCost+1 {
+		t.Fatalf("an unknown user compared at cost %d, the file's is %d", c, bcrypt.MinCost+1)
+	}
 }

@@ -29,6 +29,9 @@ type Passwords struct {
 	// cost again. Failures are never cached.
 	mu       sync.Mutex
 	verified map[[32]byte]struct{}
+	// cost is the highest bcrypt cost of the file's hashes: a check for
+	// an unknown user compares against a hash of that cost.
+	cost int
 }
 
 // maxPasswordFile bounds what ParsePasswords reads.
@@ -53,9 +56,11 @@ func ParsePasswords(b []byte) (*Passwords, error) {
 		if !ok || user == "" {
 			return nil, fmt.Errorf("line %d: want username:hash", line)
 		}
-		if _, err := bcrypt.Cost([]byte(hash)); err != nil {
+		c, err := bcrypt.Cost([]byte(hash))
+		if err != nil {
 			return nil, fmt.Errorf("line %d: user %q: not a bcrypt hash (write entries with `mqkv passwd`)", line, user)
 		}
+		p.cost = max(p.cost, c)
 		if _, dup := p.hashes[user]; dup {
 			return nil, fmt.Errorf("line %d: user %q listed twice", line, user)
 		}
@@ -99,7 +104,7 @@ func (p *Passwords) check(user string, password []byte) bool {
 	if !ok {
 		// Spend the same time as a wrong password, so probing does not
 		// reveal which usernames exist.
-		bcrypt.CompareHashAndPassword(dummyHash(), password)
+		bcrypt.CompareHashAndPassword(dummyHash(p.cost), password)
 		return false
 	}
 	d := sha256.New()
@@ -131,13 +136,33 @@ func (p *Passwords) check(user string, password []byte) bool {
 // cost is bcrypt's work factor for new hashes; tests lower it.
 var cost = bcrypt.DefaultCost
 
-// dummyHash is compared against when a user is unknown, so that a miss
-// costs what a wrong password does. Made on first use: every program that
-// links this package (the CLI's every command) would pay 60 ms at start.
-var dummyHash = sync.OnceValue(func() []byte {
-	h, _ := bcrypt.GenerateFromPassword([]byte("mqkv-dummy"), bcrypt.DefaultCost)
+// dummyHash returns a hash of cost, compared against when a user is
+// unknown, so that a miss costs what a wrong password does. The one of
+// bcrypt's default cost, which `mqkv passwd` writes, is made beforehand:
+// made on the first miss, it doubled that miss's time (a full bcrypt
+// more; 1.5 s under the race detector), which told that the user is
+// unknown. Others are made on first use.
+func dummyHash(cost int) []byte {
+	if cost == bcrypt.DefaultCost {
+		return defaultDummy
+	}
+	dummies.Lock()
+	defer dummies.Unlock()
+	h, ok := dummies.m[cost]
+	if !ok {
+		h, _ = bcrypt.GenerateFromPassword([]byte("mqkv-dummy"), max(cost, bcrypt.MinCost))
+		dummies.m[cost] = h
+	}
 	return h
-})
+}
+
+// defaultDummy is bcrypt("mqkv-dummy") at bcrypt.DefaultCost (10).
+var defaultDummy = []byte("$2a$10$0tegucfVO2OeRGqqo9woD..C.GaVINE7TEpCKLqHT1ie.Mhtx2VbK")
+
+var dummies = struct {
+	sync.Mutex
+	m map[int][]byte
+}{m: map[int][]byte{}}
 
 // SetPassword adds or replaces user's entry in file (creating it), keeping
 // other entries and comments; the file is replaced atomically.
