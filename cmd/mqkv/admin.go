@@ -145,8 +145,8 @@ func printStatus(w io.Writer, st admin.Status) {
 		case !a.Serving:
 			state = "connected, not subscribed to the request topic"
 		}
-		rows = append(rows, [2]string{"attached to", fmt.Sprintf("%s as %s: %s, %d requests in flight, %d reconnects, %d duplicates answered once, %d notifications dropped",
-			a.Broker, a.ClientID, state, a.InFlight, a.Reconnects, a.Duplicates, a.NotificationsDropped)})
+		rows = append(rows, [2]string{"attached to", fmt.Sprintf("%s as %s: %s, %d requests in flight, %d reconnects, %d duplicates answered once, %d rescued from dead members, %d notifications dropped",
+			a.Broker, a.ClientID, state, a.InFlight, a.Reconnects, a.Duplicates, a.Rescued, a.NotificationsDropped)})
 	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])

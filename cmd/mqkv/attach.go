@@ -61,12 +61,6 @@ examples). SIGHUP reloads --policy; SIGINT or SIGTERM stop the process.`,
 			if c.password != "" {
 				ac.Password = []byte(c.password)
 			}
-			if !cmd.Flags().Changed("session-expiry") && n.cfg.Cluster.Listen != "" {
-				// Several attached processes: mosquitto goes on handing a
-				// stopped member's share of the requests to its session,
-				// where they wait for it, instead of to the others.
-				ac.SessionExpiry = 0
-			}
 			n.cfg.Attach = &ac
 			return n.run("attach")
 		},
@@ -75,7 +69,7 @@ examples). SIGHUP reloads --policy; SIGINT or SIGTERM stop the process.`,
 	fs.StringSliceVar(&brokers, "broker", nil, "the broker's `URL`: mqtt://host:1883, tls://host:8883, ws://host/mqtt or wss://; several (comma-separated) are tried in turn")
 	c.identityFlags(fs, "this process's MQTT client `id` at the broker (default mqkv-<node id>, or the node id if it starts so); its persistent session is kept under it (env MQKV_CLIENT_ID)")
 	fs.StringVar(&ac.Group, "share-group", attach.DefaultGroup, "shared subscription `group`: attached processes of one store take requests from $share/<group>/<request topic>")
-	fs.Uint32Var(&ac.SessionExpiry, "session-expiry", attach.DefaultSessionExpiry, "`seconds` the broker keeps this process's session (and the requests sent to it) while it reconnects; 0 by default with --cluster-listen, where other attached processes take the requests (docs/attach.md)")
+	fs.Uint32Var(&ac.SessionExpiry, "session-expiry", attach.DefaultSessionExpiry, "`seconds` the broker keeps this process's session (and the requests sent to it) while it reconnects; in a cluster, another attached process takes up the session of one that died (docs/attach.md)")
 	fs.Uint16Var(&ac.ReceiveMaximum, "receive-maximum", attach.DefaultReceiveMaximum, "requests the broker may send before this process acknowledges them (flow control)")
 	fs.Uint16Var(&ac.KeepAlive, "keep-alive", attach.DefaultKeepAlive, "MQTT keep-alive in `seconds`")
 	n.storeFlags(fs)

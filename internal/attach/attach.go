@@ -52,6 +52,12 @@ type Config struct {
 	// principal its __srcId names (see docs/attach.md, Security).
 	Policy func() *policy.Policy
 	Logger *slog.Logger
+	// Shared says other attached processes of the store take requests
+	// too (a cluster's): Close first unsubscribes from the request topic
+	// and answers what the session still holds, so that the broker hands
+	// the others every request from then on instead of keeping a share
+	// in this process's session until it comes back.
+	Shared bool
 }
 
 // Defaults of Config.
@@ -95,7 +101,11 @@ type Attach struct {
 	closing    atomic.Bool
 	// Figures, for status and metrics.
 	Requests, Duplicates, Replies, Notifications, NotificationsDropped, Reconnects atomic.Int64
-	inflight                                                                       atomic.Int64
+	// Rescues counts the dead members' sessions taken up, Rescued the
+	// requests answered from them (see Rescue).
+	Rescues, Rescued atomic.Int64
+	inflight         atomic.Int64
+	lastRequest      atomic.Int64 // unix ns
 }
 
 // work is a request and the packet to acknowledge once it is answered.
@@ -103,6 +113,9 @@ type work struct {
 	r   *statestore.Request
 	pub *paho.Publish
 	cl  *paho.Client
+	// acked, if set, is called once the request is acknowledged (or
+	// will not be): a rescue waits for it.
+	acked func()
 }
 
 type outgoing struct {
@@ -154,7 +167,7 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 		a.wg.Add(1)
 		go a.serve(ch)
 	}
-	filter := "$share/" + cfg.Group + "/" + topics.Request
+	filter := a.filter()
 	rm := cfg.ReceiveMaximum
 	pc := autopaho.ClientConfig{
 		ServerUrls:                    cfg.Brokers,
@@ -233,6 +246,13 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 	go a.expireRecent(ctx)
 	return a, nil
 }
+
+// filter is the shared subscription requests come through.
+func (a *Attach) filter() string { return "$share/" + a.cfg.Group + "/" + topics.Request }
+
+// drainQuiet is how long Close waits, in a shared attachment, after the
+// last request the session had for it.
+const drainQuiet = 300 * time.Millisecond
 
 // plainOrTLS reports whether every broker is reached over TCP or TLS
 // (not WebSocket), which dialBuffered serves.
@@ -339,13 +359,17 @@ type Status struct {
 	Notifications        int64 `json:"notifications_total"`
 	NotificationsDropped int64 `json:"notifications_dropped_total"`
 	Reconnects           int64 `json:"reconnects_total"`
+	// Rescued are requests answered from the sessions of dead members.
+	Rescues int64 `json:"rescues_total"` // dead members' sessions taken up
+	Rescued int64 `json:"rescued_total"` // requests answered from them
 }
 
 // Status returns the attachment's state and figures.
 func (a *Attach) Status() Status {
 	return Status{Broker: a.Broker(), ClientID: a.cfg.ClientID, Connected: a.Connected(), Serving: a.Serving(),
 		InFlight: a.InFlight(), Requests: a.Requests.Load(), Duplicates: a.Duplicates.Load(),
-		Notifications: a.Notifications.Load(), NotificationsDropped: a.NotificationsDropped.Load(), Reconnects: a.Reconnects.Load()}
+		Notifications: a.Notifications.Load(), NotificationsDropped: a.NotificationsDropped.Load(), Reconnects: a.Reconnects.Load(),
+		Rescues: a.Rescues.Load(), Rescued: a.Rescued.Load()}
 }
 
 // AwaitConnection waits until the connection is up, or ctx ends.
@@ -356,6 +380,20 @@ func (a *Attach) AwaitConnection(ctx context.Context) error { return a.cm.AwaitC
 // session at the broker (for SessionExpiry), for this client id's next
 // connection.
 func (a *Attach) Close() error {
+	if a.cfg.Shared && a.Serving() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := a.cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{a.filter()}})
+		cancel()
+		if err == nil {
+			// What the broker sent before the unsubscribe still comes:
+			// answered until the session is quiet.
+			a.lastRequest.CompareAndSwap(0, time.Now().UnixNano())
+			deadline := time.Now().Add(5 * time.Second)
+			for (time.Since(time.Unix(0, a.lastRequest.Load())) < drainQuiet || a.inflight.Load() > 0) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
 	a.closing.Store(true)
 	deadline := time.Now().Add(5 * time.Second)
 	for (a.inflight.Load() > 0 || a.replying.Load() > 0) && time.Now().Before(deadline) {
@@ -382,8 +420,13 @@ func (a *Attach) Close() error {
 // repeat of a request answered lately gets the same reply, one still
 // being served gets it too once it comes, and a new one goes to its
 // requester's worker.
-func (a *Attach) receive(cl *paho.Client, p *paho.Publish) {
+func (a *Attach) receive(cl *paho.Client, p *paho.Publish) { a.receiveWith(cl, p, nil) }
+
+// receiveWith is receive, with acked called once the request is
+// acknowledged.
+func (a *Attach) receiveWith(cl *paho.Client, p *paho.Publish, acked func()) {
 	a.Requests.Add(1)
+	a.lastRequest.Store(time.Now().UnixNano())
 	r := &statestore.Request{
 		Payload: p.Payload,
 		QoS:     p.QoS,
@@ -404,8 +447,11 @@ func (a *Attach) receive(cl *paho.Client, p *paho.Publish) {
 			}
 		}
 	}
-	w := &work{r: r, pub: p, cl: cl}
+	w := &work{r: r, pub: p, cl: cl, acked: acked}
 	if a.closing.Load() {
+		if acked != nil {
+			acked()
+		}
 		return // not acknowledged: the broker sends it again (see Close)
 	}
 	if statestore.ForbiddenResponseTopic(r.ResponseTopic) {
@@ -465,6 +511,9 @@ func (a *Attach) serve(ch chan *work) {
 }
 
 func (a *Attach) ack(w *work) {
+	if w.acked != nil {
+		defer w.acked()
+	}
 	if w.pub.QoS == 0 {
 		return
 	}
@@ -559,8 +608,11 @@ func (a *Attach) publishReply(w *work, payload []byte, version hlc.Timestamp) {
 	}
 	a.replying.Add(1)
 	o := outgoing{pub: pub, done: func(err error) {
-		if err == nil && w.pub != nil {
+		switch {
+		case err == nil && w.pub != nil:
 			a.ack(w)
+		case w.acked != nil:
+			w.acked() // not acknowledged: it comes again
 		}
 		a.replying.Add(-1)
 	}}
@@ -568,6 +620,9 @@ func (a *Attach) publishReply(w *work, payload []byte, version hlc.Timestamp) {
 	case a.out <- o:
 	default:
 		a.replying.Add(-1)
+		if w.acked != nil {
+			w.acked()
+		}
 		// Never full in practice: the broker's Receive Maximum bounds
 		// the requests unanswered, and so the replies. The request stays
 		// unacknowledged, and comes again on the next connection.

@@ -464,6 +464,7 @@ func Start(cfg Config) (*Server, error) {
 		ac := *cfg.Attach
 		ac.Logger = cfg.Logger
 		ac.Policy = func() *policy.Policy { return b.Security().Policy }
+		ac.Shared = s.node.Clustered()
 		if ac.ClientID == "" {
 			ac.ClientID = s.NodeID // a random one is mqkv-<hex> already
 			if !strings.HasPrefix(ac.ClientID, "mqkv-") {
@@ -472,6 +473,20 @@ func Start(cfg Config) (*Server, error) {
 		}
 		if s.attach, err = attach.Start(ac, s.service); err != nil {
 			return nil, err
+		}
+		if s.node.Clustered() {
+			// Attached processes of one cluster take up a dead one's
+			// requests (see attach.Rescue).
+			s.bg.Add(1)
+			go func() {
+				defer s.bg.Done()
+				ctx, cancel := context.WithCancel(context.Background())
+				go func() {
+					<-s.stop
+					cancel()
+				}()
+				s.attach.Watch(ctx, s.node, s.NodeID)
+			}()
 		}
 	}
 	if s.admin != nil {
