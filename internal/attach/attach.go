@@ -52,12 +52,17 @@ type Config struct {
 	// principal its __srcId names (see docs/attach.md, Security).
 	Policy func() *policy.Policy
 	Logger *slog.Logger
-	// Shared says other attached processes of the store take requests
-	// too (a cluster's): Close first unsubscribes from the request topic
-	// and answers what the session still holds, so that the broker hands
-	// the others every request from then on instead of keeping a share
-	// in this process's session until it comes back.
-	Shared bool
+	// Cluster, if set, is the cluster this process is a member of, as
+	// node NodeID, whose other members' attached processes take requests
+	// too: a dead one's are taken up (see Rescue); a requester's
+	// KEYNOTIFY requests are served by one process, reached through
+	// Forwarder (see notify.go); and Close first unsubscribes from the
+	// request topic and answers what the session still holds, so that the
+	// broker hands the others every request from then on instead of
+	// keeping a share in this process's session until it comes back.
+	Cluster   Cluster
+	NodeID    string
+	Forwarder Forwarder
 }
 
 // Defaults of Config.
@@ -102,10 +107,14 @@ type Attach struct {
 	// Figures, for status and metrics.
 	Requests, Duplicates, Replies, Notifications, NotificationsDropped, Reconnects atomic.Int64
 	// Rescues counts the dead members' sessions taken up, Rescued the
-	// requests answered from them (see Rescue).
-	Rescues, Rescued atomic.Int64
-	inflight         atomic.Int64
-	lastRequest      atomic.Int64 // unix ns
+	// requests answered from them (see Rescue); Forwarded the KEYNOTIFY
+	// requests handed to the process serving their requester's.
+	Rescues, Rescued, Forwarded atomic.Int64
+	inflight                    atomic.Int64
+	// takeMu guards stopped: no request is taken once the workers end.
+	takeMu      sync.RWMutex
+	stopped     bool
+	lastRequest atomic.Int64 // unix ns
 }
 
 // work is a request and the packet to acknowledge once it is answered.
@@ -244,6 +253,10 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 	a.wg.Add(1)
 	go a.send(ctx, a.notes)
 	go a.expireRecent(ctx)
+	if cfg.Cluster != nil {
+		a.wg.Add(1)
+		go a.watch(ctx)
+	}
 	return a, nil
 }
 
@@ -362,6 +375,9 @@ type Status struct {
 	// Rescued are requests answered from the sessions of dead members.
 	Rescues int64 `json:"rescues_total"` // dead members' sessions taken up
 	Rescued int64 `json:"rescued_total"` // requests answered from them
+	// Forwarded are KEYNOTIFY requests handed to the process serving
+	// their requester's registrations.
+	Forwarded int64 `json:"forwarded_total"`
 }
 
 // Status returns the attachment's state and figures.
@@ -369,7 +385,7 @@ func (a *Attach) Status() Status {
 	return Status{Broker: a.Broker(), ClientID: a.cfg.ClientID, Connected: a.Connected(), Serving: a.Serving(),
 		InFlight: a.InFlight(), Requests: a.Requests.Load(), Duplicates: a.Duplicates.Load(),
 		Notifications: a.Notifications.Load(), NotificationsDropped: a.NotificationsDropped.Load(), Reconnects: a.Reconnects.Load(),
-		Rescues: a.Rescues.Load(), Rescued: a.Rescued.Load()}
+		Rescues: a.Rescues.Load(), Rescued: a.Rescued.Load(), Forwarded: a.Forwarded.Load()}
 }
 
 // AwaitConnection waits until the connection is up, or ctx ends.
@@ -380,7 +396,7 @@ func (a *Attach) AwaitConnection(ctx context.Context) error { return a.cm.AwaitC
 // session at the broker (for SessionExpiry), for this client id's next
 // connection.
 func (a *Attach) Close() error {
-	if a.cfg.Shared && a.Serving() {
+	if a.cfg.Cluster != nil && a.Serving() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := a.cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{a.filter()}})
 		cancel()
@@ -409,6 +425,9 @@ func (a *Attach) Close() error {
 	err := a.cm.Disconnect(ctx)
 	a.cancel()
 	<-a.cm.Done()
+	a.takeMu.Lock()
+	a.stopped = true
+	a.takeMu.Unlock()
 	for _, ch := range a.workers {
 		close(ch)
 	}
@@ -461,6 +480,26 @@ func (a *Attach) receiveWith(cl *paho.Client, p *paho.Publish, acked func()) {
 		a.ack(w)
 		return
 	}
+	if a.cfg.Cluster != nil && a.cfg.Forwarder != nil && isKeyNotify(r.Payload) {
+		go a.routeKeyNotify(w) // it reads the store: not on paho's goroutine
+		return
+	}
+	a.take(w)
+}
+
+// take serves w here.
+func (a *Attach) take(w *work) {
+	a.takeMu.RLock()
+	defer a.takeMu.RUnlock()
+	if a.stopped {
+		// A KEYNOTIFY routed, or one forwarded, as Close ended the
+		// workers: not acknowledged.
+		if w.acked != nil {
+			w.acked()
+		}
+		return
+	}
+	r := w.r
 	if !remembered(r) {
 		// Answered (or dropped) by the service as its broker would; no
 		// reply to remember, nothing to tell a repeat by: acknowledged
@@ -514,7 +553,7 @@ func (a *Attach) ack(w *work) {
 	if w.acked != nil {
 		defer w.acked()
 	}
-	if w.pub.QoS == 0 {
+	if w.pub == nil || w.pub.QoS == 0 {
 		return
 	}
 	if err := w.cl.Ack(w.pub); err != nil {

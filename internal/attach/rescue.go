@@ -58,6 +58,8 @@ type Cluster interface {
 	Members() map[string]string
 	// Alive reports whether a member answers.
 	Alive(id string) bool
+	// Get reads a key (linearizable).
+	Get(ctx context.Context, key []byte) (store.Entry, bool, error)
 	records.Submitter
 	records.Ascender
 }
@@ -165,11 +167,13 @@ func (a *Attach) Rescue(ctx context.Context, clientID, group string) (int, error
 	return int(got.Load()), nil
 }
 
-// Watch keeps this process's record in the store, and rescues the
-// sessions of attached members of c that stop answering (this process
-// does when it is the live attached member with the lowest id), until ctx
-// ends. self is this node's id.
-func (a *Attach) Watch(ctx context.Context, c Cluster, self string) {
+// watch keeps this process's record in the store, and rescues the
+// sessions of attached members of the cluster that stop answering (this
+// process does when it is the live attached member with the lowest id),
+// until ctx ends.
+func (a *Attach) watch(ctx context.Context) {
+	defer a.wg.Done()
+	c, self := a.cfg.Cluster, a.cfg.NodeID
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	announced := false

@@ -311,6 +311,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	var toBroker atomic.Pointer[broker.Broker] // made last, told of earlier
+	var toAttach atomic.Pointer[attach.Attach] // made after the mesh
 	var toMesh atomic.Pointer[mesh.Mesh]
 	startTime := time.Now()
 	if s.link, err = startLink(cfg, s.NodeID); err != nil {
@@ -406,6 +407,12 @@ func Start(cfg Config) (*Server, error) {
 				}
 			},
 			Handle: func(from string, body []byte) []byte {
+				if attach.IsForwarded(body) {
+					if a := toAttach.Load(); a != nil {
+						return a.Answer(body)
+					}
+					return nil
+				}
 				if b := toBroker.Load(); b != nil {
 					return b.Answer(from, body)
 				}
@@ -464,7 +471,9 @@ func Start(cfg Config) (*Server, error) {
 		ac := *cfg.Attach
 		ac.Logger = cfg.Logger
 		ac.Policy = func() *policy.Policy { return b.Security().Policy }
-		ac.Shared = s.node.Clustered()
+		if s.node.Clustered() {
+			ac.Cluster, ac.NodeID, ac.Forwarder = s.node, s.NodeID, s.mesh
+		}
 		if ac.ClientID == "" {
 			ac.ClientID = s.NodeID // a random one is mqkv-<hex> already
 			if !strings.HasPrefix(ac.ClientID, "mqkv-") {
@@ -474,20 +483,7 @@ func Start(cfg Config) (*Server, error) {
 		if s.attach, err = attach.Start(ac, s.service); err != nil {
 			return nil, err
 		}
-		if s.node.Clustered() {
-			// Attached processes of one cluster take up a dead one's
-			// requests (see attach.Rescue).
-			s.bg.Add(1)
-			go func() {
-				defer s.bg.Done()
-				ctx, cancel := context.WithCancel(context.Background())
-				go func() {
-					<-s.stop
-					cancel()
-				}()
-				s.attach.Watch(ctx, s.node, s.NodeID)
-			}()
-		}
+		toAttach.Store(s.attach)
 	}
 	if s.admin != nil {
 		err := s.admin.Serve(cfg.AdminListen, &admin.Node{

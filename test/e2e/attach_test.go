@@ -569,3 +569,70 @@ func TestAttachedProcessesExecuteOnce(t *testing.T) {
 		t.Fatalf("%d requests were left in the session of a process stopped gracefully", n)
 	}
 }
+
+// TestAttachedProcessesShareRegistrations: with two attached processes
+// of a cluster in one share group, each request goes to either; a
+// client's KEYNOTIFY registrations are all served by one of them, so
+// that every KeyNotifyStop succeeds and ends its notifications, and a
+// change is notified once (the official Go SDK, through mosquitto).
+func TestAttachedProcessesShareRegistrations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	ownBroker(t)
+	m := startMosquitto(t)
+	var nodes []*server.Server
+	for i, attached := range []bool{true, true, false} {
+		var join []string
+		if i > 0 {
+			join = []string{nodes[0].ClusterAddr()}
+		}
+		nodes = append(nodes, startNode(t, fmt.Sprintf("r%d", i+1), join, func(c *server.Config) {
+			if attached {
+				attachTo(m.addr)(c)
+			}
+		}))
+	}
+	awaitSettled(t, nodes[0])
+	for _, n := range nodes[:2] {
+		awaitAttached(t, n)
+	}
+	ts := &testServer{}
+	ts.host, ts.port = hostPort(t, m.addr)
+	c := newSDKClient(t, ts)
+	subscribeToNotifications(t, context.Background(), c.mqtt, c.mqtt.ID())
+	ctx := ctxFor(t, 60*time.Second)
+	for i := range 10 {
+		key := fmt.Sprintf("shared-reg/%d", i)
+		ch, done := c.store.Notify(key)
+		if err := c.store.KeyNotify(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 1 {
+			// mosquitto hands a shared subscription's messages to its
+			// members in turn: shift the turns, so that a stop reaches
+			// the other process than its registration.
+			c.store.Get(ctx, key)
+		}
+		if _, err := c.store.Set(ctx, key, "v"); err != nil {
+			t.Fatal(err)
+		}
+		if n := recv(t, ch, 5*time.Second); n.Operation != "SET" || n.Value != "v" {
+			t.Fatalf("%s: notification %+v", key, n)
+		}
+		if err := c.store.KeyNotifyStop(ctx, key); err != nil {
+			t.Fatalf("%s: KeyNotifyStop: %v", key, err)
+		}
+		c.store.Set(ctx, key, "after")
+		expectNone(t, ch, 200*time.Millisecond)
+		done()
+	}
+	var forwarded int64
+	for _, n := range nodes[:2] {
+		forwarded += n.Attached().Forwarded.Load()
+	}
+	t.Logf("%d of 20 KEYNOTIFY requests handed to the process serving the client's (requests %d and %d)", forwarded, nodes[0].Attached().Requests.Load(), nodes[1].Attached().Requests.Load())
+	if forwarded == 0 {
+		t.Fatal("no KEYNOTIFY reached the other process: the test shows nothing")
+	}
+}

@@ -37,16 +37,25 @@ var (
 )
 
 // joinCluster makes cfg the second node of its cluster, starting the other
-// two nodes the first time.
-func joinCluster(t testing.TB, cfg *server.Config) {
+// two nodes the first time; with broker (attach mode), the first of them
+// is attached to it too, so that the test's clients are served by two
+// attached processes of the cluster.
+func joinCluster(t testing.TB, cfg *server.Config, broker string) {
 	t.Helper()
-	helpersMu.Lock()
-	defer helpersMu.Unlock()
 	key := helperKey{t, cfg.DataDir}
+	helpersMu.Lock()
 	others := helpers[key]
-	if others == nil {
-		others = takePair(t)
+	helpersMu.Unlock()
+	if others == nil { // (started without the lock: a test's servers start one at a time)
+		if broker != "" {
+			others = pairFor(t, newPair(broker))
+			awaitAttached(t, others[0])
+		} else {
+			others = takePair(t)
+		}
+		helpersMu.Lock()
 		helpers[key] = others
+		helpersMu.Unlock()
 		t.Cleanup(func() {
 			helpersMu.Lock()
 			delete(helpers, key)
@@ -85,6 +94,12 @@ func takePair(t testing.TB) []*server.Server {
 	})
 	p := <-spare
 	go startPair()
+	return pairFor(t, p)
+}
+
+// pairFor hands p to t, closed (its directories removed) when t ends.
+func pairFor(t testing.TB, p helperPair) []*server.Server {
+	t.Helper()
 	t.Cleanup(func() {
 		for _, s := range p.nodes {
 			s.Close()
@@ -115,30 +130,37 @@ func settleSpare(t testing.TB) {
 	}
 }
 
-func startPair() {
-	var p helperPair
-	defer func() { spare <- p }()
+func startPair() { spare <- newPair("") }
+
+// newPair starts the two other nodes of a new cluster; with broker, the
+// first is attached to it (mqkv attach) as well as serving MQTT.
+func newPair(broker string) (p helperPair) {
 	for i, id := range []string{"h1", "h3"} {
 		dir, err := os.MkdirTemp("", "mqkv-e2e-helper-")
 		if err != nil {
 			p.err = err
-			return
+			return p
 		}
 		p.dirs = append(p.dirs, dir)
 		var join []string
 		if i > 0 {
 			join = []string{p.nodes[0].ClusterAddr()}
 		}
-		s, err := server.Start(server.Config{
+		cfg := server.Config{
 			Listen: "127.0.0.1:0", DataDir: dir, Logger: quietLogger(),
 			Cluster: server.ClusterConfig{NodeID: id, Listen: "127.0.0.1:0", Join: join, Groups: 4, Replicas: 3},
-		})
+		}
+		if broker != "" && i == 0 {
+			attachAlso(broker)(&cfg)
+		}
+		s, err := server.Start(cfg)
 		if err != nil {
 			p.err = fmt.Errorf("helper %s: %w", id, err)
-			return
+			return p
 		}
 		p.nodes = append(p.nodes, s)
 	}
+	return p
 }
 
 // awaitSettled waits until every group has its three replicas and its

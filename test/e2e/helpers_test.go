@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"log/slog"
 	"sync"
 	"testing"
@@ -49,13 +50,17 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if clusterMode() {
-		joinCluster(t, &cfg)
-	}
 	var broker *mosquittoBroker
 	if attachMode() {
 		broker = brokerFor(t, dir)
 		attachTo(broker.addr)(&cfg)
+	}
+	if clusterMode() {
+		var addr string
+		if broker != nil {
+			addr = broker.addr
+		}
+		joinCluster(t, &cfg, addr)
 	}
 	s, err := server.Start(cfg)
 	if err != nil {
@@ -76,7 +81,14 @@ func startServerIn(t testing.TB, dir string, opts ...serverOption) *testServer {
 	return ts
 }
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+// quietLogger is the servers' logger: silent, or with MQKV_DEBUG_LOG set,
+// on stderr (to see what a failing test's servers said).
+func quietLogger() *slog.Logger {
+	if os.Getenv("MQKV_DEBUG_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 var (
 	appOnce sync.Once

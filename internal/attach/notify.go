@@ -1,0 +1,154 @@
+package attach
+
+import (
+	"bytes"
+	"context"
+	"time"
+
+	"github.com/hashicorp/go-msgpack/v2/codec"
+
+	"github.com/mqkv/mqkv/internal/records"
+	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/statestore"
+	"github.com/mqkv/mqkv/internal/store"
+)
+
+// A requester's KEYNOTIFY registrations live in one attached process of
+// a cluster. The broker hands each request to any member of the shared
+// subscription, so a KEYNOTIFY ... STOP would reach a process that does
+// not hold the registration half of the time with two processes (it
+// answered ":0", which the Go SDK takes for an error, and the other
+// process went on notifying), and a second registration of the same key
+// in another process would notify twice. So every KEYNOTIFY of a
+// requester is served by the process the store names for it (a record
+// under notifyPrefix, by requester): the one that received its first,
+// or, once that one stops answering, the next that receives one (the
+// registrations of a dead process are gone with it, as they are when a
+// lone process restarts). A process that receives a KEYNOTIFY for a
+// requester served elsewhere hands it over the node link (Forwarder);
+// the serving process answers it as if it had received it.
+
+// notifyPrefix keys the records naming, per requester, the node whose
+// attached process serves its KEYNOTIFY registrations.
+const notifyPrefix = store.ReservedPrefix + "attach-notify/"
+
+// Forwarder reaches another member's attached process (the mesh): its
+// Answer answers body.
+type Forwarder interface {
+	Request(node string, body []byte, reply func(answer []byte, ok bool))
+}
+
+// forwardMark starts a forwarded request among the bodies the node link
+// carries between members (the broker's start with a msgpack map).
+const forwardMark = 0x00
+
+// forwarded is a request handed to the process serving its requester's
+// registrations. Wire format (msgpack by field name, after forwardMark).
+type forwarded struct {
+	ClientID        string
+	Payload         []byte
+	ResponseTopic   string
+	CorrelationData []byte
+	QoS             byte
+	MessageExpiry   uint32
+	Timestamp       string
+	HasTimestamp    bool
+	FencingToken    string
+	HasFencing      bool
+}
+
+var wire = &codec.MsgpackHandle{}
+
+// IsForwarded reports whether a node link body is a forwarded request
+// (for Answer), not the broker's.
+func IsForwarded(body []byte) bool { return len(body) > 0 && body[0] == forwardMark }
+
+// Answer takes a request another member's attached process forwarded:
+// it is served here, its reply published from here. It answers "ok"
+// once the request is taken.
+func (a *Attach) Answer(body []byte) []byte {
+	if !IsForwarded(body) || a.closing.Load() {
+		return nil
+	}
+	var f forwarded
+	if codec.NewDecoderBytes(body[1:], wire).Decode(&f) != nil {
+		return nil
+	}
+	r := &statestore.Request{ClientID: f.ClientID, Payload: f.Payload, ResponseTopic: f.ResponseTopic,
+		CorrelationData: f.CorrelationData, QoS: f.QoS, MessageExpiry: f.MessageExpiry,
+		Timestamp: f.Timestamp, HasTimestamp: f.HasTimestamp, FencingToken: f.FencingToken, HasFencingToken: f.HasFencing}
+	a.Requests.Add(1)
+	a.take(&work{r: r}) // no packet: the forwarding process acknowledges it
+	return []byte("ok")
+}
+
+// isKeyNotify reports whether payload is a KEYNOTIFY request.
+func isKeyNotify(payload []byte) bool {
+	args, err := resp.ParseRequest(payload)
+	return err == nil && len(args) > 0 && bytes.EqualFold(args[0], []byte("KEYNOTIFY"))
+}
+
+// routeKeyNotify serves w, a KEYNOTIFY, here or in the process that
+// serves its requester's registrations.
+func (a *Attach) routeKeyNotify(w *work) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	owner, err := a.notifyOwner(ctx, w.r.ClientID)
+	if err != nil {
+		a.log.Warn("KEYNOTIFY served here: cannot learn which process serves the requester's registrations", "client", w.r.ClientID, "error", err)
+	}
+	if err != nil || owner == a.cfg.NodeID {
+		a.take(w)
+		return
+	}
+	r := w.r
+	f := forwarded{ClientID: r.ClientID, Payload: r.Payload, ResponseTopic: r.ResponseTopic, CorrelationData: r.CorrelationData,
+		QoS: r.QoS, MessageExpiry: r.MessageExpiry, Timestamp: r.Timestamp, HasTimestamp: r.HasTimestamp,
+		FencingToken: r.FencingToken, HasFencing: r.HasFencingToken}
+	var enc []byte
+	codec.NewEncoderBytes(&enc, wire).MustEncode(f)
+	a.cfg.Forwarder.Request(owner, append([]byte{forwardMark}, enc...), func(answer []byte, ok bool) {
+		if ok && string(answer) == "ok" {
+			a.Forwarded.Add(1)
+			a.ack(w)
+			return
+		}
+		// Not taken there (it stopped, or runs a release without
+		// this): served here.
+		a.log.Info("KEYNOTIFY served here: the process serving the requester's registrations did not take it", "client", r.ClientID, "node", owner)
+		a.take(w)
+	})
+}
+
+// notifyOwner returns the node whose process serves clientID's
+// registrations, naming this one if none does, or if the one named
+// stopped answering.
+func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, error) {
+	key := []byte(notifyPrefix + clientID)
+	for attempt := 0; ; attempt++ {
+		e, found, err := a.cfg.Cluster.Get(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		var expected store.Entry
+		if found {
+			owner := string(e.Value)
+			if owner == a.cfg.NodeID || a.cfg.Cluster.Alive(owner) {
+				return owner, nil
+			}
+			expected = e
+		}
+		res, err := records.Submit(ctx, a.cfg.Cluster, store.Command{Op: store.OpSet, Key: key, Value: []byte(a.cfg.NodeID),
+			Cond: store.IfVersion, Expected: expected.Version})
+		if err != nil {
+			return "", err
+		}
+		if res.Outcome == store.Applied {
+			return a.cfg.NodeID, nil
+		}
+		if attempt > 0 {
+			return a.cfg.NodeID, nil // contended: served here
+		}
+		// Another process named itself meanwhile: read it.
+	}
+}
