@@ -32,6 +32,10 @@ import (
 // attached process serves its KEYNOTIFY registrations.
 const notifyPrefix = store.ReservedPrefix + "attach-notify/"
 
+// notifyRecord names the node whose attached process serves a
+// requester's registrations. Wire format (records: msgpack by field name).
+type notifyRecord struct{ Node string }
+
 // Forwarder reaches another member's attached process (the mesh): its
 // Answer answers body.
 type Forwarder interface {
@@ -67,19 +71,39 @@ func IsForwarded(body []byte) bool { return len(body) > 0 && body[0] == forwardM
 // it is served here, its reply published from here. It answers "ok"
 // once the request is taken.
 func (a *Attach) Answer(body []byte) []byte {
-	if !IsForwarded(body) || a.closing.Load() {
+	r, ok := decodeForwarded(body)
+	if !ok || a.closing.Load() {
 		return nil
 	}
-	var f forwarded
-	if codec.NewDecoderBytes(body[1:], wire).Decode(&f) != nil {
-		return nil
-	}
-	r := &statestore.Request{ClientID: f.ClientID, Payload: f.Payload, ResponseTopic: f.ResponseTopic,
-		CorrelationData: f.CorrelationData, QoS: f.QoS, MessageExpiry: f.MessageExpiry,
-		Timestamp: f.Timestamp, HasTimestamp: f.HasTimestamp, FencingToken: f.FencingToken, HasFencingToken: f.HasFencing}
 	a.Requests.Add(1)
 	a.take(&work{r: r}) // no packet: the forwarding process acknowledges it
 	return []byte("ok")
+}
+
+// appendForwarded appends r's forwarded form to b.
+func appendForwarded(b []byte, r *statestore.Request) []byte {
+	f := forwarded{ClientID: r.ClientID, Payload: r.Payload, ResponseTopic: r.ResponseTopic, CorrelationData: r.CorrelationData,
+		QoS: r.QoS, MessageExpiry: r.MessageExpiry, Timestamp: r.Timestamp, HasTimestamp: r.HasTimestamp,
+		FencingToken: r.FencingToken, HasFencing: r.HasFencingToken}
+	var enc []byte
+	codec.NewEncoderBytes(&enc, wire).MustEncode(f)
+	return append(append(b, forwardMark), enc...)
+}
+
+// decodeForwarded reads what appendForwarded wrote: a request that is
+// not a KEYNOTIFY, or names no requester, is refused.
+func decodeForwarded(body []byte) (*statestore.Request, bool) {
+	if !IsForwarded(body) {
+		return nil, false
+	}
+	var f forwarded
+	if codec.NewDecoderBytes(body[1:], wire).Decode(&f) != nil || f.ClientID == "" || !isKeyNotify(f.Payload) ||
+		statestore.ForbiddenResponseTopic(f.ResponseTopic) {
+		return nil, false
+	}
+	return &statestore.Request{ClientID: f.ClientID, Payload: f.Payload, ResponseTopic: f.ResponseTopic,
+		CorrelationData: f.CorrelationData, QoS: f.QoS, MessageExpiry: f.MessageExpiry,
+		Timestamp: f.Timestamp, HasTimestamp: f.HasTimestamp, FencingToken: f.FencingToken, HasFencingToken: f.HasFencing}, true
 }
 
 // isKeyNotify reports whether payload is a KEYNOTIFY request.
@@ -102,12 +126,7 @@ func (a *Attach) routeKeyNotify(w *work) {
 		return
 	}
 	r := w.r
-	f := forwarded{ClientID: r.ClientID, Payload: r.Payload, ResponseTopic: r.ResponseTopic, CorrelationData: r.CorrelationData,
-		QoS: r.QoS, MessageExpiry: r.MessageExpiry, Timestamp: r.Timestamp, HasTimestamp: r.HasTimestamp,
-		FencingToken: r.FencingToken, HasFencing: r.HasFencingToken}
-	var enc []byte
-	codec.NewEncoderBytes(&enc, wire).MustEncode(f)
-	a.cfg.Forwarder.Request(owner, append([]byte{forwardMark}, enc...), func(answer []byte, ok bool) {
+	a.cfg.Forwarder.Request(owner, appendForwarded(nil, r), func(answer []byte, ok bool) {
 		if ok && string(answer) == "ok" {
 			a.Forwarded.Add(1)
 			a.ack(w)
@@ -132,14 +151,15 @@ func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, erro
 		}
 		var expected store.Entry
 		if found {
-			owner := string(e.Value)
-			if owner == a.cfg.NodeID || a.cfg.Cluster.Alive(owner) {
-				return owner, nil
+			var n notifyRecord
+			err := records.Decode("attached requester's record", recordFormat, e.Value, &n)
+			if err == nil && (n.Node == a.cfg.NodeID || a.cfg.Cluster.Alive(n.Node)) {
+				return n.Node, nil
 			}
-			expected = e
+			expected = e // its process stopped answering (or a later release wrote it): taken over
 		}
-		res, err := records.Submit(ctx, a.cfg.Cluster, store.Command{Op: store.OpSet, Key: key, Value: []byte(a.cfg.NodeID),
-			Cond: store.IfVersion, Expected: expected.Version})
+		res, err := records.Submit(ctx, a.cfg.Cluster, store.Command{Op: store.OpSet, Key: key,
+			Value: records.Encode(recordFormat, notifyRecord{Node: a.cfg.NodeID}), Cond: store.IfVersion, Expected: expected.Version})
 		if err != nil {
 			return "", err
 		}
