@@ -250,6 +250,9 @@ func main() {
 			load := func(addr string) workload {
 				return &mqkvKV{addrs: strings.Split(addr, ","), get: get, keys: *keys, value: value}
 			}
+			if *baseline != "" {
+				cs = append(cs, contestant{"mqkv baseline attached to mosquitto", func(dir string) (*server, error) { return startMQKVAttached(*baseline, dir) }, load})
+			}
 			cs = append(cs, contestant{"mqkv attached to mosquitto", func(dir string) (*server, error) { return startMQKVAttached(*mqkvBin, dir) }, load},
 				contestant{"mqkv's own broker", func(dir string) (*server, error) { return startMQKV(*mqkvBin, dir) }, load},
 				contestant{"mosquitto QoS 1 round trip", func(dir string) (*server, error) {

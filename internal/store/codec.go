@@ -476,7 +476,7 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 		case sr.err != nil:
 		case r.id == "" || r.res.Outcome > QuotaExceeded || flags > 1 || flags == 0 && len(prev) > 0:
 			sr.err = errors.New("bad remembered request")
-		case requests.byID.Has(r):
+		case requests.index()[r.id] != nil:
 			sr.err = errors.New("duplicate remembered request")
 		default:
 			requests.add(r)
