@@ -177,68 +177,41 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 		go a.serve(ch)
 	}
 	filter := a.filter()
-	rm := cfg.ReceiveMaximum
-	pc := autopaho.ClientConfig{
-		ServerUrls:                    cfg.Brokers,
-		TlsCfg:                        cfg.TLS,
-		KeepAlive:                     cfg.KeepAlive,
-		CleanStartOnInitialConnection: false,
-		SessionExpiryInterval:         cfg.SessionExpiry,
-		ConnectUsername:               cfg.Username,
-		ConnectPassword:               cfg.Password,
-		ConnectTimeout:                10 * time.Second,
-		ReconnectBackoff:              autopaho.NewExponentialBackoff(100*time.Millisecond, 10*time.Second, 500*time.Millisecond, 2),
-		ConnectPacketBuilder: func(c *paho.Connect, _ *url.URL) (*paho.Connect, error) {
-			if c.Properties == nil {
-				c.Properties = &paho.ConnectProperties{}
+	pc := a.connection(cfg.ClientID, cfg.SessionExpiry)
+	pc.ReconnectBackoff = autopaho.NewExponentialBackoff(100*time.Millisecond, 10*time.Second, 500*time.Millisecond, 2)
+	pc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
+		a.up.Store(true)
+		a.subscribed.Store(false)
+		a.log.Info("attached to the broker", "session_present", ca.SessionPresent)
+		// Subscribed again on every connection: a broker that lost the
+		// session (restarted without persistence) forgot it.
+		go func() {
+			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+			defer scancel()
+			sa, err := cm.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}})
+			switch {
+			case err != nil:
+				a.log.Warn("cannot subscribe to the request topic", "filter", filter, "error", err)
+			case len(sa.Reasons) != 1 || sa.Reasons[0] > 1:
+				a.log.Error("the broker refused the subscription to the request topic: allow this client to subscribe to it",
+					"filter", filter, "reason", reasonOf(sa))
+			default:
+				a.subscribed.Store(true)
 			}
-			c.Properties.ReceiveMaximum = &rm
-			return c, nil
-		},
-		OnConnectionUp: func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
-			a.up.Store(true)
-			a.subscribed.Store(false)
-			a.log.Info("attached to the broker", "session_present", ca.SessionPresent)
-			// Subscribed again on every connection: a broker that lost
-			// the session (restarted without persistence) forgot it.
-			go func() {
-				sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-				defer scancel()
-				sa, err := cm.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}})
-				switch {
-				case err != nil:
-					a.log.Warn("cannot subscribe to the request topic", "filter", filter, "error", err)
-				case len(sa.Reasons) != 1 || sa.Reasons[0] > 1:
-					a.log.Error("the broker refused the subscription to the request topic: allow this client to subscribe to it",
-						"filter", filter, "reason", reasonOf(sa))
-				default:
-					a.subscribed.Store(true)
-				}
-			}()
-		},
-		OnConnectionDown: func() bool {
-			a.up.Store(false)
-			a.subscribed.Store(false)
-			a.Reconnects.Add(1)
-			a.log.Warn("connection to the broker lost; reconnecting")
-			return true
-		},
-		OnConnectError: func(err error) { a.log.Warn("cannot connect to the broker", "error", err) },
-		ClientConfig: paho.ClientConfig{
-			ClientID:                   cfg.ClientID,
-			EnableManualAcknowledgment: true,
-			// A request's PUBACK goes with the next batch of acks: its
-			// broker holds a slot of the Receive Maximum until then.
-			SendAcksInterval: ackEvery,
-			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-				a.receive(pr.Client, pr.Packet)
-				return true, nil
-			}},
-		},
+		}()
 	}
-	if plainOrTLS(cfg.Brokers) {
-		pc.AttemptConnection = dialBuffered
+	pc.OnConnectionDown = func() bool {
+		a.up.Store(false)
+		a.subscribed.Store(false)
+		a.Reconnects.Add(1)
+		a.log.Warn("connection to the broker lost; reconnecting")
+		return true
 	}
+	pc.OnConnectError = func(err error) { a.log.Warn("cannot connect to the broker", "error", err) }
+	pc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+		a.receive(pr.Client, pr.Packet)
+		return true, nil
+	}}
 	cm, err := autopaho.NewConnection(ctx, pc)
 	if err != nil {
 		cancel()
@@ -258,6 +231,41 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 		go a.watch(ctx)
 	}
 	return a, nil
+}
+
+// connection is the configuration of a connection to the broker as
+// clientID, with a session that expires sessionExpiry seconds after it:
+// requests taken with manual acknowledgements, which go out in batches
+// (a request's PUBACK goes with the next batch: its broker holds a slot
+// of the Receive Maximum until then).
+func (a *Attach) connection(clientID string, sessionExpiry uint32) autopaho.ClientConfig {
+	rm := a.cfg.ReceiveMaximum
+	pc := autopaho.ClientConfig{
+		ServerUrls:                    a.cfg.Brokers,
+		TlsCfg:                        a.cfg.TLS,
+		KeepAlive:                     a.cfg.KeepAlive,
+		CleanStartOnInitialConnection: false,
+		SessionExpiryInterval:         sessionExpiry,
+		ConnectUsername:               a.cfg.Username,
+		ConnectPassword:               a.cfg.Password,
+		ConnectTimeout:                10 * time.Second,
+		ConnectPacketBuilder: func(c *paho.Connect, _ *url.URL) (*paho.Connect, error) {
+			if c.Properties == nil {
+				c.Properties = &paho.ConnectProperties{}
+			}
+			c.Properties.ReceiveMaximum = &rm
+			return c, nil
+		},
+		ClientConfig: paho.ClientConfig{
+			ClientID:                   clientID,
+			EnableManualAcknowledgment: true,
+			SendAcksInterval:           ackEvery,
+		},
+	}
+	if plainOrTLS(a.cfg.Brokers) {
+		pc.AttemptConnection = dialBuffered
+	}
+	return pc
 }
 
 // filter is the shared subscription requests come through.

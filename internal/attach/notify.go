@@ -82,12 +82,16 @@ func (a *Attach) Answer(body []byte) []byte {
 
 // appendForwarded appends r's forwarded form to b.
 func appendForwarded(b []byte, r *statestore.Request) []byte {
-	f := forwarded{ClientID: r.ClientID, Payload: r.Payload, ResponseTopic: r.ResponseTopic, CorrelationData: r.CorrelationData,
+	var enc []byte
+	codec.NewEncoderBytes(&enc, wire).MustEncode(forwardedOf(r))
+	return append(append(b, forwardMark), enc...)
+}
+
+// forwardedOf is what of r is forwarded.
+func forwardedOf(r *statestore.Request) forwarded {
+	return forwarded{ClientID: r.ClientID, Payload: r.Payload, ResponseTopic: r.ResponseTopic, CorrelationData: r.CorrelationData,
 		QoS: r.QoS, MessageExpiry: r.MessageExpiry, Timestamp: r.Timestamp, HasTimestamp: r.HasTimestamp,
 		FencingToken: r.FencingToken, HasFencing: r.HasFencingToken}
-	var enc []byte
-	codec.NewEncoderBytes(&enc, wire).MustEncode(f)
-	return append(append(b, forwardMark), enc...)
 }
 
 // decodeForwarded reads what appendForwarded wrote: a request that is

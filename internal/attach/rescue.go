@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -88,48 +87,25 @@ func (a *Attach) Rescue(ctx context.Context, clientID, group string) (int, error
 		last         atomic.Int64 // unix ns of the last request
 	)
 	up := make(chan *paho.Connack, 1)
-	rm := a.cfg.ReceiveMaximum
-	pc := autopaho.ClientConfig{
-		ServerUrls:                    a.cfg.Brokers,
-		TlsCfg:                        a.cfg.TLS,
-		KeepAlive:                     a.cfg.KeepAlive,
-		CleanStartOnInitialConnection: false, // the dead process's session
-		SessionExpiryInterval:         0,     // ended with this connection
-		ConnectUsername:               a.cfg.Username,
-		ConnectPassword:               a.cfg.Password,
-		ConnectTimeout:                10 * time.Second,
-		ConnectPacketBuilder: func(c *paho.Connect, _ *url.URL) (*paho.Connect, error) {
-			if c.Properties == nil {
-				c.Properties = &paho.ConnectProperties{}
-			}
-			c.Properties.ReceiveMaximum = &rm
-			return c, nil
-		},
-		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
-			select {
-			case up <- ca:
-			default:
-			}
-		},
-		// Once: a session lost with this connection is ended; one taken
-		// back by its process (it was not dead) is its own again.
-		OnConnectionDown: func() bool { return false },
-		ClientConfig: paho.ClientConfig{
-			ClientID:                   clientID,
-			EnableManualAcknowledgment: true,
-			SendAcksInterval:           ackEvery,
-			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-				got.Add(1)
-				pending.Add(1)
-				last.Store(time.Now().UnixNano())
-				a.receiveWith(pr.Client, pr.Packet, func() { pending.Add(-1) })
-				return true, nil
-			}},
-		},
+	// The dead process's session (CleanStart false), ended with this
+	// connection (no expiry).
+	pc := a.connection(clientID, 0)
+	pc.OnConnectionUp = func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+		select {
+		case up <- ca:
+		default:
+		}
 	}
-	if plainOrTLS(a.cfg.Brokers) {
-		pc.AttemptConnection = dialBuffered
-	}
+	// Once: a session lost with this connection is ended; one taken back
+	// by its process (it was not dead) is its own again.
+	pc.OnConnectionDown = func() bool { return false }
+	pc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+		got.Add(1)
+		pending.Add(1)
+		last.Store(time.Now().UnixNano())
+		a.receiveWith(pr.Client, pr.Packet, func() { pending.Add(-1) })
+		return true, nil
+	}}
 	cm, err := autopaho.NewConnection(ctx, pc)
 	if err != nil {
 		return 0, fmt.Errorf("attach: rescuing %s: %w", clientID, err)

@@ -469,10 +469,38 @@ func TestAttachRequestRunsOnceAcrossRestart(t *testing.T) {
 	}
 }
 
+// attachedCluster starts a cluster of in-process nodes named prefix1...,
+// one per share group, each attached to m in its group (and serving MQTT
+// itself) or, for "", not attached; it waits until the cluster is at rest
+// and the attached nodes take requests.
+func attachedCluster(t *testing.T, m *mosquittoBroker, prefix string, groups ...string) []*server.Server {
+	t.Helper()
+	var nodes []*server.Server
+	for i, group := range groups {
+		var join []string
+		if i > 0 {
+			join = []string{nodes[0].ClusterAddr()}
+		}
+		nodes = append(nodes, startNode(t, fmt.Sprintf("%s%d", prefix, i+1), join, func(c *server.Config) {
+			if group != "" {
+				attachAlso(m.addr)(c)
+				c.Attach.Group = group
+			}
+		}))
+	}
+	awaitSettled(t, nodes[0])
+	for i, group := range groups {
+		if group != "" {
+			awaitAttached(t, nodes[i])
+		}
+	}
+	return nodes
+}
+
 // TestAttachedProcessesExecuteOnce: two attached processes of a
-// three-node cluster, in two share groups, so that mosquitto hands every request to both, as
-// a broker that hands an unacknowledged request to another member
-// would: each write is executed once. Both processes answer with the
+// three-node cluster, in two share groups, so that mosquitto hands every
+// request to both, as a broker that hands an unacknowledged request to
+// another member would: each write is executed once. Both processes answer with the
 // same reply (a conditional write executed twice would answer
 // differently), the key holds that reply's version, and an observer is
 // notified once. Then one process stops gracefully, leaving no request in
@@ -483,22 +511,8 @@ func TestAttachedProcessesExecuteOnce(t *testing.T) {
 	}
 	ownBroker(t)
 	m := startMosquitto(t)
-	var nodes []*server.Server
-	for i, group := range []string{"first", "second", ""} { // the third is not attached
-		var join []string
-		if i > 0 {
-			join = []string{nodes[0].ClusterAddr()}
-		}
-		nodes = append(nodes, startNode(t, fmt.Sprintf("x%d", i+1), join, func(c *server.Config) {
-			if group != "" {
-				attachAlso(m.addr)(c)
-				c.Attach.Group = group
-			}
-		}))
-	}
-	awaitSettled(t, nodes[0])
+	nodes := attachedCluster(t, m, "x", "first", "second", "") // the third is not attached
 	for _, n := range nodes[:2] {
-		awaitAttached(t, n)
 		eventually(t, "the cluster to run at the protocol that remembers requests", n.Node().RemembersRequests)
 	}
 	// The observer registers with the first node's own broker: through
@@ -581,22 +595,7 @@ func TestAttachedProcessesShareRegistrations(t *testing.T) {
 	}
 	ownBroker(t)
 	m := startMosquitto(t)
-	var nodes []*server.Server
-	for i, attached := range []bool{true, true, false} {
-		var join []string
-		if i > 0 {
-			join = []string{nodes[0].ClusterAddr()}
-		}
-		nodes = append(nodes, startNode(t, fmt.Sprintf("r%d", i+1), join, func(c *server.Config) {
-			if attached {
-				attachTo(m.addr)(c)
-			}
-		}))
-	}
-	awaitSettled(t, nodes[0])
-	for _, n := range nodes[:2] {
-		awaitAttached(t, n)
-	}
+	nodes := attachedCluster(t, m, "r", attach.DefaultGroup, attach.DefaultGroup, "")
 	ts := &testServer{}
 	ts.host, ts.port = hostPort(t, m.addr)
 	c := newSDKClient(t, ts)
