@@ -139,7 +139,7 @@ func (a *Attach) routeKeyNotify(w *work) {
 		// Not taken there (it stopped, or runs a release without
 		// this): served here.
 		a.log.Info("KEYNOTIFY served here: the process serving the requester's registrations did not take it", "client", r.ClientID, "node", owner)
-		a.take(w)
+		go a.take(w) // not on the node link's goroutine: take may wait for a worker
 	})
 }
 
