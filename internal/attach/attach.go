@@ -380,8 +380,8 @@ type Status struct {
 	Notifications        int64 `json:"notifications_total"`
 	NotificationsDropped int64 `json:"notifications_dropped_total"`
 	Reconnects           int64 `json:"reconnects_total"`
-	Rescues int64 `json:"rescues_total"` // dead members' sessions taken up
-	Rescued int64 `json:"rescued_total"` // requests answered from them
+	Rescues              int64 `json:"rescues_total"` // dead members' sessions taken up
+	Rescued              int64 `json:"rescued_total"` // requests answered from them
 	// Forwarded are KEYNOTIFY requests handed to the process serving
 	// their requester's registrations.
 	Forwarded int64 `json:"forwarded_total"`
