@@ -97,9 +97,11 @@ type Client struct {
 
 	up atomic.Bool // a connection was made once
 	// referred is the server a DISCONNECT named (Server Reference, as a
-	// stopping cluster member names another): the next connection
-	// attempt goes there, once.
+	// stopping cluster member names another): connection attempts go
+	// there and to the configured server in turn, the first there, until
+	// one connects (refTries counts them).
 	referred atomic.Pointer[string]
+	refTries atomic.Uint32
 
 	// regMu orders registration changes (KEYNOTIFY and its STOP) so that
 	// a watch starting while the key's last one stops is not undone.
@@ -245,15 +247,20 @@ func (c *Client) onServerDisconnect(d *paho.Disconnect) {
 		c.log.Debug("server reference not host:port: ignored", "reference", ref)
 		return
 	}
+	c.refTries.Store(0)
 	c.referred.Store(&ref)
 }
 
-// attemptConnection dials u's host, or once the server a DISCONNECT
-// referred to (see onServerDisconnect): if that fails, the next attempt
-// is u's again.
+// attemptConnection dials u's host or, in turn with it while no
+// connection was made since, the server a DISCONNECT referred to (see
+// onServerDisconnect). The referral is not given up after one failed
+// attempt: a stopping member names another that may be busy for a moment
+// (claiming the client's id waits for the store), and the configured
+// server may be the one that stopped (a watch went without events for
+// good: TestWatchMovesWithTheServerReference, once in CI).
 func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
 	host := u.Host
-	if ref := c.referred.Swap(nil); ref != nil {
+	if ref := c.referred.Load(); ref != nil && c.refTries.Add(1)%2 == 1 {
 		c.log.Info("connecting to the server the last one referred to", "server", *ref, "configured", u.Host)
 		host = *ref
 	}
@@ -337,6 +344,7 @@ func (c *Client) isReady() bool {
 // Dial.
 func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack) {
 	c.up.Store(true)
+	c.referred.Store(nil) // followed, or given up for a server that answers
 	c.mu.Lock()
 	c.gen++
 	gen := c.gen

@@ -598,3 +598,44 @@ func TestServerReferenceIsFollowed(t *testing.T) {
 		t.Fatalf("%d clients on the configured server", n)
 	}
 }
+
+// TestServerReferenceOutlivesAFailedAttempt: a referred server that does
+// not answer the first attempt is tried again (in turn with the
+// configured one) until a connection is made. Before, the referral was
+// used once: a client referred by a stopping member to a member that was
+// busy for a moment went back to the stopped one's address for good.
+func TestServerReferenceOutlivesAFailedAttempt(t *testing.T) {
+	a := start(t, "", "")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := l.Addr().String() // nothing listens there until b starts
+	l.Close()
+	c := dial(t, a.Addr())
+	ctx := ctx(t)
+	if _, err := c.Set(ctx, []byte("where"), []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	a.Broker().SetServerReference(later)
+	a.Close()
+	// Attempts to the referred server and to a's address both fail a
+	// while; then the referred one comes up.
+	time.Sleep(1500 * time.Millisecond)
+	b := start(t, "", later)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		v, err := c.Get(ctx, []byte("where"))
+		if err == nil {
+			if v.Found {
+				t.Fatalf("read %q: a's store", v.Value)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client never reached the server it was referred to: %v", err)
+		}
+	}
+	if n := b.Broker().Traffic().Clients; n != 1 {
+		t.Fatalf("%d clients on the referred server", n)
+	}
+}
