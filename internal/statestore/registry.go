@@ -23,7 +23,7 @@ type observer struct {
 	// Registrations, with the version after which each has delivered
 	// every change it matches (live from registration, or replayed from
 	// its SINCE): a later SINCE replay skips what they delivered.
-	keys     map[string]hlc.Timestamp
+	keys     map[string]regFrom
 	patterns map[string]patternFrom
 	bytes    int // of the keys and patterns registered (see maxRegistrationBytes)
 	// unanchored counts the patterns without a literal prefix (see
@@ -47,9 +47,27 @@ const (
 const maxRegistrationBytes = 4 << 20
 
 type patternFrom struct {
-	m    *glob.Matcher
-	from hlc.Timestamp
+	m *glob.Matcher
+	regFrom
 }
+
+// regFrom is where a registration starts: from, the version after which
+// it has delivered every change it matches; since says from is the
+// version a KEYNOTIFY ... SINCE named, the last the client saw. A change
+// at or below it that reaches this node only after the registration (its
+// group's changes come here later than the write's reply went to the
+// client, from another member) is then not notified live: the client has
+// it (found by TestSinceBeforeTheFirstWatch in a cluster: the SET whose
+// reply gave the SINCE version was notified after the registration).
+// After a plain registration, every change that comes is notified.
+type regFrom struct {
+	from  hlc.Timestamp
+	since bool
+}
+
+// live reports whether a change at v that comes after the registration
+// is notified by it.
+func (f regFrom) live(v hlc.Timestamp) bool { return !f.since || f.from.Compare(v) < 0 }
 
 func (o *observer) count() int { return len(o.keys) + len(o.patterns) }
 
@@ -97,7 +115,7 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 		o = nil
 	}
 	if o == nil {
-		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]hlc.Timestamp{}, patterns: map[string]patternFrom{}}
+		o = &observer{clientID: clientID, conn: conn, topicPrefix: NotifyClientPrefix(clientID), keys: map[string]regFrom{}, patterns: map[string]patternFrom{}}
 		r.byClient[clientID] = o
 	}
 	o.grant, o.sink = grant, sink
@@ -109,7 +127,7 @@ func (r *registry) observerFor(clientID string, conn uint64, grant *policy.Grant
 // per connection (0: no limit). A registration from a connection older
 // than the client's current one is ignored: that connection is on its way
 // out.
-func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, sink Notifier, key []byte, m *glob.Matcher, from hlc.Timestamp, max int) bool {
+func (r *registry) add(clientID string, conn uint64, grant *policy.Grant, sink Notifier, key []byte, m *glob.Matcher, from regFrom, max int) bool {
 	pattern := m != nil
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -181,7 +199,7 @@ func (r *registry) delivered(clientID string, conn uint64, key []byte, v hlc.Tim
 	if o == nil || o.conn != conn {
 		return false
 	}
-	if from, ok := o.keys[string(key)]; ok && from.Compare(v) < 0 {
+	if f, ok := o.keys[string(key)]; ok && f.from.Compare(v) < 0 {
 		return true
 	}
 	for _, p := range o.patterns {
@@ -304,11 +322,11 @@ func (r *registry) sinks(out []Notifier) []Notifier {
 	return out
 }
 
-func (r *registry) lookup(key []byte, out []*observer) []*observer {
+func (r *registry) lookup(key []byte, v hlc.Timestamp, out []*observer) []*observer {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, o := range r.byKey[string(key)] {
-		if o.grant.CanAccess(key, policy.Read) {
+		if o.keys[string(key)].live(v) && o.grant.CanAccess(key, policy.Read) {
 			out = append(out, o)
 		}
 	}
@@ -317,7 +335,7 @@ func (r *registry) lookup(key []byte, out []*observer) []*observer {
 			break
 		}
 		for _, pr := range r.byPrefix[string(key[:n])] {
-			if !pr.m.Match(key) || slices.Contains(out, pr.o) || !pr.o.grant.CanAccess(key, policy.Read) {
+			if !pr.m.Match(key) || slices.Contains(out, pr.o) || !pr.o.patterns[pr.pattern].live(v) || !pr.o.grant.CanAccess(key, policy.Read) {
 				continue
 			}
 			out = append(out, pr.o)

@@ -858,7 +858,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	}
 	sink := sinkOf(r)
 	if !since {
-		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, s.history.latest, s.limits.MaxRegistrationsPerConn)
+		ok := s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, regFrom{from: s.history.latest}, s.limits.MaxRegistrationsPerConn)
 		s.dispatch.Unlock()
 		if !ok {
 			s.fail(r, resp.ErrQuotaExceeded)
@@ -878,7 +878,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	changes = slices.DeleteFunc(changes, func(c change) bool {
 		return s.observers.delivered(r.ClientID, r.Conn, c.Key, c.Version)
 	})
-	if !s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, from, s.limits.MaxRegistrationsPerConn) {
+	if !s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, regFrom{from: from, since: true}, s.limits.MaxRegistrationsPerConn) {
 		s.dispatch.Unlock()
 		s.fail(r, resp.ErrQuotaExceeded)
 		return
@@ -1023,7 +1023,7 @@ func (s *Service) Events(events []store.Event) {
 	s.history.add(events, time.Now())
 	for i := range events {
 		ev := &events[i]
-		s.observing = s.observers.lookup(ev.Key, s.observing[:0])
+		s.observing = s.observers.lookup(ev.Key, ev.Version, s.observing[:0])
 		if len(s.observing) == 0 {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -89,9 +90,9 @@ func TestRegistry(t *testing.T) {
 	var active atomic.Int64
 	r := newRegistry(&active)
 	add := func(id string, conn uint64, key string, max int) bool {
-		return r.add(id, conn, nil, nil, []byte(key), nil, hlc.Timestamp{}, max)
+		return r.add(id, conn, nil, nil, []byte(key), nil, regFrom{}, max)
 	}
-	count := func(key string) int { return len(r.lookup([]byte(key), nil)) }
+	count := func(key string) int { return len(r.lookup([]byte(key), hlc.Timestamp{}, nil)) }
 	add("a", 1, "k1", 0)
 	add("a", 1, "k1", 0) // idempotent
 	add("a", 1, "k2", 0)
@@ -149,18 +150,18 @@ func TestRegistryPatterns(t *testing.T) {
 		}
 		return m
 	}
-	r.add("a", 1, nil, nil, []byte("sensors/*"), pat("sensors/*"), hlc.Timestamp{}, 0)
-	r.add("a", 1, nil, nil, []byte("sensors/site-1/*"), pat("sensors/site-1/*"), hlc.Timestamp{}, 0) // overlaps
-	r.add("a", 1, nil, nil, []byte("sensors/site-1/temp"), nil, hlc.Timestamp{}, 0)
-	r.add("b", 2, nil, nil, []byte("*temp"), pat("*temp"), hlc.Timestamp{}, 0)
-	r.add("c", 3, nil, nil, []byte("other/*"), pat("other/*"), hlc.Timestamp{}, 0)
+	r.add("a", 1, nil, nil, []byte("sensors/*"), pat("sensors/*"), regFrom{}, 0)
+	r.add("a", 1, nil, nil, []byte("sensors/site-1/*"), pat("sensors/site-1/*"), regFrom{}, 0) // overlaps
+	r.add("a", 1, nil, nil, []byte("sensors/site-1/temp"), nil, regFrom{}, 0)
+	r.add("b", 2, nil, nil, []byte("*temp"), pat("*temp"), regFrom{}, 0)
+	r.add("c", 3, nil, nil, []byte("other/*"), pat("other/*"), regFrom{}, 0)
 	// A late registration from a connection older than the current one is
 	// ignored.
-	r.add("a", 0, nil, nil, []byte("late"), nil, hlc.Timestamp{}, 0)
-	if len(r.lookup([]byte("late"), nil)) != 0 || len(r.lookup([]byte("sensors/x"), nil)) != 1 {
+	r.add("a", 0, nil, nil, []byte("late"), nil, regFrom{}, 0)
+	if len(r.lookup([]byte("late"), hlc.Timestamp{}, nil)) != 0 || len(r.lookup([]byte("sensors/x"), hlc.Timestamp{}, nil)) != 1 {
 		t.Fatal("an older connection's registration replaced the current one's")
 	}
-	got := r.lookup([]byte("sensors/site-1/temp"), nil)
+	got := r.lookup([]byte("sensors/site-1/temp"), hlc.Timestamp{}, nil)
 	ids := map[string]int{}
 	for _, o := range got {
 		ids[o.clientID]++
@@ -168,7 +169,7 @@ func TestRegistryPatterns(t *testing.T) {
 	if len(got) != 2 || ids["a"] != 1 || ids["b"] != 1 {
 		t.Fatalf("observers of sensors/site-1/temp: %v (each client once)", ids)
 	}
-	if n := len(r.lookup([]byte("nothing"), nil)); n != 0 {
+	if n := len(r.lookup([]byte("nothing"), hlc.Timestamp{}, nil)); n != 0 {
 		t.Fatalf("%d observers of an unwatched key", n)
 	}
 	if !r.remove("a", 1, []byte("sensors/*"), true) || r.remove("a", 1, []byte("sensors/*"), false) {
@@ -376,7 +377,7 @@ func TestUnanchoredPatternsAreBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.add(id, conn, nil, nil, []byte(pattern), m, hlc.Timestamp{}, 0)
+		return r.add(id, conn, nil, nil, []byte(pattern), m, regFrom{}, 0)
 	}
 	for i := 0; i < maxUnanchoredPerConn; i++ {
 		if !add("a", 1, fmt.Sprintf("*x%d*", i)) {
@@ -403,5 +404,34 @@ func TestUnanchoredPatternsAreBounded(t *testing.T) {
 	r.dropConn("a", 1)
 	if !add("z", 99, "*z*") {
 		t.Fatal("a dropped connection's patterns made no room")
+	}
+}
+
+// TestSinceRegistrationSkipsWhatTheClientHas: a change at or below a
+// KEYNOTIFY ... SINCE version that reaches the node after the
+// registration is not notified by it (the client saw it); above it, it
+// is. A plain registration notifies whatever comes.
+func TestSinceRegistrationSkipsWhatTheClientHas(t *testing.T) {
+	r := newRegistry(new(atomic.Int64))
+	v := func(wall int64) hlc.Timestamp { return hlc.Timestamp{Wall: wall, Node: "n"} }
+	m, _ := glob.Compile([]byte("early/*"))
+	r.add("since-key", 1, nil, nil, []byte("early/0"), nil, regFrom{from: v(10), since: true}, 0)
+	r.add("since-pattern", 2, nil, nil, []byte("early/*"), m, regFrom{from: v(10), since: true}, 0)
+	r.add("plain", 3, nil, nil, []byte("early/*"), m, regFrom{from: v(20)}, 0)
+	names := func(key string, at int64) (out []string) {
+		for _, o := range r.lookup([]byte(key), v(at), nil) {
+			out = append(out, o.clientID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := names("early/0", 10); !slices.Equal(got, []string{"plain"}) {
+		t.Fatalf("the change at the SINCE version notified %v, want plain only", got)
+	}
+	if got := names("early/0", 9); !slices.Equal(got, []string{"plain"}) {
+		t.Fatalf("a change below the SINCE version notified %v, want plain only", got)
+	}
+	if got := names("early/0", 11); !slices.Equal(got, []string{"plain", "since-key", "since-pattern"}) {
+		t.Fatalf("a change above the SINCE version notified %v", got)
 	}
 }
