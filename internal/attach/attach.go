@@ -275,6 +275,21 @@ func (a *Attach) filter() string { return "$share/" + a.cfg.Group + "/" + topics
 // last request the session had for it.
 const drainQuiet = 300 * time.Millisecond
 
+// awaitQuiet waits until no request is pending and none came (last, unix
+// ns, set now if never) for quiet, or ctx ends: the requests a session
+// held come right after its subscription ends or it is taken up.
+func awaitQuiet(ctx context.Context, last, pending *atomic.Int64, quiet time.Duration) error {
+	last.CompareAndSwap(0, time.Now().UnixNano())
+	for pending.Load() > 0 || time.Since(time.Unix(0, last.Load())) < quiet {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // plainOrTLS reports whether every broker is reached over TCP or TLS
 // (not WebSocket), which dialBuffered serves.
 func plainOrTLS(us []*url.URL) bool {
@@ -410,11 +425,9 @@ func (a *Attach) Close() error {
 		if err == nil {
 			// What the broker sent before the unsubscribe still comes:
 			// answered until the session is quiet.
-			a.lastRequest.CompareAndSwap(0, time.Now().UnixNano())
-			deadline := time.Now().Add(5 * time.Second)
-			for (time.Since(time.Unix(0, a.lastRequest.Load())) < drainQuiet || a.inflight.Load() > 0) && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			awaitQuiet(dctx, &a.lastRequest, &a.inflight, drainQuiet)
+			dcancel()
 		}
 	}
 	a.closing.Store(true)

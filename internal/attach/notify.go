@@ -8,7 +8,6 @@ import (
 	"github.com/hashicorp/go-msgpack/v2/codec"
 
 	"github.com/mqkv/mqkv/internal/records"
-	"github.com/mqkv/mqkv/internal/resp"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
 )
@@ -110,10 +109,17 @@ func decodeForwarded(body []byte) (*statestore.Request, bool) {
 		Timestamp: f.Timestamp, HasTimestamp: f.HasTimestamp, FencingToken: f.FencingToken, HasFencingToken: f.HasFencing}, true
 }
 
-// isKeyNotify reports whether payload is a KEYNOTIFY request.
+// isKeyNotify reports whether payload is a KEYNOTIFY request: its first
+// bulk string ("*<n>\r\n$9\r\nKEYNOTIFY\r\n..."). It is asked of every
+// request a cluster's attached process takes, so it looks at those bytes
+// only; the service parses the request.
 func isKeyNotify(payload []byte) bool {
-	args, err := resp.ParseRequest(payload)
-	return err == nil && len(args) > 0 && bytes.EqualFold(args[0], []byte("KEYNOTIFY"))
+	i := bytes.IndexByte(payload, '\n')
+	if i < 0 || !bytes.HasPrefix(payload[i+1:], []byte("$9\r\n")) {
+		return false
+	}
+	verb := payload[i+1+len("$9\r\n"):]
+	return len(verb) >= len("KEYNOTIFY") && bytes.EqualFold(verb[:len("KEYNOTIFY")], []byte("KEYNOTIFY"))
 }
 
 // routeKeyNotify serves w, a KEYNOTIFY, here or in the process that

@@ -126,13 +126,8 @@ func (a *Attach) Rescue(ctx context.Context, clientID, group string) (int, error
 		if _, err := cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{filter}}); err != nil {
 			a.log.Warn("rescue: cannot unsubscribe the session from the request topic", "client", clientID, "error", err)
 		}
-		last.CompareAndSwap(0, time.Now().UnixNano())
-		for pending.Load() > 0 || time.Since(time.Unix(0, last.Load())) < rescueQuiet {
-			select {
-			case <-ctx.Done():
-				return int(got.Load()), fmt.Errorf("attach: rescuing %s: %d requests unanswered: %w", clientID, pending.Load(), ctx.Err())
-			case <-time.After(10 * time.Millisecond):
-			}
+		if err := awaitQuiet(ctx, &last, &pending, rescueQuiet); err != nil {
+			return int(got.Load()), fmt.Errorf("attach: rescuing %s: %d requests unanswered: %w", clientID, pending.Load(), err)
 		}
 		// Their acknowledgements go out with paho's next batch.
 		time.Sleep(10 * ackEvery)

@@ -120,21 +120,14 @@ func (s *Store) Remembered() int { return s.requests.len() }
 // applyRemembering applies c, or answers it from its request's record.
 func (s *Store) applyRemembering(c *Command, events []Event) (Result, []Event) {
 	if r, ok := s.requests.lookup(c.Request, c.Now); ok {
-		if c.Version.Compare(s.maxVersion) > 0 {
-			s.maxVersion = c.Version
-		}
 		res := r.res
 		res.Repeated = true
 		return res, events
 	}
 	res, events := s.apply(c, events)
-	rec := &remembered{id: string(c.Request), key: append([]byte(nil), c.Key...), at: c.Now + max(c.Keep, 1), res: res}
-	if res.HadPrevious {
-		// The replaced value's bytes are the old entry's, never changed:
-		// shared, not copied.
-		rec.res.Previous = res.Previous
-	}
-	s.requests.add(rec)
+	// A replaced value (Previous) is the old entry's bytes, never
+	// changed: the record shares them.
+	s.requests.add(&remembered{id: string(c.Request), key: append([]byte(nil), c.Key...), at: c.Now + max(c.Keep, 1), res: res})
 	return res, events
 }
 

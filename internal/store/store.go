@@ -318,9 +318,10 @@ func (s *Store) Due(now int64, max int, fn func(key []byte, version hlc.Timestam
 // events. It is deterministic: the same commands in the same order leave
 // every store in the same state with the same results.
 func (s *Store) Apply(c *Command, events []Event) (Result, []Event) {
-	if s.requests.len() > 0 {
-		s.requests.forget(c.Now, forgetPerCommand)
+	if c.Version.Compare(s.maxVersion) > 0 {
+		s.maxVersion = c.Version
 	}
+	s.requests.forget(c.Now, forgetPerCommand)
 	if len(c.Request) > 0 {
 		return s.applyRemembering(c, events)
 	}
@@ -328,9 +329,6 @@ func (s *Store) Apply(c *Command, events []Event) (Result, []Event) {
 }
 
 func (s *Store) apply(c *Command, events []Event) (Result, []Event) {
-	if c.Version.Compare(s.maxVersion) > 0 {
-		s.maxVersion = c.Version
-	}
 	stored := s.lookup(c.Key)
 	cur := stored
 	if cur != nil && cur.expired(c.Now) {
