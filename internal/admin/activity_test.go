@@ -10,7 +10,6 @@ import (
 
 func TestActivityRanksClientsAndKeys(t *testing.T) {
 	a := newActivity()
-	a.keySample = 1 // exact counts
 	at := a.cur.since.Add(time.Second)
 	a.now = func() time.Time { return at }
 	for i := range 30 {
@@ -39,7 +38,6 @@ func TestActivityRanksClientsAndKeys(t *testing.T) {
 
 func TestActivityIsBounded(t *testing.T) {
 	a := newActivity()
-	a.keySample = 1 // exact counts
 	// All in one window: a window ending halfway would split the counts.
 	at := a.cur.since.Add(time.Second)
 	a.now = func() time.Time { return at }
@@ -56,6 +54,46 @@ func TestActivityIsBounded(t *testing.T) {
 	}
 	if len(a.slow) != maxSlow {
 		t.Fatalf("%d slow requests kept", len(a.slow))
+	}
+}
+
+// TestActivitySamplesFastRequests: past sampleRate requests a second the
+// next window counts a sample, each as many requests as it stands for, and
+// still every slow request; a quiet window has every request counted again.
+func TestActivitySamplesFastRequests(t *testing.T) {
+	a := newActivity()
+	at := a.cur.since.Add(time.Second)
+	a.now = func() time.Time { return at }
+	fast := 20 * sampleRate * int(activityWindow/time.Second) // 20 times the rate counted
+	for i := range fast {
+		a.observe(statestore.Reply{ClientID: "busy", Key: []byte(fmt.Sprint(i % 100))})
+	}
+	if got := a.cur.requests; got != int64(fast) {
+		t.Fatalf("first window counted %d of %d requests", got, fast)
+	}
+	at = at.Add(activityWindow)
+	a.observe(statestore.Reply{ClientID: "busy", Key: []byte("0")}) // ends the window
+	if e := a.every.Load(); e != 20 {
+		t.Fatalf("one in %d counted after %d requests a second, want 20", e, fast/5)
+	}
+	a.latencies()
+	for i := range fast {
+		a.observe(statestore.Reply{ClientID: "busy", Key: []byte(fmt.Sprint(i % 100)), Duration: time.Millisecond})
+	}
+	a.observe(statestore.Reply{ClientID: "slow", Key: []byte("k"), Duration: time.Second})
+	if got := a.cur.requests; got < int64(fast)*9/10 || got > int64(fast)*11/10 {
+		t.Fatalf("sampled window estimates %d requests, sent %d", got, fast)
+	}
+	if n := len(a.latencies()); n < 4096/2 {
+		t.Fatalf("%d latencies kept of %d requests: the p99 needs thousands", n, fast)
+	}
+	if len(a.slow) != 1 || a.slow[0].ClientID != "slow" {
+		t.Fatalf("slow requests %+v: a slow one is kept whether counted or not", a.slow)
+	}
+	at = at.Add(3 * activityWindow) // a pause
+	a.observe(statestore.Reply{ClientID: "back"})
+	if e := a.every.Load(); e != 1 {
+		t.Fatalf("after a pause one in %d counted, want every one", e)
 	}
 }
 

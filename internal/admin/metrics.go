@@ -26,16 +26,11 @@ type Metrics struct {
 
 	activity *activity
 
-	// children caches the label children ObserveReply counts into: the
-	// vectors' own lookup hashes the label values at every request.
-	childMu  sync.RWMutex
-	children map[replyLabels]replyChildren
-
-	// recent holds the latencies of the last requests, for the p99 that
-	// status and the console show.
-	mu     sync.Mutex
-	recent []time.Duration
-	next   int
+	// children caches the label children ObserveReply counts into
+	// (replyLabels to replyChildren): the vectors' own lookup hashes the
+	// label values at every request, and a read-locked map wrote the
+	// lock's count, a cache line every core shares, at every request.
+	children sync.Map
 }
 
 type replyLabels struct{ command, result string }
@@ -71,9 +66,7 @@ func NewMetrics() *Metrics {
 		snapTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "mqkv_snapshot_duration_seconds", Help: "Time to write a snapshot.", Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10),
 		}),
-		recent:   make([]time.Duration, 0, 4096),
 		activity: newActivity(),
-		children: map[replyLabels]replyChildren{},
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.commit, m.sync, m.entry, m.snapBytes, m.snapTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -95,45 +88,29 @@ func (m *Metrics) Timings() replica.Timings {
 
 // ObserveReply is the state store service's OnReply.
 func (m *Metrics) ObserveReply(r statestore.Reply) {
-	d := r.Duration
 	c := m.childrenOf(replyLabels{r.Command, r.Result})
 	c.requests.Inc()
-	c.latency.Observe(d.Seconds())
+	c.latency.Observe(r.Duration.Seconds())
 	m.activity.observe(r)
-	m.mu.Lock()
-	if len(m.recent) < cap(m.recent) {
-		m.recent = append(m.recent, d)
-	} else {
-		m.recent[m.next] = d
-		m.next = (m.next + 1) % len(m.recent)
-	}
-	m.mu.Unlock()
 }
 
 // childrenOf returns the metrics of one command and result. The labels
 // come from fixed sets (statestore's command names and results), so the
 // cache stays small.
 func (m *Metrics) childrenOf(l replyLabels) replyChildren {
-	m.childMu.RLock()
-	c, ok := m.children[l]
-	m.childMu.RUnlock()
-	if ok {
-		return c
+	if c, ok := m.children.Load(l); ok {
+		return c.(replyChildren)
 	}
-	c = replyChildren{m.requests.WithLabelValues(l.command, l.result), m.latency.WithLabelValues(l.command)}
-	m.childMu.Lock()
-	m.children[l] = c
-	m.childMu.Unlock()
+	c := replyChildren{m.requests.WithLabelValues(l.command, l.result), m.latency.WithLabelValues(l.command)}
+	m.children.Store(l, c)
 	return c
 }
 
-// p99 returns the 99th percentile of the recent request latencies and
+// p99 returns the 99th percentile of the recent request latencies (of
+// those activity counted: all, or a sample of thousands a second) and
 // forgets them, so each call covers what happened since the last one.
 func (m *Metrics) p99() time.Duration {
-	m.mu.Lock()
-	lat := slices.Clone(m.recent)
-	m.recent, m.next = m.recent[:0], 0
-	m.mu.Unlock()
+	lat := m.activity.latencies()
 	if len(lat) == 0 {
 		return 0
 	}

@@ -117,6 +117,31 @@ func TestClockUpdateRule(t *testing.T) {
 	}
 }
 
+// TestClockUpdateAtWithAStaleReading: a reading taken before others
+// issued timestamps (a batch's, shared by its commands) still gives one
+// above all of them.
+func TestClockUpdateAtWithAStaleReading(t *testing.T) {
+	w := &fakeWall{}
+	w.set(1000)
+	c, err := New("srv", w.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := c.WallMillis()
+	w.set(1005)
+	last := c.Now() // issued later, by another caller
+	for range 3 {
+		got := c.UpdateAt(Timestamp{}, stale)
+		if got.Compare(last) <= 0 {
+			t.Fatalf("UpdateAt with a stale reading gave %v, not above %v", got, last)
+		}
+		last = got
+	}
+	if got := c.UpdateAt(Timestamp{}, 1010); got != (Timestamp{1010, 0, "srv"}) {
+		t.Fatalf("a reading ahead of the clock: %v", got)
+	}
+}
+
 func TestClockRejectsSkew(t *testing.T) {
 	w := &fakeWall{}
 	w.set(1_000_000)

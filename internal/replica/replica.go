@@ -1153,8 +1153,8 @@ func (g *Group) propose() {
 		g.slots <- struct{}{} // released by complete
 		cmds, dones = cmds[:0], nil
 		size := 0
+		now := g.clock.WallMillis() // one reading for the entry's commands
 		add := func(p Proposal) {
-			now := g.clock.WallMillis()
 			if p.Cmd.Op != store.OpExpire {
 				// A write to a key that has expired but whose Expire is
 				// not applied yet: expire it first, in the same entry, so
@@ -1169,7 +1169,7 @@ func (g *Group) propose() {
 				}
 			}
 			p.Cmd.Now = now
-			p.Cmd.Version = g.clock.Update(p.After)
+			p.Cmd.Version = g.clock.UpdateAt(p.After, now)
 			cmds = append(cmds, p.Cmd)
 			dones = append(dones, p.Done)
 			size += len(p.Cmd.Key) + len(p.Cmd.Value)
@@ -1177,6 +1177,7 @@ func (g *Group) propose() {
 		add(first)
 		if d := holdFor(prev, len(g.in)+1, time.Duration(g.commitAvg.Load())); d > 0 {
 			time.Sleep(d)
+			now = g.clock.WallMillis()
 		}
 	gather:
 		for len(cmds) < maxBatch && size < maxBatchBytes {

@@ -25,7 +25,11 @@ func newDeadline(d time.Duration) *deadline { return &deadline{at: time.Now().Ad
 // deadlineIn starts the request's deadline in the request itself: one
 // allocation less per read and write. A request is handled once.
 func (r *Request) deadlineIn(d time.Duration) *deadline {
-	r.deadline = deadline{at: time.Now().Add(d)}
+	now := r.start // the request's arrival, if noted (begin): a clock read less
+	if now.IsZero() {
+		now = time.Now()
+	}
+	r.deadline = deadline{at: now.Add(d)}
 	return &r.deadline
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -341,6 +342,28 @@ func TestRESPProtocolErrors(t *testing.T) {
 		if line, err := br.ReadString('\n'); err != nil || line != want {
 			t.Fatalf("inline: %q %v, want %q", line, err, want)
 		}
+	}
+}
+
+// The replies a pipeline's commands got before a QUIT are written before
+// the connection closes, and nothing after the QUIT is run.
+func TestRESPQuitInAPipeline(t *testing.T) {
+	s := startServer(t, inMemory(), withRESP())
+	c, err := net.Dial("tcp", s.RESPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	k := uniqueKey(t)
+	fmt.Fprintf(c, "PING\r\nGET %s\r\nQUIT\r\nSET %s after\r\n", k, k)
+	got, err := io.ReadAll(c)
+	if err != nil || string(got) != "+PONG\r\n$-1\r\n+OK\r\n" {
+		t.Fatalf("pipeline with QUIT answered %q %v", got, err)
+	}
+	rc := redisClient(t, s, 2, "", "")
+	if v, err := rc.Get(ctxFor(t, 10*time.Second), k).Result(); !errors.Is(err, goredis.Nil) {
+		t.Fatalf("the SET after QUIT ran: %q %v", v, err)
 	}
 }
 
