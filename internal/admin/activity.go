@@ -23,22 +23,30 @@ import (
 //
 // Counting is sampled once requests come fast: one request in every is
 // counted, as every requests (a slow one is always kept). every follows
-// the rate so that about sampleRate requests a second are counted: all of
-// them at a few thousand a second, one in a hundred at 400,000. Why: a
+// the rate of the last second so that about sampleRate requests a second
+// are counted: all of them at a few thousand a second, one in a hundred at
+// 400,000. Why: a
 // lock and two map updates per request, shared by every connection, cost
 // a pipelined GET through the RESP endpoint a sixth of its CPU (the lock's
 // cache line moving between cores, the maps missing the cache); the busy
 // clients, hot keys and the p99 the figures are for show as well in a
 // sample of thousands a second.
 type activity struct {
-	every atomic.Uint32 // read on every request, written by rotate
-	until atomic.Int64  // when the current window ends (unix ns): a request after it rotates, counted or not
+	every atomic.Uint32 // read on every request, written by tune
+	// next: when the window ends or every is due to be set again (unix
+	// ns), whichever is first: a request after it takes the lock, counted
+	// or not.
+	next atomic.Int64
+	// tuned is when every was last set; counted the requests counted
+	// since (weights included).
+	tuned   time.Time
+	counted int64
 
 	mu        sync.Mutex
 	cur, last window
 	slow      []SlowRequest    // the last maxSlow, oldest first
 	recent    []time.Duration  // latencies of counted requests, a ring
-	next      int              // recent's oldest, once full
+	oldest    int              // recent's oldest, once full
 	now       func() time.Time // time.Now; a test holds it still so that no window ends mid-test
 }
 
@@ -49,7 +57,6 @@ type window struct {
 	since, until time.Time
 	clients      tally
 	keys         tally
-	requests     int64 // counted, weights included: the window's requests
 }
 
 // tally counts requests by name. Names are looked up by a 64-bit hash
@@ -124,7 +131,8 @@ type Activity struct {
 func newActivity() *activity {
 	a := &activity{cur: newWindow(time.Now().Truncate(activityWindow)), now: time.Now, recent: make([]time.Duration, 0, 4096)}
 	a.every.Store(1)
-	a.until.Store(a.cur.since.Add(activityWindow).UnixNano())
+	a.tuned = a.cur.since
+	a.next.Store(a.cur.since.Add(time.Second).UnixNano())
 	return a
 }
 
@@ -151,11 +159,17 @@ func (a *activity) rotate(now time.Time) {
 	}
 	a.last.until = start
 	a.cur = newWindow(start)
-	a.until.Store(start.Add(activityWindow).UnixNano())
-	// The rate of the window that just ended sets the sampling of the
-	// next (a window after a pause starts counting every request).
-	rate := a.last.requests / int64(activityWindow/time.Second)
-	a.every.Store(uint32(max(1, min(rate/sampleRate, 1<<16))))
+}
+
+// tune sets every from the rate counted since it was last set, once a
+// second: within a second of a change of load, sampling follows it.
+func (a *activity) tune(now time.Time) {
+	if d := now.Sub(a.tuned); d >= time.Second {
+		rate := int64(float64(a.counted) / d.Seconds())
+		a.every.Store(uint32(max(1, min(rate/sampleRate, 1<<16))))
+		a.tuned, a.counted = now, 0
+	}
+	a.next.Store(min(a.tuned.Add(time.Second).UnixNano(), a.cur.since.Add(activityWindow).UnixNano()))
 }
 
 func (a *activity) observe(r statestore.Reply) {
@@ -166,7 +180,7 @@ func (a *activity) observe(r statestore.Reply) {
 	every := a.every.Load()
 	counted := every <= 1 || rand.Uint32N(every) == 0
 	slow := r.Duration >= slowRequest
-	if !counted && !slow && now.UnixNano() < a.until.Load() {
+	if !counted && !slow && now.UnixNano() < a.next.Load() {
 		return
 	}
 	a.mu.Lock()
@@ -174,7 +188,7 @@ func (a *activity) observe(r statestore.Reply) {
 	a.rotate(now)
 	if counted {
 		w := int64(every)
-		a.cur.requests += w
+		a.counted += w
 		a.cur.clients.add(maphash.String(tallySeed, r.ClientID), w, func() string { return r.ClientID })
 		if r.Key != nil {
 			a.cur.keys.add(maphash.Bytes(tallySeed, r.Key), w, func() string { return string(r.Key) })
@@ -182,8 +196,8 @@ func (a *activity) observe(r statestore.Reply) {
 		if len(a.recent) < cap(a.recent) {
 			a.recent = append(a.recent, r.Duration)
 		} else {
-			a.recent[a.next] = r.Duration
-			a.next = (a.next + 1) % len(a.recent)
+			a.recent[a.oldest] = r.Duration
+			a.oldest = (a.oldest + 1) % len(a.recent)
 		}
 	}
 	if slow {
@@ -192,6 +206,7 @@ func (a *activity) observe(r statestore.Reply) {
 		}
 		a.slow = append(a.slow, SlowRequest{At: now, ClientID: r.ClientID, Command: r.Command, Key: string(r.Key), MS: float64(r.Duration.Microseconds()) / 1000})
 	}
+	a.tune(now)
 }
 
 // latencies returns the latencies counted since the last call and forgets
@@ -200,7 +215,7 @@ func (a *activity) latencies() []time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lat := slices.Clone(a.recent)
-	a.recent, a.next = a.recent[:0], 0
+	a.recent, a.oldest = a.recent[:0], 0
 	return lat
 }
 

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"fmt"
+	"hash/maphash"
 	"testing"
 	"time"
 
@@ -58,39 +59,45 @@ func TestActivityIsBounded(t *testing.T) {
 }
 
 // TestActivitySamplesFastRequests: past sampleRate requests a second the
-// next window counts a sample, each as many requests as it stands for, and
-// still every slow request; a quiet window has every request counted again.
+// next second counts a sample, each request counted as many as it stands
+// for, and still every slow request; once quiet, every request again.
 func TestActivitySamplesFastRequests(t *testing.T) {
 	a := newActivity()
-	at := a.cur.since.Add(time.Second)
+	at := a.cur.since.Add(10 * time.Millisecond)
 	a.now = func() time.Time { return at }
-	fast := 20 * sampleRate * int(activityWindow/time.Second) // 20 times the rate counted
-	for i := range fast {
-		a.observe(statestore.Reply{ClientID: "busy", Key: []byte(fmt.Sprint(i % 100))})
+	fast := 20 * sampleRate // in a second: 20 times the rate counted
+	send := func(n int) {
+		for i := range n {
+			a.observe(statestore.Reply{ClientID: "busy", Key: []byte(fmt.Sprint(i % 100)), Duration: time.Millisecond})
+		}
 	}
-	if got := a.cur.requests; got != int64(fast) {
-		t.Fatalf("first window counted %d of %d requests", got, fast)
+	send(fast)
+	if a.counted != int64(fast) || a.every.Load() != 1 {
+		t.Fatalf("first second: %d of %d requests counted, one in %d", a.counted, fast, a.every.Load())
 	}
-	at = at.Add(activityWindow)
-	a.observe(statestore.Reply{ClientID: "busy", Key: []byte("0")}) // ends the window
-	if e := a.every.Load(); e != 20 {
-		t.Fatalf("one in %d counted after %d requests a second, want 20", e, fast/5)
+	at = at.Add(time.Second)
+	a.observe(statestore.Reply{ClientID: "busy", Key: []byte("0")}) // a second on: tunes
+	if e := a.every.Load(); e < 19 || e > 20 {
+		t.Fatalf("one in %d counted after %d requests a second, want 20", e, fast)
 	}
 	a.latencies()
-	for i := range fast {
-		a.observe(statestore.Reply{ClientID: "busy", Key: []byte(fmt.Sprint(i % 100)), Duration: time.Millisecond})
-	}
+	send(fast)
 	a.observe(statestore.Reply{ClientID: "slow", Key: []byte("k"), Duration: time.Second})
-	if got := a.cur.requests; got < int64(fast)*9/10 || got > int64(fast)*11/10 {
-		t.Fatalf("sampled window estimates %d requests, sent %d", got, fast)
+	if got := a.counted; got < int64(fast)*8/10 || got > int64(fast)*12/10 {
+		t.Fatalf("sampled second estimates %d requests, sent %d", got, fast)
 	}
-	if n := len(a.latencies()); n < 4096/2 {
-		t.Fatalf("%d latencies kept of %d requests: the p99 needs thousands", n, fast)
+	if n := len(a.latencies()); n < sampleRate/2 || n > 2*sampleRate {
+		t.Fatalf("%d latencies kept of %d requests: want about %d", n, fast, sampleRate)
 	}
 	if len(a.slow) != 1 || a.slow[0].ClientID != "slow" {
 		t.Fatalf("slow requests %+v: a slow one is kept whether counted or not", a.slow)
 	}
-	at = at.Add(3 * activityWindow) // a pause
+	if c := a.cur.clients.n[maphash.String(tallySeed, "busy")]; c < int64(fast)*18/10 || c > int64(fast)*22/10 {
+		t.Fatalf("the busy client counted %d times for %d requests", c, 2*fast)
+	}
+	at = at.Add(time.Second) // the next request tunes, counted or not
+	a.observe(statestore.Reply{ClientID: "back"})
+	at = at.Add(time.Second) // and after a quiet second
 	a.observe(statestore.Reply{ClientID: "back"})
 	if e := a.every.Load(); e != 1 {
 		t.Fatalf("after a pause one in %d counted, want every one", e)
