@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"bytes"
 	"slices"
 	"time"
 
@@ -19,52 +20,97 @@ type HistoryLimits struct {
 // DefaultHistory is what an unconfigured node keeps.
 var DefaultHistory = HistoryLimits{PerPartition: 64, MaxAge: 10 * time.Minute, MaxBytes: 64 << 20}
 
-// change is one remembered event, with when it was applied.
+// change is one remembered event, with when it was applied: what a
+// replay returns (see since).
 type change struct {
 	store.Event
 	at time.Time
 }
 
-func (c *change) size() int64 { return int64(len(c.Key) + len(c.Value)) }
+// rec is a change as a partition's log keeps it, without a pointer: its
+// key and value are in the log's data, its version's node in the
+// history's table of node ids. Why: kept as events (two slices and a
+// string each, and the old values they held alive), the history's
+// quarter-million changes were most of the pointers the garbage
+// collector followed at every cycle, and cost a pipelined SET a fifth of
+// its CPU in marking.
+type rec struct {
+	off     int    // the key's offset in data; the value follows it
+	keyLen  uint32 // then the value's
+	valLen  uint32
+	wall    int64
+	counter uint64
+	at      int64  // unix ns
+	node    uint32 // in history.nodes
+	kind    store.EventKind
+}
 
-// partitionLog is the history of one partition: a ring of n changes from
-// head, oldest first. floor is the greatest version it has forgotten: it
-// can replay everything after floor.
+func (r *rec) size() int64 { return int64(r.keyLen) + int64(r.valLen) }
+
+// partitionLog is the history of one partition: a ring of n records from
+// head, oldest first, whose keys and values lie in data from start on, in
+// the same order. floor is the greatest version it has forgotten: it can
+// replay everything after floor.
 //
 // A ring, because a partition at its limit forgets one change for each it
 // adds: a slice sliding through its backing array was copied into a new
-// one every few writes, about 230 bytes allocated per SET.
+// one every few writes, about 230 bytes allocated per SET. data is
+// compacted once its forgotten front is as large as what it holds.
 type partitionLog struct {
-	ring    []change
+	recs    []rec
 	head, n int
+	data    []byte
+	start   int
 	floor   hlc.Timestamp
 	trimmed bool // floor was raised by a change forgotten
 }
 
-// at returns the i-th oldest change.
-func (p *partitionLog) at(i int) *change { return &p.ring[(p.head+i)%len(p.ring)] }
+// at returns the i-th oldest record.
+func (p *partitionLog) at(i int) *rec { return &p.recs[(p.head+i)%len(p.recs)] }
 
-// push adds c as the newest change, growing the ring when full.
-func (p *partitionLog) push(c change) {
-	if p.n == len(p.ring) {
-		grown := make([]change, max(4, 2*len(p.ring)))
+// push adds the newest record for ev, copying its key and value, and
+// growing the ring when full.
+func (p *partitionLog) push(ev *store.Event, node uint32, at int64) *rec {
+	if p.n == len(p.recs) {
+		grown := make([]rec, max(4, 2*len(p.recs)))
 		for i := 0; i < p.n; i++ {
 			grown[i] = *p.at(i)
 		}
-		p.ring, p.head = grown, 0
+		p.recs, p.head = grown, 0
 	}
-	*p.at(p.n) = c
+	r := p.at(p.n)
+	*r = rec{off: len(p.data), keyLen: uint32(len(ev.Key)), valLen: uint32(len(ev.Value)),
+		wall: ev.Version.Wall, counter: ev.Version.Counter, at: at, node: node, kind: ev.Kind}
+	p.data = append(append(p.data, ev.Key...), ev.Value...)
 	p.n++
+	return r
 }
 
-// drop forgets the oldest change; once none is left, the ring goes too.
+// drop forgets the oldest record; once none is left, the ring and data go
+// too.
 func (p *partitionLog) drop() {
-	*p.at(0) = change{} // its key and value may go
-	p.head = (p.head + 1) % len(p.ring)
+	p.start += int(p.at(0).size())
+	p.head = (p.head + 1) % len(p.recs)
 	p.n--
-	if p.n == 0 {
-		p.ring, p.head = nil, 0
+	switch {
+	case p.n == 0:
+		p.recs, p.head, p.data, p.start = nil, 0, nil, 0
+	case p.start >= 4096 && 2*p.start >= len(p.data):
+		kept := copy(p.data, p.data[p.start:])
+		p.data = p.data[:kept]
+		for i := 0; i < p.n; i++ {
+			p.at(i).off -= p.start
+		}
+		p.start = 0
 	}
+}
+
+// key and value return a record's bytes in data (valid until the next
+// push or drop).
+func (p *partitionLog) key(r *rec) []byte { return p.data[r.off : r.off+int(r.keyLen)] }
+func (p *partitionLog) value(r *rec) []byte {
+	v := r.off + int(r.keyLen)
+	return p.data[v : v+int(r.valLen)]
 }
 
 // maxReplay bounds the changes one KEYNOTIFY ... SINCE replays (while
@@ -80,6 +126,8 @@ const maxReplay = 10_000
 type history struct {
 	limits HistoryLimits
 	parts  [store.Partitions]partitionLog
+	nodes  []string          // the node ids of the versions kept, by rec.node
+	nodeOf map[string]uint32 // and their places in nodes
 	bytes  int64
 	sweep  int           // next partition to check for old changes
 	latest hlc.Timestamp // the greatest version added (or start's)
@@ -87,7 +135,7 @@ type history struct {
 }
 
 func newHistory(limits HistoryLimits) *history {
-	h := &history{limits: limits}
+	h := &history{limits: limits, nodeOf: map[string]uint32{}}
 	for i := range h.parts {
 		h.parts[i].floor = hlc.Timestamp{Wall: 1 << 62} // nothing known yet
 	}
@@ -129,8 +177,7 @@ func (h *history) gap(resume hlc.Timestamp) {
 	}
 }
 
-// add remembers applied events. Keys and values are not copied: the store
-// never modifies them.
+// add remembers applied events, copying their keys and values.
 func (h *history) add(events []store.Event, now time.Time) {
 	for i := range events {
 		if v := events[i].Version; v.Compare(h.latest) > 0 {
@@ -140,34 +187,54 @@ func (h *history) add(events []store.Event, now time.Time) {
 	if h.limits.PerPartition <= 0 {
 		return
 	}
+	at := now.UnixNano()
 	for i := range events {
 		e := &events[i]
-		c := change{Event: *e, at: now}
 		p := &h.parts[store.Partition(e.Key)]
-		p.push(c)
-		h.bytes += c.size()
-		h.trim(p, now, true)
+		h.bytes += p.push(e, h.node(e.Version.Node), at).size()
+		h.trim(p, at, true)
 	}
 	// Partitions that are not written to still age out their changes.
 	for n := 0; n < 4; n++ {
 		h.sweep = (h.sweep + 1) % store.Partitions
-		h.trim(&h.parts[h.sweep], now, false)
+		h.trim(&h.parts[h.sweep], at, false)
 	}
 }
 
+// node returns the place of a node id in h.nodes, adding it the first
+// time: versions are issued by the cluster's nodes, a handful of ids.
+func (h *history) node(id string) uint32 {
+	if len(h.nodes) > 0 && h.nodes[len(h.nodes)-1] == id {
+		return uint32(len(h.nodes) - 1) // the common case: this node's
+	}
+	n, ok := h.nodeOf[id]
+	if !ok {
+		n = uint32(len(h.nodes))
+		h.nodes = append(h.nodes, id)
+		h.nodeOf[id] = n
+	}
+	return n
+}
+
+// version returns a record's version.
+func (h *history) version(r *rec) hlc.Timestamp {
+	return hlc.Timestamp{Wall: r.wall, Counter: r.counter, Node: h.nodes[r.node]}
+}
+
 // trim forgets p's oldest changes while it is over its limits (and, when
-// written to, while the whole history is over its byte budget).
-func (h *history) trim(p *partitionLog, now time.Time, written bool) {
+// written to, while the whole history is over its byte budget); now is in
+// unix ns.
+func (h *history) trim(p *partitionLog, now int64, written bool) {
 	for p.n > 0 {
 		old := p.at(0)
 		over := p.n > h.limits.PerPartition ||
-			(h.limits.MaxAge > 0 && now.Sub(old.at) > h.limits.MaxAge) ||
+			(h.limits.MaxAge > 0 && now-old.at > int64(h.limits.MaxAge)) ||
 			(written && h.limits.MaxBytes > 0 && h.bytes > h.limits.MaxBytes && p.n > 1)
 		if !over {
 			break
 		}
-		if !p.trimmed || old.Version.Compare(p.floor) > 0 {
-			p.floor, p.trimmed = old.Version, true
+		if v := h.version(old); !p.trimmed || v.Compare(p.floor) > 0 {
+			p.floor, p.trimmed = v, true
 		}
 		h.bytes -= old.size()
 		p.drop()
@@ -188,15 +255,20 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change,
 			return false
 		}
 		for i := 0; i < p.n; i++ {
-			c := p.at(i)
-			if c.Version.Compare(v) <= 0 {
+			r := p.at(i)
+			ver := h.version(r)
+			if ver.Compare(v) <= 0 {
 				continue
 			}
-			if m != nil && m.Match(c.Key) || m == nil && string(c.Key) == string(key) {
+			if k := p.key(r); m != nil && m.Match(k) || m == nil && string(k) == string(key) {
 				if len(out) == maxReplay {
 					return false
 				}
-				out = append(out, *c)
+				ev := store.Event{Kind: r.kind, Key: bytes.Clone(k), Version: ver}
+				if r.kind == store.EventSet {
+					ev.Value = bytes.Clone(p.value(r))
+				}
+				out = append(out, change{Event: ev, at: time.Unix(0, r.at)})
 			}
 		}
 		return true

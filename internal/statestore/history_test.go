@@ -3,6 +3,7 @@ package statestore
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,8 +56,8 @@ func TestHistoryKeepsTheNewestChanges(t *testing.T) {
 		}
 	}
 	p := &h.parts[store.Partition(key)]
-	if len(p.ring) > 2*per {
-		t.Fatalf("the ring grew to %d slots for %d changes", len(p.ring), per)
+	if len(p.recs) > 2*per {
+		t.Fatalf("the ring grew to %d slots for %d changes", len(p.recs), per)
 	}
 }
 
@@ -79,7 +80,7 @@ func TestHistoryByteBudget(t *testing.T) {
 		for j := 0; j < p.n; j++ {
 			n += p.at(j).size()
 		}
-		if p.n == 0 && p.ring != nil {
+		if p.n == 0 && p.recs != nil {
 			t.Fatalf("partition %d: an empty ring kept its slots", i)
 		}
 	}
@@ -95,30 +96,40 @@ func TestHistoryByteBudget(t *testing.T) {
 	}
 }
 
-// TestPartitionLogRing: the ring against a plain list, through random
-// adds and drops (growing while wrapped, emptying, starting again).
+// TestPartitionLogRing: the ring and its data against a plain list,
+// through random adds and drops (growing while wrapped, compacting the
+// data, emptying, starting again).
 func TestPartitionLogRing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	var p partitionLog
 	var list []int64
+	keyOf := func(i int64) string { return fmt.Sprint("k", i) }
+	valueOf := func(i int64) string { return strings.Repeat("v", int(i%300)) }
 	for i := int64(1); i <= 5000; i++ {
 		if len(list) > 0 && rng.IntN(100) < 45+len(list)%7 {
 			p.drop()
 			list = list[1:]
 		} else {
-			p.push(change{Event: store.Event{Version: hlc.Timestamp{Wall: i}}})
+			ev := store.Event{Kind: store.EventSet, Key: []byte(keyOf(i)), Value: []byte(valueOf(i)), Version: hlc.Timestamp{Wall: i}}
+			p.push(&ev, 0, i)
 			list = append(list, i)
 		}
 		if p.n != len(list) {
 			t.Fatalf("step %d: %d changes, want %d", i, p.n, len(list))
 		}
+		var live int
 		for j, w := range list {
-			if got := p.at(j).Version.Wall; got != w {
-				t.Fatalf("step %d: change %d is %d, want %d", i, j, got, w)
+			r := p.at(j)
+			if r.wall != w || string(p.key(r)) != keyOf(w) || string(p.value(r)) != valueOf(w) {
+				t.Fatalf("step %d: change %d is %d %q, want %d %q", i, j, r.wall, p.key(r), w, keyOf(w))
 			}
+			live += int(r.size())
 		}
-		if p.n == 0 && p.ring != nil {
-			t.Fatalf("step %d: an empty log kept its ring", i)
+		if len(p.data)-p.start != live || (p.start >= 4096 && 2*p.start >= len(p.data)) {
+			t.Fatalf("step %d: data of %d bytes from %d for %d live", i, len(p.data), p.start, live)
+		}
+		if p.n == 0 && (p.recs != nil || p.data != nil) {
+			t.Fatalf("step %d: an empty log kept its ring or data", i)
 		}
 	}
 }
