@@ -316,11 +316,7 @@ func TestRESPProtocolErrors(t *testing.T) {
 		"*99999999\r\n",
 		"SET \"unbalanced\r\n",
 	} {
-		c, err := net.Dial("tcp", s.RESPAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c := dialRESP(t, s)
 		c.Write([]byte(in))
 		line, err := bufio.NewReader(c).ReadString('\n')
 		if err != nil || !strings.HasPrefix(line, "-ERR Protocol error") {
@@ -329,12 +325,7 @@ func TestRESPProtocolErrors(t *testing.T) {
 		c.Close()
 	}
 	// Inline commands, as typed into telnet.
-	c, err := net.Dial("tcp", s.RESPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialRESP(t, s)
 	k := uniqueKey(t)
 	fmt.Fprintf(c, "SET %s \"two words\"\r\nGET %s\r\n", k, k)
 	br := bufio.NewReader(c)
@@ -349,12 +340,7 @@ func TestRESPProtocolErrors(t *testing.T) {
 // the connection closes, and nothing after the QUIT is run.
 func TestRESPQuitInAPipeline(t *testing.T) {
 	s := startServer(t, inMemory(), withRESP())
-	c, err := net.Dial("tcp", s.RESPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialRESP(t, s)
 	k := uniqueKey(t)
 	fmt.Fprintf(c, "PING\r\nGET %s\r\nQUIT\r\nSET %s after\r\n", k, k)
 	got, err := io.ReadAll(c)
@@ -365,6 +351,19 @@ func TestRESPQuitInAPipeline(t *testing.T) {
 	if v, err := rc.Get(ctxFor(t, 10*time.Second), k).Result(); !errors.Is(err, goredis.Nil) {
 		t.Fatalf("the SET after QUIT ran: %q %v", v, err)
 	}
+}
+
+// dialRESP connects to s's RESP endpoint without a client library, for
+// the bytes themselves; the connection closes with the test.
+func dialRESP(t *testing.T, s *testServer) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", s.RESPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
 }
 
 // requireTool finds a program the tests use, skipping without it unless
