@@ -21,32 +21,29 @@ import (
 // or keys in one window the rest count together under "(others)", so the
 // maps stay bounded.
 //
-// Counting is sampled once requests come fast: one request in every is
-// counted, as every requests (a slow one is always kept). every follows
-// the rate of the last second so that about sampleRate requests a second
-// are counted: all of them at a few thousand a second, one in a hundred at
-// 400,000. Why: a
-// lock and two map updates per request, shared by every connection, cost
-// a pipelined GET through the RESP endpoint a sixth of its CPU (the lock's
-// cache line moving between cores, the maps missing the cache); the busy
-// clients, hot keys and the p99 the figures are for show as well in a
-// sample of thousands a second.
+// Counting is sampled once requests come fast: one request in `every` is
+// counted, and stands for `every` requests (a slow one is always listed).
+// every follows the rate of the last second so that about sampleRate
+// requests a second are counted: all of them at a few thousand a second,
+// one in a hundred at 400,000. Why: a lock and two map updates per
+// request, shared by every connection, cost a pipelined GET through the
+// RESP endpoint a sixth of its CPU (the lock's cache line moving between
+// cores, the maps missing the cache); the busy clients, hot keys and the
+// p99 the figures are for show as well in a sample of thousands a second.
 type activity struct {
 	every atomic.Uint32 // read on every request, written by tune
 	// next: when the window ends or every is due to be set again (unix
 	// ns), whichever is first: a request after it takes the lock, counted
 	// or not.
 	next atomic.Int64
-	// tuned is when every was last set; counted the requests counted
-	// since (weights included).
-	tuned   time.Time
-	counted int64
 
 	mu        sync.Mutex
 	cur, last window
 	slow      []SlowRequest    // the last maxSlow, oldest first
 	recent    []time.Duration  // latencies of counted requests, a ring
 	oldest    int              // recent's oldest, once full
+	tuned     time.Time        // when every was last set
+	counted   int64            // requests counted since, each as many as it stands for
 	now       func() time.Time // time.Now; a test holds it still so that no window ends mid-test
 }
 
