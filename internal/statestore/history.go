@@ -20,16 +20,10 @@ type HistoryLimits struct {
 // DefaultHistory is what an unconfigured node keeps.
 var DefaultHistory = HistoryLimits{PerPartition: 64, MaxAge: 10 * time.Minute, MaxBytes: 64 << 20}
 
-// change is one remembered event, with when it was applied: what a
-// replay returns (see since).
-type change struct {
-	store.Event
-	at time.Time
-}
-
-// rec is a change as a partition's log keeps it, without a pointer: its
-// key and value are in the log's data, its version's node in the
-// history's table of node ids. Why: kept as events (two slices and a
+// rec is one remembered change, with when it was applied, as a
+// partition's log keeps it: without a pointer. Its key and value are in
+// the log's data, its version's node in the history's table of node ids
+// (since makes events of them again). Why: kept as events (two slices and a
 // string each, and the old values they held alive), the history's
 // quarter-million changes were most of the pointers the garbage
 // collector followed at every cycle, and cost a pipelined SET a fifth of
@@ -245,11 +239,11 @@ func (h *history) trim(p *partitionLog, now int64, written bool) {
 // m, to keys matching it), in version order. ok is false when the history
 // no longer reaches back to v, is disabled, or holds more than maxReplay
 // such changes.
-func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change, bool) {
+func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]store.Event, bool) {
 	if h.limits.PerPartition <= 0 || h.gaps > 0 {
 		return nil, false // nothing is kept, or changes were lost
 	}
-	var out []change
+	var out []store.Event
 	collect := func(p *partitionLog) bool {
 		if p.floor.Compare(v) > 0 {
 			return false
@@ -268,7 +262,7 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change,
 				if r.kind == store.EventSet {
 					ev.Value = bytes.Clone(p.value(r))
 				}
-				out = append(out, change{Event: ev, at: time.Unix(0, r.at)})
+				out = append(out, ev)
 			}
 		}
 		return true
@@ -284,6 +278,6 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]change,
 			return nil, false
 		}
 	}
-	slices.SortFunc(out, func(a, b change) int { return a.Version.Compare(b.Version) })
+	slices.SortFunc(out, func(a, b store.Event) int { return a.Version.Compare(b.Version) })
 	return out, true
 }

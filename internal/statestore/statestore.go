@@ -877,7 +877,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	}
 	// What this connection's other registrations already delivered is
 	// not replayed again: one notification per change.
-	changes = slices.DeleteFunc(changes, func(c change) bool {
+	changes = slices.DeleteFunc(changes, func(c store.Event) bool {
 		return s.observers.delivered(r.ClientID, r.Conn, c.Key, c.Version)
 	})
 	if !s.observers.add(r.ClientID, r.Conn, r.Grant, sink, key, matcher, regFrom{from: from, since: true}, s.limits.MaxRegistrationsPerConn) {
@@ -891,7 +891,7 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 		if pattern && !r.Grant.CanAccess(c.Key, policy.Read) {
 			continue
 		}
-		s.notify(sink, r.ClientID, r.Conn, prefix, &c.Event, new(encoded))
+		s.notify(sink, r.ClientID, r.Conn, prefix, c, new(encoded))
 	}
 	s.dispatch.Unlock()
 	s.reply(r, resp.OK, hlc.Timestamp{})
