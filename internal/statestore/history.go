@@ -198,9 +198,6 @@ func (h *history) add(events []store.Event, now time.Time) {
 // node returns the place of a node id in h.nodes, adding it the first
 // time: versions are issued by the cluster's nodes, a handful of ids.
 func (h *history) node(id string) uint32 {
-	if len(h.nodes) > 0 && h.nodes[len(h.nodes)-1] == id {
-		return uint32(len(h.nodes) - 1) // the common case: this node's
-	}
 	n, ok := h.nodeOf[id]
 	if !ok {
 		n = uint32(len(h.nodes))
