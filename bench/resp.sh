@@ -5,6 +5,9 @@
 #   - redis-server with appendonly yes, appendfsync always (durable too),
 #   - redis-server as Debian ships it (snapshots only: an acknowledged SET
 #     can be lost),
+#   - bench/respfloor: a Go server shaped as mqkv's RESP endpoint that
+#     answers +OK to every command and does nothing else (no store, no
+#     disk): the floor of the network and Go's scheduler on this machine,
 # without and with pipelining (-P 16), the servers taking turns each
 # round; and mqkv's MQTT path for the same SET and GET (mqkv bench --server,
 # 50 clients, 256-byte values) against the same mqkv server. Server CPU
@@ -22,9 +25,10 @@ work=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 go build -o "$work/mqkv" ./cmd/mqkv
+go build -o "$work/respfloor" ./bench/respfloor
 
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport)
+mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport) fport=$(freeport)
 "$work/mqkv" serve --data-dir "$work/mqkv-data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$rport" --log-level warn &
 pids+=($!); mqkv_pid=$!
 mkdir -p "$work/aof" "$work/default"
@@ -32,7 +36,9 @@ redis-server --port "$aport" --bind 127.0.0.1 --dir "$work/aof" --appendonly yes
 pids+=($!); aof_pid=$!
 redis-server --port "$dport" --bind 127.0.0.1 --dir "$work/default" --daemonize no --loglevel warning &
 pids+=($!); def_pid=$!
-for p in "$rport" "$aport" "$dport"; do
+"$work/respfloor" "127.0.0.1:$fport" &
+pids+=($!); floor_pid=$!
+for p in "$rport" "$aport" "$dport" "$fport"; do
 	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
@@ -68,6 +74,7 @@ for ((i = 1; i <= rounds; i++)); do
 		run "mqkv RESP (durable)" "$mqkv_pid" "$rport" "$pl"
 		run "redis appendfsync=always" "$aof_pid" "$aport" "$pl"
 		run "redis default" "$def_pid" "$dport" "$pl"
+		run "floor (Go, answers +OK)" "$floor_pid" "$fport" "$pl"
 	done
 	mqtt set
 	mqtt get

@@ -20,6 +20,7 @@ import (
 type process struct {
 	cmd  *exec.Cmd
 	done chan struct{}
+	log  string // its server.log
 }
 
 func spawn(dir, name string, args ...string) (*process, error) {
@@ -41,7 +42,7 @@ func spawn(dir, name string, args ...string) (*process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w (run bench/peers/run.sh, which installs it)", name, err)
 	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
+	p := &process{cmd: cmd, done: make(chan struct{}), log: logf.Name()}
 	go func() { cmd.Wait(); logf.Close(); close(p.done) }()
 	return p, nil
 }
@@ -97,12 +98,20 @@ func awaitListening(p *process, addr string) error {
 		}
 		select {
 		case <-p.done:
-			return errors.New("the server exited at start; see its server.log")
+			return fmt.Errorf("the server exited at start (%v); the end of its log:\n%s", p.cmd.ProcessState, p.logTail())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	p.stop()
 	return fmt.Errorf("%s not listening after 30 s", addr)
+}
+
+// logTail is the last lines of p's log: the working directory, and so
+// the log, goes when the run ends.
+func (p *process) logTail() string {
+	b, _ := os.ReadFile(p.log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
 }
 
 func buildMQKV(out string) error {

@@ -234,22 +234,44 @@ func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {
 
 func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, 3, 4)
+	failover(t, newHarness(t, 3, 4), 0) // n1 dies (it led some groups)
+}
+
+// TestFailoverOfTheOnlyGroup: a cluster of one group (docs/cluster.md,
+// "How many groups") loses the node that leads every key.
+func TestFailoverOfTheOnlyGroup(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 3, 1)
+	leader := h.any().Status().Groups[0].Leader
+	for i, n := range h.nodes {
+		if n.cfg.NodeID == leader {
+			failover(t, h, i)
+			return
+		}
+	}
+	t.Fatalf("group 0 led by %q: no such node", leader)
+}
+
+// failover writes through a node, stops node dead, and writes again
+// through the others: every acknowledged write is read back.
+func failover(t *testing.T, h *harness, dead int) {
+	t.Helper()
+	via, after := h.nodes[(dead+1)%3], (dead+2)%3
 	acked := map[string]string{}
 	var mu sync.Mutex
 	for i := 0; i < 40; i++ {
 		k := fmt.Sprintf("k%d", i)
-		if res, err := set(t, h.nodes[1], k, "v1"); err != nil || res.Outcome != store.Applied {
+		if res, err := set(t, via, k, "v1"); err != nil || res.Outcome != store.Applied {
 			t.Fatal(err)
 		}
 		acked[k] = "v1"
 	}
-	h.stop(0) // n1 dies (it led some groups)
+	h.stop(dead)
 	for i := 0; i < 40; i++ {
 		k := fmt.Sprintf("k%d", i)
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			res, err := set(t, h.nodes[2], k, "v2")
+			res, err := set(t, h.nodes[after], k, "v2")
 			if err == nil && res.Outcome == store.Applied {
 				mu.Lock()
 				acked[k] = "v2"
@@ -262,7 +284,7 @@ func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {
 		}
 	}
 	for k, v := range acked {
-		e, ok, err := h.nodes[1].Get(ctx(t), []byte(k))
+		e, ok, err := via.Get(ctx(t), []byte(k))
 		if err != nil || !ok || string(e.Value) != v {
 			t.Fatalf("%s: %+v %v %v, want %s", k, e, ok, err, v)
 		}
