@@ -283,7 +283,7 @@ func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfi
 	if err != nil {
 		return nil, err
 	}
-	return newPacketConn(conn), nil
+	return newPacketConn(conn, c.takeReply), nil
 }
 
 // serverURLs parses Config.URL: one URL, or several of one scheme.
@@ -465,23 +465,32 @@ func (c *Client) onConnectionDown() bool {
 
 func (c *Client) onPublish(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
-	if p.Topic == c.respTopic {
-		if p.Properties == nil {
-			return true, nil
-		}
-		c.mu.Lock()
-		ch := c.pending[string(p.Properties.CorrelationData)]
-		delete(c.pending, string(p.Properties.CorrelationData))
-		c.mu.Unlock()
-		if ch != nil {
-			ch <- p
-		}
+	if c.takeReply(p) {
 		return true, nil
 	}
 	if strings.HasPrefix(p.Topic, notifyPrefix) {
 		c.onNotification(p)
 	}
 	return true, nil
+}
+
+// takeReply hands a reply to the request waiting for it, if p is one:
+// a PUBLISH on the response topic (false for any other).
+func (c *Client) takeReply(p *paho.Publish) bool {
+	if p.Topic != c.respTopic {
+		return false
+	}
+	if p.Properties == nil {
+		return true
+	}
+	c.mu.Lock()
+	ch := c.pending[string(p.Properties.CorrelationData)]
+	delete(c.pending, string(p.Properties.CorrelationData))
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- p
+	}
+	return true
 }
 
 // Close disconnects. Requests in progress end with ErrClosed, watches'

@@ -2,9 +2,12 @@ package client
 
 import (
 	"bufio"
+	"encoding/binary"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/eclipse/paho.golang/paho"
 )
 
 // packetConn is the connection the client's MQTT packets travel on.
@@ -27,6 +30,13 @@ type packetConn struct {
 	net.Conn
 	r *bufio.Reader
 
+	// replies takes a QoS 0 PUBLISH the connection parsed itself (see
+	// parseReply), or refuses it (false) and paho reads it. left is how
+	// much of the packet paho is reading remains (-1: everything, once
+	// the packets could not be followed).
+	replies func(*paho.Publish) bool
+	left    int
+
 	mu      sync.Mutex
 	cond    sync.Cond // signalled when pending was taken or the connection failed
 	packet  bool      // between Lock and Unlock: writes are gathered
@@ -42,14 +52,65 @@ type packetConn struct {
 // waits too (a server that reads slowly slows its client).
 const maxPending = 256 << 10
 
-func newPacketConn(c net.Conn) *packetConn {
-	p := &packetConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10), kick: make(chan struct{}, 1)}
+func newPacketConn(c net.Conn, replies func(*paho.Publish) bool) *packetConn {
+	p := &packetConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10), kick: make(chan struct{}, 1), replies: replies}
+	if replies == nil {
+		p.left = -1
+	}
 	p.cond.L = &p.mu
 	go p.writer()
 	return p
 }
 
-func (c *packetConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+// Read gives paho the packets the connection did not take itself.
+func (c *packetConn) Read(p []byte) (int, error) {
+	for c.left == 0 {
+		c.left = c.takeReplies()
+	}
+	if c.left > 0 && len(p) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	if c.left > 0 {
+		c.left -= n
+	}
+	return n, err
+}
+
+// takeReplies takes the replies at the head of the input, and returns the
+// size of the next packet, which paho reads (-1 if its size is unknown:
+// the input ended or is not MQTT, which paho then says).
+func (c *packetConn) takeReplies() int {
+	for {
+		// The fixed header: a byte, then the remaining length in one
+		// to four bytes (a PINGRESP is two bytes in all: peeking more
+		// would wait for a packet that may not come).
+		head, err := c.r.Peek(2)
+		for err == nil && head[len(head)-1]&0x80 != 0 && len(head) < 5 {
+			head, err = c.r.Peek(len(head) + 1)
+		}
+		if err != nil {
+			return -1
+		}
+		remaining, n := binary.Uvarint(head[1:])
+		if n <= 0 {
+			return -1
+		}
+		size := 1 + n + int(remaining)
+		if head[0] != 0x30 || size > c.r.Size() {
+			return size
+		}
+		b, err := c.r.Peek(size)
+		if err != nil {
+			return -1
+		}
+		p, ok := parseReply(b)
+		if !ok || !c.replies(p) {
+			return size
+		}
+		c.r.Discard(size)
+	}
+}
 
 // Lock begins a packet.
 func (c *packetConn) Lock() {
