@@ -54,9 +54,6 @@ const maxPending = 256 << 10
 
 func newPacketConn(c net.Conn, replies func(*paho.Publish) bool) *packetConn {
 	p := &packetConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10), kick: make(chan struct{}, 1), replies: replies}
-	if replies == nil {
-		p.left = -1
-	}
 	p.cond.L = &p.mu
 	go p.writer()
 	return p

@@ -72,8 +72,8 @@ func parseReply(b []byte) (p *paho.Publish, ok bool) {
 			if n <= 0 || n > 4 {
 				return nil, false
 			}
-			id := int(v)
-			pp.SubscriptionIdentifier, props = &id, props[n:]
+			sub := int(v)
+			pp.SubscriptionIdentifier, props = &sub, props[n:]
 		case 0x26: // user property
 			var k, v []byte
 			if k, props, ok = mqttString(props); !ok {
