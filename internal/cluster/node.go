@@ -43,14 +43,21 @@ import (
 	"github.com/mqkv/mqkv/internal/store"
 )
 
-// Defaults for a new cluster. Balancing leadership needs at least as many
-// groups as nodes, so 8 serves clusters of up to 8 nodes evenly. The
-// groups of a node share one journal and its fsyncs (see package journal),
-// so more groups cost little on one node; with a log per group, a
-// one-node cluster's durable SET throughput on a two-core machine was
-// 1.04x a single node's with 1 group, 0.85x with 4 and 0.59x with 16.
+// Defaults for a new cluster. One group, the shape etcd and a NATS
+// JetStream KV bucket have: one leader orders every write and the others
+// follow. Across nodes every group pays per batch of writes (its leader's
+// loop, an AppendEntries and its answer per follower, a sync and an apply
+// on every replica), and the same writes spread over more groups come in
+// smaller batches. Three nodes on a two-core machine, 64 clients of
+// durable SET (docs/benchmarks.md, 2026-11-29 and 2026-11-30): 8 groups
+// cost 111-167 µs of CPU per SET over the three nodes, 3 groups 91-95,
+// 1 group 49-62; per node too, the leader of 1 group spent 30 µs per SET
+// where each node of 8 spent 36, so 1 is cheaper even on machines of
+// their own at that load. More groups spread leadership and, as a cluster
+// grows past RF nodes, the data: `--groups` chooses that when the cluster
+// is created (docs/cluster.md, "How many groups").
 const (
-	DefaultGroups = 8
+	DefaultGroups = 1
 	DefaultRF     = 3
 )
 
