@@ -49,7 +49,7 @@ import (
 // loop, an AppendEntries and its answer per follower, a sync and an apply
 // on every replica), and the same writes spread over more groups come in
 // smaller batches. Three nodes on a two-core machine, 64 clients of
-// durable SET (docs/benchmarks.md, 2026-11-29 and 2026-11-30): 8 groups
+// durable SET (docs/benchmarks.md, 2026-11-29): 8 groups
 // cost 111-167 µs of CPU per SET over the three nodes, 3 groups 91-95,
 // 1 group 49-62; per node too, the leader of 1 group spent 30 µs per SET
 // where each node of 8 spent 36, so 1 is cheaper even on machines of
