@@ -264,16 +264,22 @@ func TestLegacyClusterIsNamedOnceEveryMemberCan(t *testing.T) {
 	}
 }
 
-// metaLeader returns the node that leads the metadata group.
+// metaLeader returns the node that leads the metadata group, waiting
+// for one while an election runs (under CI's load one did, right after
+// the harness started: "no metadata leader").
 func (h *harness) metaLeader() *Node {
 	h.t.Helper()
-	for _, n := range h.nodes {
-		if n != nil && n.meta.State() == raft.Leader {
-			return n
+	var leader *Node
+	eventuallyT(h.t, 10*time.Second, "a metadata leader", func() bool {
+		for _, n := range h.nodes {
+			if n != nil && n.meta.State() == raft.Leader {
+				leader = n
+				return true
+			}
 		}
-	}
-	h.t.Fatal("no metadata leader")
-	return nil
+		return false
+	})
+	return leader
 }
 
 // TestLostJournalDoesNotMakeANewCluster: a member whose journal is gone
