@@ -92,6 +92,8 @@ type Client struct {
 	mu      sync.Mutex
 	pending map[string]chan *paho.Publish // correlation data → reply
 	ready   chan struct{}                 // closed when the current connection can take requests
+	live    *packetConn                   // that connection, while ready is closed
+	dialed  *packetConn                   // the connection made last
 	gen     uint64                        // connections made so far; a stale setup must not open ready
 	watches map[watchID]*keyWatch         // key or pattern → its watchers
 	closed  bool
@@ -283,7 +285,11 @@ func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfi
 	if err != nil {
 		return nil, err
 	}
-	return newPacketConn(conn, c.takeReply), nil
+	pc := newPacketConn(conn, c.takeReply)
+	c.mu.Lock()
+	c.dialed = pc
+	c.mu.Unlock()
+	return pc, nil
 }
 
 // serverURLs parses Config.URL: one URL, or several of one scheme.
@@ -346,13 +352,19 @@ func (c *Client) isReady() bool {
 // when the subscription is in place. A failed subscription is retried
 // while the connection lasts; a refused one (no permission) also fails
 // Dial.
-func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack) {
+func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, ack *paho.Connack) {
 	c.up.Store(true)
 	c.referred.Store(nil) // followed, or given up for a server that answers
 	c.mu.Lock()
 	c.gen++
 	gen := c.gen
+	pc := c.dialed // autopaho connects once at a time: this CONNACK's
 	c.mu.Unlock()
+	var sendMax uint16
+	if ack != nil && ack.Properties != nil && ack.Properties.ReceiveMaximum != nil {
+		sendMax = *ack.Properties.ReceiveMaximum
+	}
+	pc.setSendMax(sendMax)
 	go func() {
 		for attempt := 0; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
@@ -400,6 +412,7 @@ func (c *Client) onConnectionUp(cm *autopaho.ConnectionManager, _ *paho.Connack)
 		case <-c.ready:
 		default:
 			close(c.ready)
+			c.live = pc
 		}
 		// Patterns first: a key's resync may deliver to them.
 		var patterns, keys []watchID
@@ -457,7 +470,7 @@ func (c *Client) onConnectionDown() bool {
 	defer c.mu.Unlock()
 	select {
 	case <-c.ready:
-		c.ready = make(chan struct{})
+		c.ready, c.live = make(chan struct{}), nil
 	default:
 	}
 	return !c.closed
@@ -564,12 +577,19 @@ func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserP
 	if c.parent != nil && !c.isReady() {
 		return reply{}, errNotSent
 	}
-	select {
-	case <-c.readyChan():
-	case <-c.done:
-		return reply{}, ErrClosed
-	case <-ctx.Done():
-		return reply{}, fmt.Errorf("client: not connected: %w", ctx.Err())
+	var pc *packetConn // the connection the request goes on, once up
+	for pc == nil {
+		c.mu.Lock()
+		ready, live := c.ready, c.live
+		c.mu.Unlock()
+		select {
+		case <-ready:
+			pc = live // nil if it went down since: wait for the next
+		case <-c.done:
+			return reply{}, ErrClosed
+		case <-ctx.Done():
+			return reply{}, fmt.Errorf("client: not connected: %w", ctx.Err())
+		}
 	}
 	corr := make([]byte, 16)
 	rand.Read(corr)
@@ -594,17 +614,30 @@ func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserP
 	// (mqkv attach) knows the requester by it alone.
 	user := paho.UserProperties{{Key: "__ts", Value: c.clock.Now().String()}, {Key: "__srcId", Value: c.cfg.ClientID}}
 	user = append(user, props...)
-	_, err := c.cm.Publish(ctx, &paho.Publish{
-		Topic:   requestTopic,
-		QoS:     1,
-		Payload: resp.AppendBulks(nil, args...),
-		Properties: &paho.PublishProperties{
-			CorrelationData: corr,
-			ResponseTopic:   c.respTopic,
-			ContentType:     "application/octet-stream",
-			MessageExpiry:   &expiry,
-			User:            user,
-		},
+	payload := resp.AppendBulks(nil, args...)
+	pp := &paho.PublishProperties{
+		CorrelationData: corr,
+		ResponseTopic:   c.respTopic,
+		ContentType:     "application/octet-stream",
+		MessageExpiry:   &expiry,
+		User:            user,
+	}
+	if !requestFits(requestTopic, payload, pp) {
+		return reply{}, errors.New("client: publish: the request is too large for an MQTT packet")
+	}
+	// The reply comes before the PUBACK (the server acknowledges a
+	// request once answered; another broker, with mqkv attached, at
+	// once): a PUBACK matters only when it refuses the request.
+	refused := make(chan error, 1)
+	err := pc.publish(ctx, func(b []byte, id uint16) []byte {
+		return appendRequest(b, id, requestTopic, payload, pp)
+	}, func(reason byte, err error) {
+		if err == nil && reason >= 0x80 {
+			err = pubackError(reason)
+		}
+		if err != nil {
+			refused <- err
+		}
 	})
 	if err != nil {
 		select {
@@ -617,6 +650,15 @@ func (c *Client) request(ctx context.Context, args [][]byte, props ...paho.UserP
 	select {
 	case p := <-ch:
 		return c.parse(p)
+	case err := <-refused:
+		select {
+		case p := <-ch: // answered before the connection ended
+			return c.parse(p)
+		case <-c.done:
+			return reply{}, ErrClosed
+		default:
+		}
+		return reply{}, fmt.Errorf("client: publish: %w", err)
 	case <-c.done:
 		return reply{}, ErrClosed
 	case <-ctx.Done():

@@ -2,7 +2,9 @@ package client
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -37,6 +39,20 @@ type packetConn struct {
 	replies func(*paho.Publish) bool
 	left    int
 
+	// The requests the client publishes itself (appendRequest), each
+	// waiting for its PUBACK. Their packet ids are from the upper half:
+	// paho, which sends only SUBSCRIBE and UNSUBSCRIBE now, numbers its
+	// own from 1 upwards. slots holds one token per request in flight,
+	// at most the server's Receive Maximum (made by setSendMax, once the
+	// CONNACK came); dead is closed, with lost set, once the connection
+	// ended, and every request still waiting was told.
+	ackMu  sync.Mutex
+	acks   map[uint16]func(reason byte, err error)
+	nextID uint16
+	slots  chan struct{}
+	dead   chan struct{}
+	lost   error
+
 	mu      sync.Mutex
 	cond    sync.Cond // signalled when pending was taken or the connection failed
 	packet  bool      // between Lock and Unlock: writes are gathered
@@ -53,7 +69,8 @@ type packetConn struct {
 const maxPending = 256 << 10
 
 func newPacketConn(c net.Conn, replies func(*paho.Publish) bool) *packetConn {
-	p := &packetConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10), kick: make(chan struct{}, 1), replies: replies}
+	p := &packetConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10), kick: make(chan struct{}, 1), replies: replies,
+		acks: map[uint16]func(byte, error){}, nextID: firstOwnID, dead: make(chan struct{})}
 	p.cond.L = &p.mu
 	go p.writer()
 	return p
@@ -71,7 +88,104 @@ func (c *packetConn) Read(p []byte) (int, error) {
 	if c.left > 0 {
 		c.left -= n
 	}
+	if err != nil {
+		c.fail(errConnLost)
+	}
 	return n, err
+}
+
+// firstOwnID is the first packet id of the client's own requests.
+const firstOwnID = 0x8000
+
+// setSendMax sets how many requests may wait for their PUBACKs at once:
+// the server's Receive Maximum (0: none given, 65,535), at most as many
+// as there are ids of the client's own.
+func (c *packetConn) setSendMax(max uint16) {
+	n := int(max)
+	if n == 0 || n > 0x10000-firstOwnID {
+		n = 0x10000 - firstOwnID
+	}
+	c.ackMu.Lock()
+	c.slots = make(chan struct{}, n)
+	c.ackMu.Unlock()
+}
+
+// publish writes a request's PUBLISH, which encode appends with the
+// packet id given, once fewer than the server's Receive Maximum are in
+// flight; acked is called once, from the connection's reader, with the
+// PUBACK's reason code, or with an error if the connection ends first.
+// An error returned means nothing was sent.
+func (c *packetConn) publish(ctx context.Context, encode func(b []byte, id uint16) []byte, acked func(reason byte, err error)) error {
+	c.ackMu.Lock()
+	slots := c.slots
+	c.ackMu.Unlock()
+	if slots == nil {
+		return errors.New("no CONNACK yet") // requests wait for the connection to be up
+	}
+	select {
+	case slots <- struct{}{}:
+	case <-c.dead:
+		return c.lost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.ackMu.Lock()
+	if c.lost != nil {
+		c.ackMu.Unlock()
+		return c.lost
+	}
+	id := c.nextID
+	for c.acks[id] != nil { // a free one: fewer are in flight than ids
+		id = max(id+1, firstOwnID)
+	}
+	c.nextID = max(id+1, firstOwnID)
+	c.acks[id] = acked
+	c.ackMu.Unlock()
+
+	c.Lock()
+	err := c.err
+	if err == nil {
+		c.pending = encode(c.pending, id)
+	}
+	c.Unlock()
+	if err != nil {
+		c.fail(err) // acked hears of it
+	}
+	return nil
+}
+
+// acked hands a PUBACK to the request waiting for it; false if none is.
+func (c *packetConn) acked(id uint16, reason byte) bool {
+	c.ackMu.Lock()
+	f := c.acks[id]
+	if f != nil {
+		delete(c.acks, id)
+		<-c.slots
+	}
+	c.ackMu.Unlock()
+	if f == nil {
+		return false
+	}
+	f(reason, nil)
+	return true
+}
+
+// fail tells every request still waiting for its PUBACK that the
+// connection ended, and refuses new ones.
+func (c *packetConn) fail(err error) {
+	c.ackMu.Lock()
+	if c.lost != nil {
+		c.ackMu.Unlock()
+		return
+	}
+	c.lost = err
+	close(c.dead)
+	waiting := c.acks
+	c.acks = map[uint16]func(byte, error){}
+	c.ackMu.Unlock()
+	for _, f := range waiting {
+		f(0, err)
+	}
 }
 
 // takeReplies takes the replies at the head of the input, and returns the
@@ -94,6 +208,21 @@ func (c *packetConn) takeReplies() int {
 			return -1
 		}
 		size := 1 + n + int(remaining)
+		if head[0] == 0x40 && remaining >= 2 && size <= c.r.Size() { // a PUBACK
+			b, err := c.r.Peek(size)
+			if err != nil {
+				return -1
+			}
+			reason := byte(0) // success, when the packet ends after the id
+			if remaining > 2 {
+				reason = b[1+n+2]
+			}
+			if !c.acked(binary.BigEndian.Uint16(b[1+n:]), reason) {
+				return size
+			}
+			c.r.Discard(size)
+			continue
+		}
 		if head[0] != 0x30 || size > c.r.Size() {
 			return size
 		}
@@ -185,5 +314,6 @@ func (c *packetConn) Close() error {
 		close(c.kick)
 	}
 	c.mu.Unlock()
+	c.fail(errConnLost)
 	return c.Conn.Close()
 }
