@@ -16,11 +16,7 @@ import (
 // the client's side of a request costs (the load generator of bench/peers
 // spends more per request than etcd's and NATS's clients).
 func BenchmarkClientGet(b *testing.B) {
-	s, err := server.Start(server.Config{Listen: "127.0.0.1:0", InMemory: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := memoryServer(b)
 	ctx := context.Background()
 	var cs []*Client
 	for range 8 {
@@ -48,4 +44,16 @@ func BenchmarkClientGet(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// memoryServer is a node in memory in this process, closed when the test
+// ends.
+func memoryServer(tb testing.TB) *server.Server {
+	tb.Helper()
+	s, err := server.Start(server.Config{Listen: "127.0.0.1:0", InMemory: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
 }

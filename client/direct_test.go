@@ -3,13 +3,10 @@ package client
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/mqkv/mqkv/internal/resp"
-	"github.com/mqkv/mqkv/internal/server"
 	"github.com/mqkv/mqkv/internal/store"
 )
 
@@ -63,11 +60,7 @@ func TestParseRoutes(t *testing.T) {
 // A node on its own answers ROUTES with one group and no address: a
 // client with Direct sends everything through its one connection.
 func TestDirectOnANodeOnItsOwn(t *testing.T) {
-	s, err := server.Start(server.Config{Listen: "127.0.0.1:0", InMemory: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := memoryServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, Config{URL: "mqtt://" + s.Addr(), Direct: true})

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net"
 	"reflect"
 	"strings"
@@ -14,8 +12,6 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
-
-	"github.com/mqkv/mqkv/internal/server"
 )
 
 // FuzzAppendRequest: whatever appendRequest writes, paho reads back as
@@ -158,11 +154,7 @@ func TestPacketConnPublishesAndTakesPUBACKs(t *testing.T) {
 // answered; paho's session takes none of them (it numbers from 1 what it
 // sends itself).
 func TestRequestsBypassPahosSession(t *testing.T) {
-	s, err := server.Start(server.Config{Listen: "127.0.0.1:0", InMemory: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := memoryServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, Config{URL: "mqtt://" + s.Addr()})
