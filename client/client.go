@@ -529,12 +529,11 @@ func (c *Client) Close() error {
 	return c.cm.Disconnect(ctx)
 }
 
-// unkept is the session's store of the client's own QoS 1 and 2 packets,
-// which keeps none. paho keeps each for a resend on a session that
-// outlives its connection; this client's sessions end with theirs (no
-// Session Expiry Interval), so nothing kept is ever resent, and writing
-// every request into a buffer cost the load generator a tenth of its CPU
-// per request (bench/peers -cpuprofile).
+// unkept is the session's store of the packets paho sends (SUBSCRIBE
+// and UNSUBSCRIBE: requests go out through appendRequest), which keeps
+// none. paho keeps each for a resend on a session that outlives its
+// connection; this client's sessions end with theirs (no Session Expiry
+// Interval), so nothing kept would ever be resent.
 type unkept struct{}
 
 func (unkept) Put(uint16, byte, io.WriterTo) error { return nil }
