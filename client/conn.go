@@ -188,8 +188,9 @@ func (c *packetConn) fail(err error) {
 	}
 }
 
-// takeReplies takes the replies at the head of the input, and returns the
-// size of the next packet, which paho reads (-1 if its size is unknown:
+// takeReplies takes the replies, and the PUBACKs of the client's own
+// requests, at the head of the input, and returns the size of the next
+// packet, which paho reads (-1 if its size is unknown:
 // the input ended or is not MQTT, which paho then says).
 func (c *packetConn) takeReplies() int {
 	for {
@@ -208,30 +209,26 @@ func (c *packetConn) takeReplies() int {
 			return -1
 		}
 		size := 1 + n + int(remaining)
-		if head[0] == 0x40 && remaining >= 2 && size <= c.r.Size() { // a PUBACK
-			b, err := c.r.Peek(size)
-			if err != nil {
-				return -1
-			}
-			reason := byte(0) // success, when the packet ends after the id
-			if remaining > 2 {
-				reason = b[1+n+2]
-			}
-			if !c.acked(binary.BigEndian.Uint16(b[1+n:]), reason) {
-				return size
-			}
-			c.r.Discard(size)
-			continue
-		}
-		if head[0] != 0x30 || size > c.r.Size() {
+		puback := head[0] == 0x40 && remaining >= 2
+		if !puback && head[0] != 0x30 || size > c.r.Size() {
 			return size
 		}
 		b, err := c.r.Peek(size)
 		if err != nil {
 			return -1
 		}
-		p, ok := parseReply(b)
-		if !ok || !c.replies(p) {
+		var taken bool
+		if puback {
+			reason := byte(0) // success, when the packet ends after the id
+			if remaining > 2 {
+				reason = b[1+n+2]
+			}
+			taken = c.acked(binary.BigEndian.Uint16(b[1+n:]), reason)
+		} else {
+			p, ok := parseReply(b)
+			taken = ok && c.replies(p)
+		}
+		if !taken {
 			return size
 		}
 		c.r.Discard(size)

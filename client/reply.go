@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/mqttwire"
 )
 
 // parseReply parses b, one whole MQTT v5 PUBLISH packet at QoS 0 (fixed
@@ -41,40 +43,40 @@ func parseReply(b []byte) (p *paho.Publish, ok bool) {
 		props = props[1:]
 		var s []byte
 		switch id {
-		case 0x01: // payload format indicator
+		case mqttwire.PropPayloadFormat:
 			if len(props) < 1 {
 				return nil, false
 			}
 			f := props[0]
 			pp.PayloadFormat, props = &f, props[1:]
-		case 0x02: // message expiry interval
+		case mqttwire.PropMessageExpiry:
 			if len(props) < 4 {
 				return nil, false
 			}
 			e := binary.BigEndian.Uint32(props)
 			pp.MessageExpiry, props = &e, props[4:]
-		case 0x03: // content type
+		case mqttwire.PropContentType:
 			if s, props, ok = mqttString(props); !ok {
 				return nil, false
 			}
 			pp.ContentType = string(s)
-		case 0x08: // response topic
+		case mqttwire.PropResponseTopic:
 			if s, props, ok = mqttString(props); !ok {
 				return nil, false
 			}
 			pp.ResponseTopic = string(s)
-		case 0x09: // correlation data
+		case mqttwire.PropCorrelation:
 			if pp.CorrelationData, props, ok = mqttString(props); !ok {
 				return nil, false
 			}
-		case 0x0B: // subscription identifier
+		case mqttwire.PropSubscriptionID:
 			v, n := binary.Uvarint(props)
 			if n <= 0 || n > 4 {
 				return nil, false
 			}
 			sub := int(v)
 			pp.SubscriptionIdentifier, props = &sub, props[n:]
-		case 0x26: // user property
+		case mqttwire.PropUser:
 			var k, v []byte
 			if k, props, ok = mqttString(props); !ok {
 				return nil, false

@@ -7,6 +7,8 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/mqkv/mqkv/internal/mqttwire"
 )
 
 // appendRequest appends a QoS 1 MQTT v5 PUBLISH of payload to topic, with
@@ -40,29 +42,29 @@ func appendRequest(b []byte, id uint16, topic string, payload []byte, p *paho.Pu
 	for _, u := range p.User {
 		props += 5 + len(u.Key) + len(u.Value)
 	}
-	remaining := 2 + len(topic) + 2 + uvarintLen(props) + props + len(payload)
+	remaining := 2 + len(topic) + 2 + mqttwire.VarintLen(props) + props + len(payload)
 	b = append(b, 0x32) // PUBLISH, QoS 1
-	b = binary.AppendUvarint(b, uint64(remaining))
-	b = appendString(b, topic)
+	b = mqttwire.AppendVarint(b, remaining)
+	b = mqttwire.AppendString(b, topic)
 	b = binary.BigEndian.AppendUint16(b, id)
-	b = binary.AppendUvarint(b, uint64(props))
+	b = mqttwire.AppendVarint(b, props)
 	if p.PayloadFormat != nil {
-		b = append(b, 0x01, *p.PayloadFormat)
+		b = append(b, mqttwire.PropPayloadFormat, *p.PayloadFormat)
 	}
 	if p.MessageExpiry != nil {
-		b = binary.BigEndian.AppendUint32(append(b, 0x02), *p.MessageExpiry)
+		b = binary.BigEndian.AppendUint32(append(b, mqttwire.PropMessageExpiry), *p.MessageExpiry)
 	}
 	if p.ContentType != "" {
-		b = appendString(append(b, 0x03), p.ContentType)
+		b = mqttwire.AppendString(append(b, mqttwire.PropContentType), p.ContentType)
 	}
 	if p.ResponseTopic != "" {
-		b = appendString(append(b, 0x08), p.ResponseTopic)
+		b = mqttwire.AppendString(append(b, mqttwire.PropResponseTopic), p.ResponseTopic)
 	}
 	if len(p.CorrelationData) > 0 {
-		b = appendString(append(b, 0x09), string(p.CorrelationData))
+		b = mqttwire.AppendString(append(b, mqttwire.PropCorrelation), string(p.CorrelationData))
 	}
 	for _, u := range p.User {
-		b = appendString(appendString(append(b, 0x26), u.Key), u.Value)
+		b = mqttwire.AppendString(mqttwire.AppendString(append(b, mqttwire.PropUser), u.Key), u.Value)
 	}
 	return append(b, payload...)
 }
@@ -82,18 +84,6 @@ func requestFits(topic string, payload []byte, p *paho.PublishProperties) bool {
 		size += 5 + len(u.Key) + len(u.Value)
 	}
 	return size < 256<<20-16
-}
-
-func appendString(b []byte, s string) []byte {
-	return append(binary.BigEndian.AppendUint16(b, uint16(len(s))), s...)
-}
-
-func uvarintLen(v int) int {
-	n := 1
-	for ; v >= 0x80; v >>= 7 {
-		n++
-	}
-	return n
 }
 
 // errConnLost fails a request whose connection ended before its PUBACK

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/mqttwire"
 )
 
 // Topic aliases on the messages a client receives (MQTT 5 §3.3.2.3.4).
@@ -99,8 +101,8 @@ func (a *outAliases) appendPublish(dst, frame []byte) []byte {
 	}
 	newProps := int(propsLen) + 3
 	rest := frame[idEnd+n:] // the properties, then the payload
-	remaining := 2 + len(sentTopic) + (idEnd - topicEnd) + varintLen(newProps) + len(rest) + 3
-	if a.maxSize > 0 && uint32(1+varintLen(remaining)+remaining) > a.maxSize {
+	remaining := 2 + len(sentTopic) + (idEnd - topicEnd) + mqttwire.VarintLen(newProps) + len(rest) + 3
+	if a.maxSize > 0 && uint32(1+mqttwire.VarintLen(remaining)+remaining) > a.maxSize {
 		return append(dst, frame...) // only a topic's first use grows a packet
 	}
 	if !known {
@@ -111,16 +113,13 @@ func (a *outAliases) appendPublish(dst, frame []byte) []byte {
 		a.topics[string(topic)] = alias
 		a.order = append(a.order, string(topic))
 	}
-	dst = appendVarint(append(dst, frame[0]), remaining)
+	dst = mqttwire.AppendVarint(append(dst, frame[0]), remaining)
 	dst = append(binary.BigEndian.AppendUint16(dst, uint16(len(sentTopic))), sentTopic...)
 	dst = append(dst, frame[topicEnd:idEnd]...) // the packet id, if any
-	dst = appendVarint(dst, newProps)
-	dst = binary.BigEndian.AppendUint16(append(dst, propTopicAlias), alias)
+	dst = mqttwire.AppendVarint(dst, newProps)
+	dst = binary.BigEndian.AppendUint16(append(dst, mqttwire.PropTopicAlias), alias)
 	return append(dst, rest...)
 }
-
-// propTopicAlias is the Topic Alias property's identifier.
-const propTopicAlias = 0x23
 
 // aliasable reports whether the encoded PUBLISH properties may be given a
 // Topic Alias: they hold none already (the broker's own encoders never
@@ -132,17 +131,17 @@ func aliasable(props []byte) bool {
 		props = props[1:]
 		size := -1
 		switch id {
-		case propPayloadFormat:
+		case mqttwire.PropPayloadFormat:
 			size = 1
-		case propMessageExpiry:
+		case mqttwire.PropMessageExpiry:
 			size = 4
-		case propContentType, propResponseTopic, propCorrelation:
+		case mqttwire.PropContentType, mqttwire.PropResponseTopic, mqttwire.PropCorrelation:
 			if len(props) >= 2 {
 				size = 2 + int(binary.BigEndian.Uint16(props))
 			}
-		case propSubscriptionID:
+		case mqttwire.PropSubscriptionID:
 			_, size = binary.Uvarint(props)
-		case propUser:
+		case mqttwire.PropUser:
 			if len(props) >= 2 {
 				k := 2 + int(binary.BigEndian.Uint16(props))
 				if len(props) >= k+2 {

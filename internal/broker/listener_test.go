@@ -8,6 +8,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/mqkv/mqkv/internal/mqttwire"
 )
 
 func connectBytes(name string, version byte) []byte {
@@ -72,7 +74,7 @@ func TestStalledLargePacketEndsTheConnection(t *testing.T) {
 	server, client := tcpPair(t)
 	c := &clientConn{Conn: server, r: server, max: 1 << 30}
 	// A PUBLISH of 1 MiB remaining length, its first 10 bytes sent.
-	head := append([]byte{0x30}, appendVarint(nil, 1<<20)...)
+	head := append([]byte{0x30}, mqttwire.AppendVarint(nil, 1<<20)...)
 	if _, err := client.Write(append(head, make([]byte, 10)...)); err != nil {
 		t.Fatal(err)
 	}

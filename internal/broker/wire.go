@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/mqttwire"
 )
 
 // Packets the broker encodes itself, on its busiest path: the PUBLISH it
@@ -14,17 +16,6 @@ import (
 // the CPU of a pub/sub round trip. These write only what a PUBLISH can
 // hold, in mochi's order and by its rules, so the bytes are the same
 // (TestPublishEncodingMatchesMochi).
-
-// MQTT 5 property identifiers a PUBLISH to a client may carry (§3.3.2.3).
-const (
-	propPayloadFormat  = 0x01
-	propMessageExpiry  = 0x02
-	propContentType    = 0x03
-	propResponseTopic  = 0x08
-	propCorrelation    = 0x09
-	propSubscriptionID = 0x0B
-	propUser           = 0x26
-)
 
 // appendPublish appends pk as a PUBLISH to a client of protocol version
 // v whose maximum packet size is maxSize (0: none), as mochi v2.7.9's
@@ -43,27 +34,27 @@ func appendPublish(dst []byte, pk *packets.Packet, v byte, maxSize uint32, now i
 	if v == 5 {
 		p := &pk.Properties
 		if p.PayloadFormatFlag {
-			props = append(props, propPayloadFormat, p.PayloadFormat)
+			props = append(props, mqttwire.PropPayloadFormat, p.PayloadFormat)
 		}
 		expiry := p.MessageExpiryInterval
 		if pk.Expiry > 0 { // MQTT-3.3.2-6: what is left of it
 			expiry = uint32(max(pk.Expiry-now, 1))
 		}
 		if expiry > 0 {
-			props = binary.BigEndian.AppendUint32(append(props, propMessageExpiry), expiry)
+			props = binary.BigEndian.AppendUint32(append(props, mqttwire.PropMessageExpiry), expiry)
 		}
 		if p.ContentType != "" {
-			props = appendString(append(props, propContentType), p.ContentType)
+			props = mqttwire.AppendString(append(props, mqttwire.PropContentType), p.ContentType)
 		}
 		if p.ResponseTopic != "" && !strings.ContainsAny(p.ResponseTopic, "+#") {
-			props = appendString(append(props, propResponseTopic), p.ResponseTopic)
+			props = mqttwire.AppendString(append(props, mqttwire.PropResponseTopic), p.ResponseTopic)
 		}
 		if len(p.CorrelationData) > 0 {
-			props = appendString(append(props, propCorrelation), string(p.CorrelationData))
+			props = mqttwire.AppendString(append(props, mqttwire.PropCorrelation), string(p.CorrelationData))
 		}
 		for _, id := range p.SubscriptionIdentifier {
 			if id > 0 {
-				props = appendVarint(append(props, propSubscriptionID), id)
+				props = mqttwire.AppendVarint(append(props, mqttwire.PropSubscriptionID), id)
 			}
 		}
 		user := 0
@@ -74,12 +65,12 @@ func appendPublish(dst []byte, pk *packets.Packet, v byte, maxSize uint32, now i
 		// measured this way.
 		if user > 0 && (maxSize == 0 || uint32(n+user+1) < maxSize) {
 			for _, u := range p.User {
-				props = appendString(appendString(append(props, propUser), u.Key), u.Val)
+				props = mqttwire.AppendString(mqttwire.AppendString(append(props, mqttwire.PropUser), u.Key), u.Val)
 			}
 		}
-		n += varintLen(len(props)) + len(props)
+		n += mqttwire.VarintLen(len(props)) + len(props)
 	}
-	if maxSize > 0 && uint32(1+varintLen(n)+n) > maxSize {
+	if maxSize > 0 && uint32(1+mqttwire.VarintLen(n)+n) > maxSize {
 		return dst, false
 	}
 	flags := qos << 1
@@ -89,13 +80,13 @@ func appendPublish(dst []byte, pk *packets.Packet, v byte, maxSize uint32, now i
 	if pk.FixedHeader.Retain {
 		flags |= 0x01
 	}
-	dst = appendVarint(append(dst, packets.Publish<<4|flags), n)
-	dst = appendString(dst, pk.TopicName)
+	dst = mqttwire.AppendVarint(append(dst, packets.Publish<<4|flags), n)
+	dst = mqttwire.AppendString(dst, pk.TopicName)
 	if qos > 0 {
 		dst = binary.BigEndian.AppendUint16(dst, pk.PacketID)
 	}
 	if v == 5 {
-		dst = append(appendVarint(dst, len(props)), props...)
+		dst = append(mqttwire.AppendVarint(dst, len(props)), props...)
 	}
 	return append(dst, pk.Payload...), true
 }
@@ -105,30 +96,4 @@ func appendPublish(dst []byte, pk *packets.Packet, v byte, maxSize uint32, now i
 // out).
 func appendPuback(dst []byte, id uint16) []byte {
 	return binary.BigEndian.AppendUint16(append(dst, packets.Puback<<4, 2), id)
-}
-
-// appendString appends s with its two-byte length (§1.5.4); the
-// broker's strings come from decoded packets, so fit.
-func appendString(dst []byte, s string) []byte {
-	return append(binary.BigEndian.AppendUint16(dst, uint16(len(s))), s...)
-}
-
-// appendVarint appends x as a variable byte integer (§1.5.5).
-func appendVarint(dst []byte, x int) []byte {
-	for {
-		b := byte(x & 0x7f)
-		x >>= 7
-		if x == 0 {
-			return append(dst, b)
-		}
-		dst = append(dst, b|0x80)
-	}
-}
-
-func varintLen(x int) int {
-	n := 1
-	for ; x >= 0x80; x >>= 7 {
-		n++
-	}
-	return n
 }
