@@ -35,6 +35,8 @@ import (
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/resp"
 	"github.com/mqkv/mqkv/internal/topics"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // Version is a key's version: a hybrid logical clock reading, ordered by
@@ -275,13 +277,13 @@ func (c *Client) attemptConnection(ctx context.Context, cfg autopaho.ClientConfi
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
-	var conn net.Conn
-	var err error
-	if u.Scheme == "mqtt" || u.Scheme == "tcp" {
-		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", host)
-	} else {
-		conn, err = (&tls.Dialer{Config: cfg.TlsCfg}).DialContext(ctx, "tcp", host)
+	var tc *tls.Config
+	if u.Scheme != "mqtt" && u.Scheme != "tcp" {
+		if tc = cfg.TlsCfg; tc == nil {
+			tc = &tls.Config{}
+		}
 	}
+	conn, err := sockio.Dial(ctx, host, tc)
 	if err != nil {
 		return nil, err
 	}

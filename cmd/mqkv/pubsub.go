@@ -16,6 +16,8 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/spf13/cobra"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // mqttSession connects a plain MQTT 5 client with the shared connection
@@ -34,15 +36,14 @@ func (c *conn) mqttSession(ctx context.Context, onMessage func(*paho.Publish)) (
 	var nc net.Conn
 	switch u.Scheme {
 	case "mqtt", "tcp":
-		nc, err = (&net.Dialer{}).DialContext(dctx, "tcp", u.Host)
+		nc, err = sockio.Dial(dctx, u.Host, nil)
 	case "tls", "ssl", "mqtts":
 		var tc *tls.Config
 		if tc, err = c.tlsConfig(); err == nil {
 			if tc == nil {
 				tc = &tls.Config{MinVersion: tls.VersionTLS12}
 			}
-			d := &tls.Dialer{Config: tc}
-			nc, err = d.DialContext(dctx, "tcp", u.Host)
+			nc, err = sockio.Dial(dctx, u.Host, tc)
 		}
 	default:
 		return nil, fmt.Errorf("server URL %q: pub and sub speak mqtt:// and tls://", c.server)

@@ -27,6 +27,8 @@ import (
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
 	"github.com/mqkv/mqkv/internal/topics"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // Config says which broker to attach to and how.
@@ -306,25 +308,15 @@ func plainOrTLS(us []*url.URL) bool {
 // and an attached process reads a packet per request (12 % of its CPU
 // under load went to read syscalls).
 func dialBuffered(ctx context.Context, cfg autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", u.Host)
-	if err != nil {
-		return nil, err
-	}
+	var tc *tls.Config
 	if u.Scheme == "tls" {
-		tc := cfg.TlsCfg.Clone()
-		if tc == nil {
+		if tc = cfg.TlsCfg; tc == nil {
 			tc = &tls.Config{}
 		}
-		if tc.ServerName == "" {
-			tc.ServerName = u.Hostname()
-		}
-		t := tls.Client(c, tc)
-		if err := t.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		c = t
+	}
+	c, err := sockio.Dial(ctx, u.Host, tc)
+	if err != nil {
+		return nil, err
 	}
 	return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}, nil
 }

@@ -26,6 +26,8 @@ import (
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/roaming"
 	"github.com/mqkv/mqkv/internal/statestore"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // Handler receives state store traffic.
@@ -314,7 +316,7 @@ func New(cfg Config, h Handler) (*Broker, error) {
 			b.closeSessions()
 			return nil, fmt.Errorf("%s listener: %w", lc.Name, err)
 		}
-		l := &listener{id: lc.Name, ln: ln, tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, ended: b.connEnded, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize, maxQueued: int(cfg.MaxOutbound)}
+		l := &listener{id: lc.Name, ln: sockio.Listener(ln), tls: lc.TLS, websocket: lc.WebSocket, closeClients: b.closeListenerClients, ended: b.connEnded, connectTimeout: cfg.ConnectTimeout, maxPacketSize: cfg.MaxPacketSize, maxQueued: int(cfg.MaxOutbound)}
 		b.listeners = append(b.listeners, l)
 		if err := srv.AddListener(l); err != nil {
 			b.closeListeners()

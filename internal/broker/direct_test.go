@@ -10,6 +10,8 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // TestWriteDoesNotWaitOnTheSocket: other clients' readers write to a
@@ -18,10 +20,8 @@ import (
 // backed up, and what was written still arrives, whole and in order.
 func TestWriteDoesNotWaitOnTheSocket(t *testing.T) {
 	server, client := tcpPair(t)
-	c := &clientConn{Conn: server, r: server, max: 1 << 20}
-	if err := c.useRaw(server.(*net.TCPConn)); err != nil {
-		t.Fatal(err)
-	}
+	server = sockio.Wrap(server)
+	c := &clientConn{Conn: server, r: server, max: 1 << 20, try: server.(*sockio.Conn)}
 	defer c.Close()
 	readerWaits(t, c)
 
@@ -105,10 +105,8 @@ func TestMochiQueuedSeesTheQueue(t *testing.T) {
 // lost.
 func TestSlowConsumerCap(t *testing.T) {
 	server, _ := tcpPair(t) // the client never reads
-	c := &clientConn{Conn: server, r: server, max: 1 << 20, maxQueued: 4}
-	if err := c.useRaw(server.(*net.TCPConn)); err != nil {
-		t.Fatal(err)
-	}
+	server = sockio.Wrap(server)
+	c := &clientConn{Conn: server, r: server, max: 1 << 20, maxQueued: 4, try: server.(*sockio.Conn)}
 	defer c.Close()
 	slow := 0
 	c.onSlow(func() { slow++ })

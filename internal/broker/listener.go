@@ -11,13 +11,14 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // DefaultConnectTimeout is how long a new connection has to complete its
@@ -151,13 +152,7 @@ type clientConn struct {
 	frames                       framer
 	lastTopic                    topicCount // the topic the client last published to, for the console's counts
 
-	raw syscall.RawConn // for writes that must not wait (see Write); nil over TLS and websockets
-	// tryWrite writes pending to the socket once, without waiting; made
-	// once, as a closure per send would be allocated per send. Its
-	// result is in tried and triedErr (all under wmu).
-	tryWrite func(fd uintptr) bool
-	tried    int
-	triedErr error
+	try *sockio.Conn // for writes that must not wait (see Write); nil over TLS and websockets
 
 	wmu     sync.Mutex
 	pending []byte      // written by mochi, not yet sent
@@ -250,24 +245,8 @@ func newClientConn(conn net.Conn, maxPacketSize uint32, maxQueued int) (*clientC
 		return nil, errConnectTooLarge
 	}
 	c := &clientConn{Conn: conn, head: bytes.Clone(hdr[:n]), r: conn, max: maxPacketSize, maxQueued: maxQueued, maxBytes: maxWaiting(maxPacketSize), beforeConnack: true}
-	if tcp, ok := conn.(*net.TCPConn); ok {
-		c.useRaw(tcp)
-	}
+	c.try, _ = conn.(*sockio.Conn)
 	return c, nil
-}
-
-// useRaw has sends tried on tcp's socket without waiting (see Write).
-func (c *clientConn) useRaw(tcp *net.TCPConn) error {
-	raw, err := tcp.SyscallConn()
-	if err != nil {
-		return err
-	}
-	c.raw = raw
-	c.tryWrite = func(fd uintptr) bool {
-		c.tried, c.triedErr = syscall.Write(int(fd), c.pending)
-		return true // one attempt: no waiting for the socket
-	}
-	return nil
 }
 
 // Read sends what is pending before it waits for input: the
@@ -567,20 +546,15 @@ func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 // raw socket (TLS, websockets), which cannot be tried without waiting,
 // the sender goroutine sends it all.
 func (c *clientConn) sendNowLocked() {
-	if c.raw == nil {
+	if c.try == nil {
 		c.sendAsideLocked()
 		return
 	}
-	c.tried, c.triedErr = 0, nil
-	err := c.raw.Write(c.tryWrite)
-	if err == nil {
-		err = c.triedErr
-	}
-	n := max(c.tried, 0)
+	n, err := c.try.TryWrite(c.pending)
 	// The raw socket checks the write deadline drainLocked last set: once
 	// it passed (the connection fine since), the send goes aside, and
 	// drainLocked sets a new one. A connection that fails it there ends.
-	if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR) && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		c.failLocked(err)
 		return
 	}
@@ -793,12 +767,12 @@ func (c *clientConn) failLocked(err error) {
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn() // no close_notify: it would wait on the same full socket
 	}
-	if tcp, ok := conn.(*net.TCPConn); ok {
+	if tcp, ok := conn.(interface{ SetLinger(int) error }); ok {
 		// Reset, not closed in order: what the socket still holds
 		// would trickle out to a client with a closed window, which
 		// then waits for the end of it before it learns.
 		_ = tcp.SetLinger(0)
-		_ = tcp.Close()
+		_ = conn.Close()
 		return
 	}
 	go conn.Close() // a websocket's close may write: never under the lock

@@ -36,6 +36,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/yamux"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // Stream kinds, the first byte of every stream. Wire format: new kinds
@@ -141,7 +143,7 @@ func Listen(cfg Config) (*Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster listener: %w", err)
 	}
-	l := &Link{cfg: cfg, ln: ln, addr: cfg.Advertise, log: cfg.Logger,
+	l := &Link{cfg: cfg, ln: sockio.Listener(ln), addr: cfg.Advertise, log: cfg.Logger,
 		sessions: map[string]*yamux.Session{}, inbound: map[*yamux.Session]struct{}{}, layers: map[uint32]*StreamLayer{}, muxes: map[string]*mux{},
 		tlsServer: cfg.TLSServer, tlsClient: cfg.TLSClient, handshaking: map[net.Conn]string{}, dialing: map[string]chan struct{}{}}
 	if l.tlsServer == nil {
@@ -433,6 +435,7 @@ func (l *Link) dial(ctx context.Context, addr string) (*yamux.Session, error) {
 		}
 		return nil, fmt.Errorf("peer: dial %s: %w", addr, err)
 	}
+	c = sockio.Wrap(c)
 	// A peer that accepts and says nothing holds the dial, and every
 	// caller waiting on it, no longer than a handshake may take.
 	dl := time.Now().Add(handshakeTimeout)

@@ -13,6 +13,8 @@ import (
 	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/redis"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // guard admits gateway clients (package gateway) with the broker's
@@ -50,7 +52,7 @@ func bindGateways(cfg Config) (*boundGateways, error) {
 			b.close()
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		*to = ln
+		*to = sockio.Listener(ln)
 		return nil
 	}
 	if cfg.RESPListen != "" {
