@@ -1,6 +1,7 @@
 // Command respfloor is the floor under mqkv's RESP endpoint on this
 // machine: a Go server of the same shape (a goroutine per connection,
-// reading through a bufio.Reader, one write per batch of replies) that
+// reading through a bufio.Reader, one write per batch of replies, the
+// socket read and written with internal/sockio's raw calls) that
 // parses each RESP command and answers +OK without doing anything: no
 // store, no log, no disk. bench/resp.sh runs it beside mqkv and Redis, so
 // that what a SET costs above the network and Go's scheduler shows.
@@ -15,6 +16,8 @@ import (
 	"net"
 	"os"
 	"strconv"
+
+	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 func main() {
@@ -22,7 +25,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: respfloor ADDRESS")
 		os.Exit(2)
 	}
-	ln, err := net.Listen("tcp", os.Args[1])
+	tcp, err := net.Listen("tcp", os.Args[1])
+	ln := sockio.Listener(tcp)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

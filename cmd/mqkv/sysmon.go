@@ -23,7 +23,10 @@ import (
 // host's uptime (so once at start on a host up longer than that): a
 // line a log pipeline reading JSON cannot parse, and a GODEBUG in the
 // process's environment its operator did not set. So it is opt-in
-// (serve --sysmon-awake), not the default.
+// (serve --sysmon-awake), not the default; and since socket reads and
+// writes are raw system calls that do not wake sysmon (package sockio),
+// it saves only what the remaining ordinary calls (fsync above all)
+// cost.
 const schedtraceSetting = "schedtrace=2147483647"
 
 // keepSysmonAwake runs the server again, in the same process (exec, so
