@@ -34,9 +34,8 @@ import (
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/resp"
-	"github.com/mqkv/mqkv/internal/topics"
-
 	"github.com/mqkv/mqkv/internal/sockio"
+	"github.com/mqkv/mqkv/internal/topics"
 )
 
 // Version is a key's version: a hybrid logical clock reading, ordered by

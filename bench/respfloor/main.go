@@ -26,11 +26,11 @@ func main() {
 		os.Exit(2)
 	}
 	tcp, err := net.Listen("tcp", os.Args[1])
-	ln := sockio.Listener(tcp)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	ln := sockio.Listener(tcp)
 	for {
 		c, err := ln.Accept()
 		if err != nil {

@@ -24,11 +24,10 @@ import (
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/sockio"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
 	"github.com/mqkv/mqkv/internal/topics"
-
-	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 // Config says which broker to attach to and how.

@@ -25,9 +25,8 @@ import (
 	"github.com/mqkv/mqkv/internal/mesh"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/roaming"
-	"github.com/mqkv/mqkv/internal/statestore"
-
 	"github.com/mqkv/mqkv/internal/sockio"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 // Handler receives state store traffic.

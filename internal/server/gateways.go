@@ -13,7 +13,6 @@ import (
 	"github.com/mqkv/mqkv/internal/memcache"
 	"github.com/mqkv/mqkv/internal/policy"
 	"github.com/mqkv/mqkv/internal/redis"
-
 	"github.com/mqkv/mqkv/internal/sockio"
 )
 
