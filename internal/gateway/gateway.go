@@ -201,9 +201,16 @@ func (c *Client) SetIfUnchanged(fence string, key []byte, next func(cur []byte) 
 // been answered already); done gets the reply, from another goroutine for
 // a write, and must not block. args must stay unchanged until then.
 func (c *Client) Go(fence string, args [][]byte, done func(resp.Value, hlc.Timestamp)) {
-	r, refused := c.request(replier(done))
+	c.Send(fence, args, replier(done))
+}
+
+// Send is Go with the reply handed to to as the service encodes it (see
+// Parse); a refusal comes as an error reply. A caller with a Replier of
+// its own saves the closure Go's done would be.
+func (c *Client) Send(fence string, args [][]byte, to statestore.Replier) {
+	r, refused := c.request(to)
 	if refused != nil {
-		done(refusal(refused), hlc.Timestamp{})
+		to.Reply(nil, resp.AppendError(nil, refused.Error()), hlc.Timestamp{})
 		return
 	}
 	r.FencingToken, r.HasFencingToken = fence, fence != ""

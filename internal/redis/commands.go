@@ -347,8 +347,6 @@ func has(opts [][]byte, name string) bool {
 	return false
 }
 
-var verbGET = []byte("GET")
-
 // setCommand turns Redis's SET into the store's (NX, PX, GET kept; EX,
 // EXAT and PXAT made PX; XX left to the caller), or says what is wrong
 // with it.
@@ -391,18 +389,22 @@ func setCommand(args [][]byte) (cmd [][]byte, errText string) {
 			return nil, "ERR syntax error"
 		}
 	}
-	cmd = [][]byte{[]byte("SET"), args[1], args[2]}
+	cmd = append(make([][]byte, 0, 7), verbSET, args[1], args[2])
 	if nx {
-		cmd = append(cmd, []byte("NX"))
+		cmd = append(cmd, optNX)
 	}
 	if haveTTL {
-		cmd = append(cmd, []byte("PX"), strconv.AppendInt(nil, px, 10))
+		cmd = append(cmd, optPX, strconv.AppendInt(nil, px, 10))
 	}
 	if get {
-		cmd = append(cmd, []byte("GET"))
+		cmd = append(cmd, verbGET)
 	}
 	return cmd, ""
 }
+
+// The words of the commands the endpoint sends on, shared by all: the
+// service reads its arguments and never writes them.
+var verbSET, verbGET, verbDEL, optNX, optPX = []byte("SET"), []byte("GET"), []byte("DEL"), []byte("NX"), []byte("PX")
 
 // setReply writes the store's answer to a SET as Redis gives it: a
 // condition not met is a null.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/gateway"
 	"github.com/mqkv/mqkv/internal/hlc"
-	"github.com/mqkv/mqkv/internal/resp"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 // Info is what INFO and DBSIZE report.
@@ -118,6 +118,14 @@ type slot struct {
 	b    []byte
 	n    int // replies in b
 	done bool
+
+	// A write in flight (see startWrite): its connection and key, and
+	// how to write its reply; one allocation with the slot.
+	c     *conn
+	key   string
+	proto int
+	del   bool
+	small [16]byte // room for a write's reply ("+OK", a null, ":1")
 }
 
 // maxSlots bounds the replies a connection holds unwritten (pending): a
@@ -307,39 +315,47 @@ func (c *conn) startWrite(key string, args [][]byte, more bool) {
 	c.writing[key]++
 	c.inFlight++
 	c.mu.Unlock()
-	sl := &slot{n: 1}
+	// HELLO, which changes the protocol, waits for writes in flight.
+	sl := &slot{n: 1, c: c, key: key, proto: c.w.proto, del: strings.EqualFold(string(args[0]), "DEL")}
 	c.push(sl, more)
-	proto := c.w.proto // HELLO, which changes it, waits for writes in flight
-	finish := func(w *writer) {
-		c.mu.Lock()
-		sl.b, sl.done = w.b, true
-		if c.writing[key]--; c.writing[key] == 0 {
-			delete(c.writing, key)
-		}
-		c.inFlight--
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	}
-	if strings.EqualFold(string(args[0]), "DEL") {
-		c.c.Go("", [][]byte{[]byte("DEL"), args[1]}, func(v resp.Value, _ hlc.Timestamp) {
-			w := &writer{proto: proto}
-			w.value(v) // :1 deleted, :0 absent: DEL's count for one key
-			finish(w)
-		})
+	if sl.del {
+		c.c.Send("", [][]byte{verbDEL, args[1]}, sl)
 		return
 	}
 	cmd, errText := setCommand(args)
 	if errText != "" {
-		w := &writer{proto: proto}
+		w := writer{proto: sl.proto}
 		w.err(errText)
-		finish(w)
+		sl.finish(w.b)
 		return
 	}
-	c.c.Go("", cmd, func(v resp.Value, _ hlc.Timestamp) {
-		w := &writer{proto: proto}
-		setReply(w, v)
-		finish(w)
-	})
+	c.c.Send("", cmd, sl)
+}
+
+// Reply writes the store's answer into the slot of the write in flight
+// (statestore.Replier).
+func (sl *slot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestamp) {
+	v := gateway.Parse(payload)
+	w := writer{b: sl.small[:0], proto: sl.proto}
+	if sl.del {
+		w.value(v) // :1 deleted, :0 absent: DEL's count for one key
+	} else {
+		setReply(&w, v)
+	}
+	sl.finish(w.b)
+}
+
+// finish makes b the slot's reply, and lets the key's next write go.
+func (sl *slot) finish(b []byte) {
+	c := sl.c
+	c.mu.Lock()
+	sl.b, sl.done = b, true
+	if c.writing[sl.key]--; c.writing[sl.key] == 0 {
+		delete(c.writing, sl.key)
+	}
+	c.inFlight--
+	c.cond.Broadcast()
+	c.mu.Unlock()
 }
 
 // writeLoop writes the replies that are done, in order, as many in one
