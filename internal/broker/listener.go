@@ -541,7 +541,7 @@ func (c *clientConn) writeLocked(p []byte, reader bool) (int, error) {
 	return len(p), nil
 }
 
-// sendNowLocked sends what is pending with one non-blocking system call,
+// sendNowLocked sends what the socket takes of pending without waiting,
 // and hands what the socket did not take to a sender goroutine. Without a
 // raw socket (TLS, websockets), which cannot be tried without waiting,
 // the sender goroutine sends it all.

@@ -55,8 +55,8 @@ type Conn struct {
 	wp    []byte
 	wn    int
 	werr  error
+	wwait bool // a full socket is waited on (Write), or ends the call (TryWrite)
 	write func(fd uintptr) bool
-	try   func(fd uintptr) bool
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -75,7 +75,6 @@ func Wrap(c net.Conn) net.Conn {
 	w := &Conn{TCPConn: tcp, raw: raw}
 	w.read = w.readOnce
 	w.write = w.writeSome
-	w.try = w.writeOnce
 	return w
 }
 
@@ -121,7 +120,7 @@ func (c *Conn) readOnce(fd uintptr) bool {
 // Write writes all of p, waiting for room in the socket as often as it
 // must.
 func (c *Conn) Write(p []byte) (int, error) {
-	n, err := c.writeWith(c.write, p)
+	n, err := c.writeWith(true, p)
 	if err != nil {
 		err = c.opError("write", err)
 	}
@@ -132,17 +131,17 @@ func (c *Conn) Write(p []byte) (int, error) {
 // n may be short of len(p), with a nil error. Once the write deadline has
 // passed the error is os.ErrDeadlineExceeded, with nothing written.
 func (c *Conn) TryWrite(p []byte) (int, error) {
-	n, err := c.writeWith(c.try, p)
+	n, err := c.writeWith(false, p)
 	if err != nil {
 		err = c.opError("write", err)
 	}
 	return n, err
 }
 
-func (c *Conn) writeWith(f func(fd uintptr) bool, p []byte) (int, error) {
+func (c *Conn) writeWith(wait bool, p []byte) (int, error) {
 	c.wmu.Lock()
-	c.wp, c.wn, c.werr = p, 0, nil
-	err := c.raw.Write(f)
+	c.wp, c.wn, c.werr, c.wwait = p, 0, nil, wait
+	err := c.raw.Write(c.write)
 	n := c.wn
 	if err == nil {
 		err = c.werr
@@ -152,23 +151,8 @@ func (c *Conn) writeWith(f func(fd uintptr) bool, p []byte) (int, error) {
 	return n, err
 }
 
-// writeOnce is one attempt at writing: a full socket is no error.
-func (c *Conn) writeOnce(fd uintptr) bool {
-	for {
-		n, err := Write(fd, c.wp)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.EAGAIN:
-		case err != nil:
-			c.werr = os.NewSyscallError("write", err)
-		default:
-			c.wn = n
-		}
-		return true
-	}
-}
-
+// writeSome writes what the socket takes of wp; once it is full, the
+// poller waits for room (wwait) or the call ends, short.
 func (c *Conn) writeSome(fd uintptr) bool {
 	for c.wn < len(c.wp) {
 		n, err := Write(fd, c.wp[c.wn:])
@@ -176,7 +160,7 @@ func (c *Conn) writeSome(fd uintptr) bool {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
-			return false // wait in the poller for room
+			return !c.wwait
 		case err != nil:
 			c.werr = os.NewSyscallError("write", err)
 			return true
