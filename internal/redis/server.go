@@ -93,7 +93,9 @@ type conn struct {
 	getArgs [2][]byte // GET's arguments to the service
 
 	mu       sync.Mutex
-	cond     *sync.Cond // signalled when a slot is done or the writer ends
+	cond     *sync.Cond // the reader waits here: a write answered, a reply written
+	waiters  int        // goroutines waiting on cond
+	wcond    *sync.Cond // writeLoop waits here for replies to write
 	slots    []*slot    // replies not yet written, in command order
 	writing  map[string]int
 	inFlight int // writes not yet answered
@@ -103,6 +105,17 @@ type conn struct {
 	// waits for it and writes the replies together (a write each cost
 	// a GET -P 16 a sixth of its CPU).
 	more bool
+
+	// Replies written by the goroutine that answered a write (see
+	// finish). busy: replies taken from slots are being written, by
+	// writeLoop or by finish; while it is set, no one else takes any.
+	// rest: what such a write left for writeLoop when the socket was
+	// full, and restN its replies.
+	tw     tryWriter // nil: writeLoop writes every slot
+	busy   bool
+	direct []byte
+	rest   []byte
+	restN  int
 
 	// queued counts the slots pushed and not yet written: the writer
 	// lowers it once its write returned. While it is 0 the reader writes
@@ -141,6 +154,8 @@ func (s *Server) Serve(nc net.Conn) {
 	c := &conn{s: s, nc: nc, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "resp"), since: time.Now(),
 		w: writer{proto: 2}, writing: map[string]int{}}
 	c.cond = sync.NewCond(&c.mu)
+	c.wcond = sync.NewCond(&c.mu)
+	c.tw, _ = nc.(tryWriter)
 	wrote := make(chan struct{})
 	go c.writeLoop(wrote)
 	defer func() {
@@ -149,10 +164,10 @@ func (s *Server) Serve(nc net.Conn) {
 		c.writeOwn()
 		c.mu.Lock()
 		for c.inFlight > 0 {
-			c.cond.Wait()
+			c.wait()
 		}
 		c.ended = true
-		c.cond.Broadcast()
+		c.wcond.Signal()
 		c.mu.Unlock()
 		<-wrote
 		s.Connected.Add(-1)
@@ -190,9 +205,24 @@ func (s *Server) Serve(nc net.Conn) {
 func (c *conn) settle() {
 	c.mu.Lock()
 	for c.inFlight > 0 {
-		c.cond.Wait()
+		c.wait()
 	}
 	c.mu.Unlock()
+}
+
+// wait waits on cond (c.mu held), counted so that the goroutines that
+// answer writes wake the reader only when it waits.
+func (c *conn) wait() {
+	c.waiters++
+	c.cond.Wait()
+	c.waiters--
+}
+
+// wake wakes the reader if it waits (c.mu held).
+func (c *conn) wake() {
+	if c.waiters > 0 {
+		c.cond.Broadcast()
+	}
 }
 
 // emit takes what the reader goroutine wrote into w as the next reply;
@@ -224,7 +254,7 @@ func (c *conn) emit(more bool) {
 			c.w.b = c.w.b[:0]
 			c.more = more
 			if !more {
-				c.cond.Broadcast()
+				c.wcond.Signal()
 			}
 			c.mu.Unlock()
 			return
@@ -266,15 +296,15 @@ func (c *conn) push(sl *slot, more bool) {
 	c.mu.Lock()
 	for c.pending >= maxSlots && !c.ended {
 		c.more = false // the writer must take some first
-		c.cond.Broadcast()
-		c.cond.Wait()
+		c.wcond.Signal()
+		c.wait()
 	}
 	c.slots = append(c.slots, sl)
 	c.queued.Add(1)
 	c.pending += sl.n
 	c.more = more
 	if !more {
-		c.cond.Broadcast()
+		c.wcond.Signal()
 	}
 	c.mu.Unlock()
 }
@@ -310,7 +340,7 @@ func (c *conn) asyncWrite(args [][]byte) (string, bool) {
 func (c *conn) startWrite(key string, args [][]byte, more bool) {
 	c.mu.Lock()
 	for c.writing[key] > 0 {
-		c.cond.Wait()
+		c.wait()
 	}
 	c.writing[key]++
 	c.inFlight++
@@ -346,6 +376,16 @@ func (sl *slot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestamp) {
 }
 
 // finish makes b the slot's reply, and lets the key's next write go.
+//
+// When that leaves no write of the connection in flight, the goroutine
+// that answered it (the one that completes the log's entries) writes the
+// replies that are due itself, without waiting for room in the socket,
+// as Redis writes its replies from its event loop: waking the
+// connection's writer goroutine for each reply cost a durable SET a
+// goroutine switch and its share of the scheduler, a tenth of its CPU
+// (bench/respfloor's writer hand-off against its committer's). While
+// writes are still in flight (a pipeline), the writer goroutine writes
+// what is done, so that a pipeline's replies go out together.
 func (sl *slot) finish(b []byte) {
 	c := sl.c
 	c.mu.Lock()
@@ -354,41 +394,110 @@ func (sl *slot) finish(b []byte) {
 		delete(c.writing, sl.key)
 	}
 	c.inFlight--
-	c.cond.Broadcast()
+	c.wake()
+	if !c.ready() {
+		c.mu.Unlock() // whoever writes, or makes more false, writes it
+		return
+	}
+	if c.tw == nil || c.inFlight > 0 {
+		c.wcond.Signal()
+		c.mu.Unlock()
+		return
+	}
+	buf, n := c.take(c.direct[:0])
+	c.busy = true
+	c.mu.Unlock()
+	wrote, err := c.tw.TryWrite(buf)
+	if err != nil {
+		c.nc.Close() // the reader sees the connection end
+	}
+	c.mu.Lock()
+	c.direct = buf
+	if err == nil && wrote < len(buf) {
+		// The socket is full: writeLoop waits for room, busy set until
+		// it has written the rest.
+		c.rest, c.restN = buf[wrote:], n
+		c.wcond.Signal()
+		c.mu.Unlock()
+		return
+	}
+	c.busy = false
+	c.queued.Add(int64(-n))
+	if cap(c.direct) > 1<<20 {
+		c.direct = nil
+	}
+	if c.ended || c.ready() {
+		c.wcond.Signal() // the reader queued more meanwhile, or waits to end
+	}
 	c.mu.Unlock()
 }
 
+// tryWriter writes what a socket has room for without waiting
+// (sockio.Conn).
+type tryWriter interface {
+	TryWrite(p []byte) (int, error)
+}
+
+// ready says whether a reply is done and due to be written (c.mu held).
+func (c *conn) ready() bool {
+	return !c.busy && len(c.slots) > 0 && c.slots[0].done && (!c.more || c.ended)
+}
+
+// take removes the done replies at the front of slots, appending them to
+// buf, and returns it with the number of replies (c.mu held).
+func (c *conn) take(buf []byte) ([]byte, int) {
+	n, replies := 0, 0
+	for n < len(c.slots) && c.slots[n].done {
+		buf = append(buf, c.slots[n].b...)
+		replies += c.slots[n].n
+		n++
+	}
+	c.pending -= replies
+	c.slots = append(c.slots[:0], c.slots[n:]...)
+	c.wake() // push may wait for room
+	return buf, n
+}
+
 // writeLoop writes the replies that are done, in order, as many in one
-// write as are ready, until the connection ends.
+// write as are ready, and what finish could not write, until the
+// connection ends.
 func (c *conn) writeLoop(wrote chan<- struct{}) {
 	defer close(wrote)
 	var buf []byte
 	broken := false
 	for {
 		c.mu.Lock()
-		for !c.ended && (len(c.slots) == 0 || !c.slots[0].done || c.more) {
-			c.cond.Wait()
+		var out []byte
+		var n int
+		for {
+			if c.rest != nil {
+				// finish's buffer: its own stays apart.
+				out, n = c.rest, c.restN
+				c.rest = nil
+				break
+			}
+			if c.ready() {
+				buf, n = c.take(buf[:0])
+				out = buf
+				c.busy = true
+				break
+			}
+			if c.ended && !c.busy {
+				c.mu.Unlock()
+				return
+			}
+			c.wcond.Wait()
 		}
-		if len(c.slots) == 0 || !c.slots[0].done {
-			c.mu.Unlock()
-			return
-		}
-		buf = buf[:0]
-		n := 0
-		for n < len(c.slots) && c.slots[n].done {
-			buf = append(buf, c.slots[n].b...)
-			c.pending -= c.slots[n].n
-			n++
-		}
-		c.slots = append(c.slots[:0], c.slots[n:]...)
-		c.cond.Broadcast()
 		c.mu.Unlock()
 		if !broken {
-			if _, err := c.nc.Write(buf); err != nil {
+			if _, err := c.nc.Write(out); err != nil {
 				broken = true // the reader sees the connection end
 				c.nc.Close()
 			}
 		}
+		c.mu.Lock()
+		c.busy = false
+		c.mu.Unlock()
 		c.queued.Add(int64(-n)) // written: the reader may write its own
 		if cap(buf) > 1<<20 {
 			buf = nil
