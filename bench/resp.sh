@@ -8,6 +8,12 @@
 #   - bench/respfloor: a Go server shaped as mqkv's RESP endpoint that
 #     answers +OK to every command and does nothing else (no store, no
 #     disk): the floor of the network and Go's scheduler on this machine,
+#   - bench/respfloor -log: the durable floor, the same server appending
+#     every command to a file that one goroutine fdatasyncs for all the
+#     connections before their +OK (group commit, as Redis's appendfsync
+#     always), with the replies written by that goroutine ("committer")
+#     and, in a second server, by a writer goroutine per connection
+#     ("writer"): the least a Go server does for a durable SET,
 # without and with pipelining (-P 16), the servers taking turns each
 # round; and mqkv's MQTT path for the same SET and GET (mqkv bench --server,
 # 50 clients, 256-byte values) against the same mqkv server. Server CPU
@@ -29,6 +35,7 @@ go build -o "$work/respfloor" ./bench/respfloor
 
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport) fport=$(freeport)
+cport=$(freeport) wport=$(freeport)
 "$work/mqkv" serve --data-dir "$work/mqkv-data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$rport" --log-level warn &
 pids+=($!); mqkv_pid=$!
 mkdir -p "$work/aof" "$work/default"
@@ -38,18 +45,23 @@ redis-server --port "$dport" --bind 127.0.0.1 --dir "$work/default" --daemonize 
 pids+=($!); def_pid=$!
 "$work/respfloor" "127.0.0.1:$fport" &
 pids+=($!); floor_pid=$!
-for p in "$rport" "$aport" "$dport" "$fport"; do
+"$work/respfloor" -log "$work/floor-committer.log" "127.0.0.1:$cport" &
+pids+=($!); committer_pid=$!
+"$work/respfloor" -log "$work/floor-writer.log" -handoff writer "127.0.0.1:$wport" &
+pids+=($!); writer_pid=$!
+for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport"; do
 	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
-# run LABEL PID PORT PIPELINE: redis-benchmark's SET, then its GET (on
-# the keys the SETs wrote); prints ops/s, p50 and server CPU per request.
+# run LABEL PID PORT PIPELINE [OPS]: redis-benchmark's SET, then its GET
+# (on the keys the SETs wrote), or only OPS; prints ops/s, p50 and server
+# CPU per request.
 run() {
 	local op before after out
-	for op in set get; do
+	for op in ${5:-set get}; do
 		before=$(ticks "$2")
 		out=$(redis-benchmark -h 127.0.0.1 -p "$3" -t "$op" -c 50 -d 256 -r 10000 -n "$n" -P "$4" --csv 2>/dev/null)
 		after=$(ticks "$2")
@@ -75,6 +87,8 @@ for ((i = 1; i <= rounds; i++)); do
 		run "redis appendfsync=always" "$aof_pid" "$aport" "$pl"
 		run "redis default" "$def_pid" "$dport" "$pl"
 		run "floor (Go, answers +OK)" "$floor_pid" "$fport" "$pl"
+		run "durable floor, committer" "$committer_pid" "$cport" "$pl" set
+		run "durable floor, writer" "$writer_pid" "$wport" "$pl" set
 	done
 	mqtt set
 	mqtt get

@@ -6,29 +6,58 @@
 // store, no log, no disk. bench/resp.sh runs it beside mqkv and Redis, so
 // that what a SET costs above the network and Go's scheduler shows.
 //
-//	respfloor ADDRESS
+// With -log FILE it is the durable floor: the least a Go server must do
+// for a SET that survives a crash, and nothing more. Every command is
+// appended to FILE as it was read; one committer goroutine writes what
+// all connections gathered since its last round and fdatasyncs it (group
+// commit, as Redis's appendfsync always does once per event loop), then
+// answers. -handoff says how the answers go out: "committer" writes each
+// connection's replies from the committer goroutine itself, as Redis's
+// one thread does; "writer" wakes a writer goroutine per connection to
+// write them, as mqkv's RESP endpoint does. No store, no raft, no
+// versions: what mqkv spends above this floor is its own.
+//
+//	respfloor [-log FILE [-handoff committer|writer]] ADDRESS
 package main
 
 import (
 	"bufio"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
+	"sync"
+	"syscall"
 
 	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: respfloor ADDRESS")
+	logPath := flag.String("log", "", "append every command to this file, fdatasynced before it is answered")
+	handoff := flag.String("handoff", "committer", "with -log, who writes the replies: committer or writer")
+	flag.Parse()
+	if flag.NArg() != 1 || (*handoff != "committer" && *handoff != "writer") {
+		fmt.Fprintln(os.Stderr, "usage: respfloor [-log FILE [-handoff committer|writer]] ADDRESS")
 		os.Exit(2)
 	}
-	tcp, err := net.Listen("tcp", os.Args[1])
+	tcp, err := net.Listen("tcp", flag.Arg(0))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	var lg *commitLog
+	if *logPath != "" {
+		f, err := os.OpenFile(*logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		lg = &commitLog{f: f, writer: *handoff == "writer"}
+		lg.cond = sync.NewCond(&lg.mu)
+		go lg.commit()
 	}
 	ln := sockio.Listener(tcp)
 	for {
@@ -37,7 +66,11 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		go serve(c)
+		if lg != nil {
+			go serveDurable(c, lg)
+		} else {
+			go serve(c)
+		}
 	}
 }
 
@@ -48,7 +81,7 @@ func serve(c net.Conn) {
 	br := bufio.NewReaderSize(c, 16<<10)
 	var out []byte
 	for {
-		if err := skipCommand(br); err != nil {
+		if _, err := skipCommand(br, nil); err != nil {
 			return
 		}
 		out = append(out, "+OK\r\n"...)
@@ -61,35 +94,171 @@ func serve(c net.Conn) {
 	}
 }
 
-// skipCommand reads one RESP array of bulk strings.
-func skipCommand(br *bufio.Reader) error {
-	n, err := header(br, '*')
-	if err != nil {
-		return err
-	}
-	for range n {
-		size, err := header(br, '$')
-		if err != nil {
-			return err
-		}
-		if _, err := br.Discard(size + 2); err != nil {
-			return err
-		}
-	}
-	return nil
+// commitLog is the durable floor's log: commands gathered from every
+// connection, written and synced by one goroutine.
+type commitLog struct {
+	f      *os.File
+	writer bool // replies written by each connection's writer goroutine
+
+	mu      sync.Mutex
+	cond    *sync.Cond // the committer waits here for commands
+	buf     []byte     // commands gathered since the last round
+	waiting []*dconn   // connections with commands in buf (once each)
 }
 
-func header(br *bufio.Reader, kind byte) (int, error) {
+// dconn is a connection of the durable floor.
+type dconn struct {
+	c    net.Conn
+	lg   *commitLog
+	mu   sync.Mutex
+	cond *sync.Cond
+	owed int  // replies to write once the commands are synced (lg.mu)
+	in   bool // in lg.waiting (lg.mu)
+	due  int  // replies synced and not yet written (mu; writer hand-off)
+	out  []byte
+}
+
+// add appends one command for c to the next round.
+func (lg *commitLog) add(c *dconn, cmd []byte) {
+	lg.mu.Lock()
+	lg.buf = append(lg.buf, cmd...)
+	c.owed++
+	if !c.in {
+		c.in = true
+		lg.waiting = append(lg.waiting, c)
+	}
+	if len(lg.waiting) == 1 && c.owed == 1 {
+		lg.cond.Signal()
+	}
+	lg.mu.Unlock()
+}
+
+// commit writes and syncs each round, then answers its commands.
+func (lg *commitLog) commit() {
+	var buf []byte
+	var conns []*dconn
+	var owed []int
+	var out []byte
+	for {
+		lg.mu.Lock()
+		for len(lg.waiting) == 0 {
+			lg.cond.Wait()
+		}
+		buf, lg.buf = lg.buf, buf[:0]
+		conns, lg.waiting = lg.waiting, conns[:0]
+		owed = owed[:0]
+		for _, c := range conns {
+			owed = append(owed, c.owed)
+			c.owed, c.in = 0, false
+		}
+		lg.mu.Unlock()
+		if _, err := lg.f.Write(buf); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if err := syscall.Fdatasync(int(lg.f.Fd())); err != nil { // as Redis's appendfsync always
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		for i, c := range conns {
+			if lg.writer {
+				c.mu.Lock()
+				c.due += owed[i]
+				c.cond.Signal()
+				c.mu.Unlock()
+				continue
+			}
+			out = out[:0]
+			for range owed[i] {
+				out = append(out, "+OK\r\n"...)
+			}
+			c.c.Write(out) // an error ends the connection's reader
+		}
+	}
+}
+
+// serveDurable reads c's commands into the log; the committer (or, with
+// the writer hand-off, writeLoop) answers them.
+func serveDurable(nc net.Conn, lg *commitLog) {
+	c := &dconn{c: nc, lg: lg}
+	c.cond = sync.NewCond(&c.mu)
+	if lg.writer {
+		go c.writeLoop()
+	}
+	defer nc.Close()
+	br := bufio.NewReaderSize(nc, 16<<10)
+	cmd := make([]byte, 0, 512)
+	for {
+		var err error
+		if cmd, err = skipCommand(br, cmd[:0]); err != nil {
+			return
+		}
+		lg.add(c, cmd)
+	}
+}
+
+// writeLoop writes the replies the committer made due.
+func (c *dconn) writeLoop() {
+	for {
+		c.mu.Lock()
+		for c.due == 0 {
+			c.cond.Wait()
+		}
+		n := c.due
+		c.due = 0
+		c.mu.Unlock()
+		c.out = c.out[:0]
+		for range n {
+			c.out = append(c.out, "+OK\r\n"...)
+		}
+		if _, err := c.c.Write(c.out); err != nil {
+			return
+		}
+	}
+}
+
+// skipCommand reads one RESP array of bulk strings, appending its bytes
+// to keep when keep is not nil.
+func skipCommand(br *bufio.Reader, keep []byte) ([]byte, error) {
+	n, line, err := header(br, '*')
+	if err != nil {
+		return keep, err
+	}
+	if keep != nil {
+		keep = append(keep, line...)
+	}
+	for range n {
+		size, line, err := header(br, '$')
+		if err != nil {
+			return keep, err
+		}
+		if keep != nil {
+			keep = append(keep, line...)
+			at := len(keep)
+			keep = append(keep, make([]byte, size+2)...)
+			if _, err := io.ReadFull(br, keep[at:]); err != nil {
+				return keep, err
+			}
+			continue
+		}
+		if _, err := br.Discard(size + 2); err != nil {
+			return keep, err
+		}
+	}
+	return keep, nil
+}
+
+func header(br *bufio.Reader, kind byte) (int, []byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if len(line) < 4 || line[0] != kind {
-		return 0, errors.New("not a RESP command")
+		return 0, nil, errors.New("not a RESP command")
 	}
 	n, err := strconv.Atoi(string(line[1 : len(line)-2]))
 	if err != nil || n < 0 || n > 64<<20 {
-		return 0, errors.New("bad length")
+		return 0, nil, errors.New("bad length")
 	}
-	return n, nil
+	return n, line, nil
 }
