@@ -108,14 +108,15 @@ type commitLog struct {
 
 // dconn is a connection of the durable floor.
 type dconn struct {
-	c    net.Conn
-	lg   *commitLog
-	mu   sync.Mutex
-	cond *sync.Cond
-	owed int  // replies to write once the commands are synced (lg.mu)
-	in   bool // in lg.waiting (lg.mu)
-	due  int  // replies synced and not yet written (mu; writer hand-off)
-	out  []byte
+	c      net.Conn
+	lg     *commitLog
+	mu     sync.Mutex
+	cond   *sync.Cond
+	owed   int  // replies to write once the commands are synced (lg.mu)
+	in     bool // in lg.waiting (lg.mu)
+	due    int  // replies synced and not yet written (mu; writer hand-off)
+	closed bool // the reader ended (mu)
+	out    []byte
 }
 
 // add appends one command for c to the next round.
@@ -184,6 +185,12 @@ func serveDurable(nc net.Conn, lg *commitLog) {
 	c.cond = sync.NewCond(&c.mu)
 	if lg.writer {
 		go c.writeLoop()
+		defer func() {
+			c.mu.Lock()
+			c.closed = true
+			c.cond.Signal()
+			c.mu.Unlock()
+		}()
 	}
 	defer nc.Close()
 	br := bufio.NewReaderSize(nc, 16<<10)
@@ -201,8 +208,12 @@ func serveDurable(nc net.Conn, lg *commitLog) {
 func (c *dconn) writeLoop() {
 	for {
 		c.mu.Lock()
-		for c.due == 0 {
+		for c.due == 0 && !c.closed {
 			c.cond.Wait()
+		}
+		if c.due == 0 {
+			c.mu.Unlock()
+			return
 		}
 		n := c.due
 		c.due = 0

@@ -74,8 +74,9 @@ func New(cfg Config) *Server {
 }
 
 // conn is one client connection. Its reader goroutine parses commands
-// and runs them; its writer goroutine writes the replies in the order of
-// the commands. A pipeline's writes to distinct keys are in flight
+// and runs them; the replies are written in the order of the commands,
+// by the reader (see emit), by the goroutine that answered a write (see
+// finish) or by the connection's writer goroutine (writeLoop). A pipeline's writes to distinct keys are in flight
 // together (as Redis clients expect pipelining to pay), each answered when
 // its log entry is applied; a command that reads, or writes a key a write
 // in flight holds, waits for those before it, so every reply is what
