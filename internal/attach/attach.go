@@ -64,6 +64,12 @@ type Config struct {
 	Cluster   Cluster
 	NodeID    string
 	Forwarder Forwarder
+	// RequesterIdle is how long a requester without KEYNOTIFY
+	// registrations is remembered after its last request (0:
+	// DefaultRequesterIdle). In a cluster, the record naming the process
+	// that serves a requester's registrations lives twice as long
+	// unless renewed, and is renewed while it has some.
+	RequesterIdle time.Duration
 }
 
 // Defaults of Config.
@@ -72,6 +78,7 @@ const (
 	DefaultSessionExpiry  = 300
 	DefaultReceiveMaximum = 1024
 	DefaultKeepAlive      = 30
+	DefaultRequesterIdle  = 10 * time.Minute
 )
 
 // conn is the connection number of every attached requester's
@@ -83,6 +90,9 @@ const conn = 1 << 62
 // Handler serves requests: the state store service.
 type Handler interface {
 	Handle(r *statestore.Request)
+	// Observing reports whether a requester holds KEYNOTIFY
+	// registrations (on conn).
+	Observing(clientID string, conn uint64) bool
 }
 
 // Attach is a running attachment.
@@ -164,6 +174,9 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = DefaultKeepAlive
 	}
+	if cfg.RequesterIdle <= 0 {
+		cfg.RequesterIdle = DefaultRequesterIdle
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -227,6 +240,8 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 	a.wg.Add(1)
 	go a.send(ctx, a.notes)
 	go a.expireRecent(ctx)
+	a.wg.Add(1)
+	go a.sweepRequesters(ctx)
 	if cfg.Cluster != nil {
 		a.wg.Add(1)
 		go a.watch(ctx)
@@ -539,6 +554,7 @@ func (a *Attach) take(w *work) {
 func (a *Attach) dispatch(w *work) {
 	a.inflight.Add(1)
 	q := a.requester(w.r.ClientID)
+	q.last.Store(time.Now().UnixNano())
 	w.r.Conn, w.r.Origin, w.r.Grant = conn, q, q.grantNow()
 	a.workers[maphash.String(a.seed, w.r.ClientID)%workers] <- w
 }
@@ -580,12 +596,23 @@ type requester struct {
 	a     *Attach
 	id    string
 	grant atomic.Pointer[grantOf]
+	last  atomic.Int64 // unix ns of its last request
+	// named: this process named itself, in the store, the one that
+	// serves the requester's registrations (see notifyOwner).
+	named atomic.Bool
 }
 
 // grantOf is a requester's grant under one policy (reloaded on SIGHUP).
 type grantOf struct {
 	pol   *policy.Policy
 	grant *policy.Grant
+}
+
+// Requesters counts the requesters remembered (see sweepRequesters).
+func (a *Attach) Requesters() int {
+	n := 0
+	a.requesters.Range(func(any, any) bool { n++; return true })
+	return n
 }
 
 func (a *Attach) requester(id string) *requester {
@@ -744,6 +771,38 @@ func (a *Attach) send(ctx context.Context, ch chan outgoing) {
 // the connection failed goes again with the session (paho resends it);
 // one the broker refused does not.
 func retryable(err error) bool { return errors.Is(err, autopaho.ConnectionDownError) }
+
+// sweepRequesters forgets the requesters that hold no registrations and
+// sent no request for RequesterIdle, and in a cluster renews the records
+// naming this process for those that hold some: every requester id ever
+// seen was remembered before, in the process and in the store, so a
+// broker's clients coming and going with new ids grew both without bound.
+func (a *Attach) sweepRequesters(ctx context.Context) {
+	defer a.wg.Done()
+	t := time.NewTicker(a.cfg.RequesterIdle / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			a.requesters.Range(func(k, v any) bool {
+				q := v.(*requester)
+				switch {
+				case a.handler.Observing(q.id, conn):
+					if q.named.Load() && a.cfg.Cluster != nil {
+						a.renewNotifyRecord(ctx, q)
+					}
+				case now.UnixNano()-q.last.Load() > int64(a.cfg.RequesterIdle):
+					// A request that looked it up meanwhile keeps its
+					// own; the next makes a new one.
+					a.requesters.CompareAndDelete(k, q)
+				}
+				return ctx.Err() == nil
+			})
+		}
+	}
+}
 
 func (a *Attach) expireRecent(ctx context.Context) {
 	t := time.NewTicker(time.Second)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
 
+	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/records"
 	"github.com/mqkv/mqkv/internal/statestore"
 	"github.com/mqkv/mqkv/internal/store"
@@ -152,6 +153,12 @@ func (a *Attach) routeKeyNotify(w *work) {
 // notifyOwner returns the node whose process serves clientID's
 // registrations, naming this one if none does, or if the one named
 // stopped answering.
+//
+// A record lives twice RequesterIdle unless renewed: here when a
+// KEYNOTIFY finds it past half its life, and by sweepRequesters while the
+// requester holds registrations here. So the records of requesters that
+// are gone, or whose process is, end; a requester's next KEYNOTIFY names
+// a process again.
 func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, error) {
 	key := []byte(notifyPrefix + clientID)
 	for attempt := 0; ; attempt++ {
@@ -163,22 +170,74 @@ func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, erro
 		if found {
 			var n notifyRecord
 			err := records.Decode("attached requester's record", recordFormat, e.Value, &n)
-			if err == nil && (n.Node == a.cfg.NodeID || a.cfg.Cluster.Alive(n.Node)) {
+			if err == nil && n.Node == a.cfg.NodeID && !a.renewDue(e) {
+				a.requester(clientID).named.Store(true)
 				return n.Node, nil
 			}
-			expected = e // its process stopped answering (or a later release wrote it): taken over
+			if err == nil && n.Node != a.cfg.NodeID && a.cfg.Cluster.Alive(n.Node) {
+				return n.Node, nil
+			}
+			// Its process stopped answering (or a later release wrote
+			// it): taken over; or this one's, renewed.
+			expected = e
 		}
-		res, err := records.Submit(ctx, a.cfg.Cluster, store.Command{Op: store.OpSet, Key: key,
-			Value: records.Encode(recordFormat, notifyRecord{Node: a.cfg.NodeID}), Cond: store.IfVersion, Expected: expected.Version})
+		res, err := a.nameSelf(ctx, key, expected.Version)
 		if err != nil {
 			return "", err
 		}
 		if res.Outcome == store.Applied {
+			a.requester(clientID).named.Store(true)
 			return a.cfg.NodeID, nil
 		}
 		if attempt > 0 {
 			return a.cfg.NodeID, nil // contended: served here
 		}
 		// Another process named itself meanwhile: read it.
+	}
+}
+
+// nameSelf writes the record naming this process, on condition that the
+// key is still at version expected (zero: absent).
+func (a *Attach) nameSelf(ctx context.Context, key []byte, expected hlc.Timestamp) (store.Result, error) {
+	return records.Submit(ctx, a.cfg.Cluster, store.Command{Op: store.OpSet, Key: key,
+		Value: records.Encode(recordFormat, notifyRecord{Node: a.cfg.NodeID}), Cond: store.IfVersion, Expected: expected,
+		TTL: a.notifyRecordTTL().Milliseconds()})
+}
+
+// notifyRecordTTL is how long a record naming a process lives unless
+// renewed.
+func (a *Attach) notifyRecordTTL() time.Duration { return 2 * a.cfg.RequesterIdle }
+
+// renewDue reports whether e, a record naming this process, is past half
+// its life (or, written by a release before records expired, has none).
+func (a *Attach) renewDue(e store.Entry) bool {
+	return e.ExpiresAt == 0 || time.Until(time.UnixMilli(e.ExpiresAt)) < a.notifyRecordTTL()/2
+}
+
+// renewNotifyRecord renews the record naming this process for q, which
+// holds registrations here, once it is past half its life. A record
+// naming another process (taken over meanwhile) is left to it; a record
+// that ended is written again.
+func (a *Attach) renewNotifyRecord(ctx context.Context, q *requester) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	key := []byte(notifyPrefix + q.id)
+	e, found, err := a.cfg.Cluster.Get(ctx, key)
+	if err != nil {
+		a.log.Debug("cannot read a requester's record to renew it", "client", q.id, "error", err)
+		return
+	}
+	if found {
+		var n notifyRecord
+		if records.Decode("attached requester's record", recordFormat, e.Value, &n) != nil || n.Node != a.cfg.NodeID {
+			q.named.Store(false)
+			return
+		}
+		if !a.renewDue(e) {
+			return
+		}
+	}
+	if _, err := a.nameSelf(ctx, key, e.Version); err != nil {
+		a.log.Debug("cannot renew a requester's record", "client", q.id, "error", err)
 	}
 }

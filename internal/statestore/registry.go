@@ -189,6 +189,14 @@ func (r *registry) remove(clientID string, conn uint64, key []byte, pattern bool
 	return true
 }
 
+// holds reports whether clientID's connection conn has registrations.
+func (r *registry) holds(clientID string, conn uint64) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	o := r.byClient[clientID]
+	return o != nil && o.conn == conn && o.count() > 0
+}
+
 // delivered reports whether conn's registrations have already delivered
 // the change of key at version v (one of them matches key and was in force,
 // live or by replay, when v was applied).

@@ -393,6 +393,11 @@ func (s *Service) Disconnected(clientID string, conn uint64) {
 	s.observers.dropConn(clientID, conn)
 }
 
+// Observing reports whether a connection holds KEYNOTIFY registrations.
+func (s *Service) Observing(clientID string, conn uint64) bool {
+	return s.observers.holds(clientID, conn)
+}
+
 // Revoke applies a connection's new grant to its registrations: exact keys
 // it may no longer read end, and patterns deliver only what it may read.
 func (s *Service) Revoke(clientID string, conn uint64, g *policy.Grant) {

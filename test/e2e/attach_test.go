@@ -475,6 +475,13 @@ func TestAttachRequestRunsOnceAcrossRestart(t *testing.T) {
 // and the attached nodes take requests.
 func attachedCluster(t *testing.T, m *mosquittoBroker, prefix string, groups ...string) []*server.Server {
 	t.Helper()
+	return attachedClusterWith(t, m, prefix, nil, groups...)
+}
+
+// attachedClusterWith is attachedCluster with opt applied to each
+// attached node's configuration.
+func attachedClusterWith(t *testing.T, m *mosquittoBroker, prefix string, opt func(*server.Config), groups ...string) []*server.Server {
+	t.Helper()
 	var nodes []*server.Server
 	for i, group := range groups {
 		var join []string
@@ -485,6 +492,9 @@ func attachedCluster(t *testing.T, m *mosquittoBroker, prefix string, groups ...
 			if group != "" {
 				attachAlso(m.addr)(c)
 				c.Attach.Group = group
+				if opt != nil {
+					opt(c)
+				}
 			}
 		}))
 	}
@@ -634,4 +644,62 @@ func TestAttachedProcessesShareRegistrations(t *testing.T) {
 	if forwarded == 0 {
 		t.Fatal("no KEYNOTIFY reached the other process: the test shows nothing")
 	}
+}
+
+// TestAttachedRequesterRecordsEnd: the record naming the process that
+// serves a requester's registrations lives while the requester holds
+// registrations, renewed past its lifetime, and ends once they end; the
+// processes forget a requester that holds none and went idle. Before,
+// both were kept for every requester id ever seen.
+func TestAttachedRequesterRecordsEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	ownBroker(t)
+	m := startMosquitto(t)
+	const idle = 500 * time.Millisecond // records live 1 s unless renewed
+	nodes := attachedClusterWith(t, m, "q", func(c *server.Config) { c.Attach.RequesterIdle = idle },
+		attach.DefaultGroup, attach.DefaultGroup, "") // the third is not attached
+	ts := &testServer{}
+	ts.host, ts.port = hostPort(t, m.addr)
+	c := newSDKClient(t, ts)
+	subscribeToNotifications(t, context.Background(), c.mqtt, c.mqtt.ID())
+	ctx := ctxFor(t, 60*time.Second)
+	ch, done := c.store.Notify("records-end/k")
+	defer done()
+	if err := c.store.KeyNotify(ctx, "records-end/k"); err != nil {
+		t.Fatal(err)
+	}
+	key := []byte("\x00mqkv/attach-notify/" + c.mqtt.ID())
+	record := func() (string, bool) {
+		t.Helper()
+		e, found, err := nodes[0].Node().Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(e.Value), found
+	}
+	first, found := record()
+	if !found {
+		t.Fatal("no record names the process serving the registration")
+	}
+	// Three lifetimes later it is still there, naming the same process,
+	// and the registration still notifies.
+	time.Sleep(3 * 2 * idle)
+	if now, found := record(); !found || now != first {
+		t.Fatalf("after three lifetimes, with a registration held: record %q (found %v), first %q", now, found, first)
+	}
+	if _, err := c.store.Set(ctx, "records-end/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if n := recv(t, ch, 5*time.Second); n.Operation != "SET" || n.Value != "v" {
+		t.Fatalf("notification %+v", n)
+	}
+	if err := c.store.KeyNotifyStop(ctx, "records-end/k"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the record to end with the registrations", func() bool { _, found := record(); return !found })
+	eventually(t, "both processes to forget the idle requester", func() bool {
+		return nodes[0].Attached().Requesters() == 0 && nodes[1].Attached().Requesters() == 0
+	})
 }
