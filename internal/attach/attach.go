@@ -786,12 +786,21 @@ func (a *Attach) sweepRequesters(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			renew := a.cfg.Cluster != nil
 			a.requesters.Range(func(k, v any) bool {
 				q := v.(*requester)
 				switch {
 				case a.handler.Observing(q.id, conn):
-					if q.named.Load() && a.cfg.Cluster != nil {
-						a.renewNotifyRecord(ctx, q)
+					if renew && q.named.Load() {
+						if err := a.renewNotifyRecord(ctx, q); err != nil {
+							// The store does not answer: the rest wait
+							// for the next sweep (a record is renewed at
+							// half its life, four sweeps before it ends).
+							if ctx.Err() == nil {
+								a.log.Warn("cannot renew the records naming this process for its requesters' registrations", "error", err)
+							}
+							renew = false
+						}
 					}
 				case now.UnixNano()-q.last.Load() > int64(a.cfg.RequesterIdle):
 					// A request that looked it up meanwhile keeps its

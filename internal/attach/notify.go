@@ -217,27 +217,25 @@ func (a *Attach) renewDue(e store.Entry) bool {
 // renewNotifyRecord renews the record naming this process for q, which
 // holds registrations here, once it is past half its life. A record
 // naming another process (taken over meanwhile) is left to it; a record
-// that ended is written again.
-func (a *Attach) renewNotifyRecord(ctx context.Context, q *requester) {
+// that ended is written again. An error says the store did not answer.
+func (a *Attach) renewNotifyRecord(ctx context.Context, q *requester) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	key := []byte(notifyPrefix + q.id)
 	e, found, err := a.cfg.Cluster.Get(ctx, key)
 	if err != nil {
-		a.log.Debug("cannot read a requester's record to renew it", "client", q.id, "error", err)
-		return
+		return err
 	}
 	if found {
 		var n notifyRecord
 		if records.Decode("attached requester's record", recordFormat, e.Value, &n) != nil || n.Node != a.cfg.NodeID {
 			q.named.Store(false)
-			return
+			return nil
 		}
 		if !a.renewDue(e) {
-			return
+			return nil
 		}
 	}
-	if _, err := a.nameSelf(ctx, key, e.Version); err != nil {
-		a.log.Debug("cannot renew a requester's record", "client", q.id, "error", err)
-	}
+	_, err = a.nameSelf(ctx, key, e.Version)
+	return err
 }
