@@ -597,9 +597,6 @@ type requester struct {
 	id    string
 	grant atomic.Pointer[grantOf]
 	last  atomic.Int64 // unix ns of its last request
-	// named: this process named itself, in the store, the one that
-	// serves the requester's registrations (see notifyOwner).
-	named atomic.Bool
 }
 
 // grantOf is a requester's grant under one policy (reloaded on SIGHUP).
@@ -791,7 +788,7 @@ func (a *Attach) sweepRequesters(ctx context.Context) {
 				q := v.(*requester)
 				switch {
 				case a.handler.Observing(q.id, conn):
-					if renew && q.named.Load() {
+					if renew {
 						if err := a.renewNotifyRecord(ctx, q); err != nil {
 							// The store does not answer: the rest wait
 							// for the next sweep (a record is renewed at

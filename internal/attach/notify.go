@@ -171,7 +171,6 @@ func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, erro
 			var n notifyRecord
 			err := records.Decode("attached requester's record", recordFormat, e.Value, &n)
 			if err == nil && n.Node == a.cfg.NodeID && !a.renewDue(e) {
-				a.requester(clientID).named.Store(true)
 				return n.Node, nil
 			}
 			if err == nil && n.Node != a.cfg.NodeID && a.cfg.Cluster.Alive(n.Node) {
@@ -186,7 +185,6 @@ func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, erro
 			return "", err
 		}
 		if res.Outcome == store.Applied {
-			a.requester(clientID).named.Store(true)
 			return a.cfg.NodeID, nil
 		}
 		if attempt > 0 {
@@ -229,8 +227,7 @@ func (a *Attach) renewNotifyRecord(ctx context.Context, q *requester) error {
 	if found {
 		var n notifyRecord
 		if records.Decode("attached requester's record", recordFormat, e.Value, &n) != nil || n.Node != a.cfg.NodeID {
-			q.named.Store(false)
-			return nil
+			return nil // another process's (taken over): left to it
 		}
 		if !a.renewDue(e) {
 			return nil
