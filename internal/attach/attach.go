@@ -239,9 +239,12 @@ func Start(cfg Config, h Handler) (*Attach, error) {
 	// Notifications go out one at a time: in the order of the changes.
 	a.wg.Add(1)
 	go a.send(ctx, a.notes)
-	go a.expireRecent(ctx)
+	go every(ctx, time.Second, a.recent.expire)
 	a.wg.Add(1)
-	go a.sweepRequesters(ctx)
+	go func() {
+		defer a.wg.Done()
+		every(ctx, a.cfg.RequesterIdle/4, func(now time.Time) { a.sweepRequesters(ctx, now) })
+	}()
 	if cfg.Cluster != nil {
 		a.wg.Add(1)
 		go a.watch(ctx)
@@ -774,51 +777,42 @@ func retryable(err error) bool { return errors.Is(err, autopaho.ConnectionDownEr
 // naming this process for those that hold some: every requester id ever
 // seen was remembered before, in the process and in the store, so a
 // broker's clients coming and going with new ids grew both without bound.
-func (a *Attach) sweepRequesters(ctx context.Context) {
-	defer a.wg.Done()
-	t := time.NewTicker(a.cfg.RequesterIdle / 4)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			renew := a.cfg.Cluster != nil
-			a.requesters.Range(func(k, v any) bool {
-				q := v.(*requester)
-				switch {
-				case a.handler.Observing(q.id, conn):
-					if renew {
-						if err := a.renewNotifyRecord(ctx, q); err != nil {
-							// The store does not answer: the rest wait
-							// for the next sweep (a record is renewed at
-							// half its life, four sweeps before it ends).
-							if ctx.Err() == nil {
-								a.log.Warn("cannot renew the records naming this process for its requesters' registrations", "error", err)
-							}
-							renew = false
-						}
+func (a *Attach) sweepRequesters(ctx context.Context, now time.Time) {
+	renew := a.cfg.Cluster != nil
+	a.requesters.Range(func(k, v any) bool {
+		q := v.(*requester)
+		switch {
+		case a.handler.Observing(q.id, conn):
+			if renew {
+				if err := a.renewNotifyRecord(ctx, q); err != nil {
+					// The store does not answer: the rest wait for the
+					// next sweep (a record is renewed at half its life,
+					// four sweeps before it ends).
+					if ctx.Err() == nil {
+						a.log.Warn("cannot renew the records naming this process for its requesters' registrations", "error", err)
 					}
-				case now.UnixNano()-q.last.Load() > int64(a.cfg.RequesterIdle):
-					// A request that looked it up meanwhile keeps its
-					// own; the next makes a new one.
-					a.requesters.CompareAndDelete(k, q)
+					renew = false
 				}
-				return ctx.Err() == nil
-			})
+			}
+		case now.UnixNano()-q.last.Load() > int64(a.cfg.RequesterIdle):
+			// A request that looked it up meanwhile keeps its own; the
+			// next makes a new one.
+			a.requesters.CompareAndDelete(k, q)
 		}
-	}
+		return ctx.Err() == nil
+	})
 }
 
-func (a *Attach) expireRecent(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+// every calls f with the time every d, until ctx ends.
+func every(ctx context.Context, d time.Duration, f func(now time.Time)) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			a.recent.expire(now)
+			f(now)
 		}
 	}
 }
