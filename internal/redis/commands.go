@@ -321,7 +321,7 @@ func (c *conn) get(args [][]byte) {
 // it must run on its own (XX, NX with GET); the others go through
 // startWrite.
 func (c *conn) set(args [][]byte) {
-	cmd, errText := setCommand(args)
+	cmd, errText := setCommand(nil, args)
 	if errText != "" {
 		c.w.err(errText)
 		return
@@ -348,9 +348,9 @@ func has(opts [][]byte, name string) bool {
 }
 
 // setCommand turns Redis's SET into the store's (NX, PX, GET kept; EX,
-// EXAT and PXAT made PX; XX left to the caller), or says what is wrong
-// with it.
-func setCommand(args [][]byte) (cmd [][]byte, errText string) {
+// EXAT and PXAT made PX; XX left to the caller), appended to dst (room
+// for 7), or says what is wrong with it.
+func setCommand(dst, args [][]byte) (cmd [][]byte, errText string) {
 	var nx, xx, get, haveTTL bool
 	var px int64
 	for i := 3; i < len(args); i++ {
@@ -389,7 +389,7 @@ func setCommand(args [][]byte) (cmd [][]byte, errText string) {
 			return nil, "ERR syntax error"
 		}
 	}
-	cmd = append(make([][]byte, 0, 7), verbSET, args[1], args[2])
+	cmd = append(dst, verbSET, args[1], args[2])
 	if nx {
 		cmd = append(cmd, optNX)
 	}

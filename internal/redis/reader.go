@@ -24,10 +24,26 @@ type ProtocolError string
 func (e ProtocolError) Error() string { return "Protocol error: " + string(e) }
 
 // reader reads commands off a connection.
+//
+// A command's arguments, up to maxCarved bytes each, are carved out of a
+// slab shared by the commands that follow (a new one once it is used
+// up), and their slice is reused from one command to the next: three
+// allocations per SET fewer. So an argument's bytes stay as read for as
+// long as anything holds them (a write in flight, its key), but the slice
+// holding them is only the caller's until the next command is read.
 type reader struct {
 	br      *bufio.Reader
 	maxBulk int
+	args    [][]byte
+	slab    []byte
 }
+
+// Carving arguments out of slabs: small ones only, so that a large value
+// gets its own buffer, and a slab kept alive by one argument holds little.
+const (
+	maxCarved = 1 << 10
+	slabSize  = 16 << 10
+)
 
 // next reads one command: a RESP array of bulk strings, or an inline
 // command (a line of words, as typed into telnet). An empty command (a
@@ -51,7 +67,12 @@ func (r *reader) next() ([][]byte, error) {
 	if n <= 0 {
 		return nil, nil
 	}
-	args := make([][]byte, 0, min(n, 64))
+	args := r.args[:0]
+	defer func() {
+		if cap(args) <= 64 { // a long command's is not kept
+			r.args = args[:0]
+		}
+	}()
 	for range n {
 		c, err := r.br.ReadByte()
 		if err != nil {
@@ -78,9 +99,22 @@ func (r *reader) next() ([][]byte, error) {
 
 // bulk reads l bytes and their CRLF.
 func (r *reader) bulk(l int) ([]byte, error) {
-	b, err := gateway.ReadValue(r.br, l)
-	if err != nil {
-		return nil, err
+	var b []byte
+	if l <= maxCarved {
+		if len(r.slab)+l > cap(r.slab) {
+			r.slab = make([]byte, 0, slabSize)
+		}
+		at := len(r.slab)
+		r.slab = r.slab[:at+l]
+		b = r.slab[at : at+l : at+l]
+		if _, err := io.ReadFull(r.br, b); err != nil {
+			return nil, gateway.NoEOF(err)
+		}
+	} else {
+		var err error
+		if b, err = gateway.ReadValue(r.br, l); err != nil {
+			return nil, err
+		}
 	}
 	var crlf [2]byte
 	if _, err := io.ReadFull(r.br, crlf[:]); err != nil {

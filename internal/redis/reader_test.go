@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -20,7 +23,7 @@ func read(in string, maxBulk int) ([][][]byte, error) {
 			}
 			return cmds, err
 		}
-		cmds = append(cmds, args)
+		cmds = append(cmds, slices.Clone(args)) // next reuses the slice
 	}
 }
 
@@ -100,4 +103,37 @@ func FuzzReader(f *testing.F) {
 			t.Fatalf("%d bytes of arguments from %d of input", total, len(in))
 		}
 	})
+}
+
+// Arguments carved out of shared slabs keep their bytes while later
+// commands are read, across slabs, and a large one gets its own.
+func TestReaderArgumentsOutliveTheNextCommand(t *testing.T) {
+	var in strings.Builder
+	var want [][]byte
+	for i := range 100 {
+		size := 900
+		if i%10 == 9 {
+			size = 5000 // beyond maxCarved
+		}
+		v := bytes.Repeat([]byte{byte('a' + i%26)}, size)
+		want = append(want, v)
+		fmt.Fprintf(&in, "*3\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$%d\r\n%s\r\n", len(strconv.Itoa(i))+1, i, size, v)
+	}
+	r := &reader{br: bufio.NewReaderSize(strings.NewReader(in.String()), 4096), maxBulk: 1 << 20}
+	var values [][]byte
+	for range want {
+		args, err := r.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		values = append(values, args[2]) // the bytes, not the slice of arguments
+	}
+	for i, v := range values {
+		if !bytes.Equal(v, want[i]) {
+			t.Fatalf("value %d changed once later commands were read: %.20q...", i, v)
+		}
+		if cap(v) != len(v) {
+			t.Fatalf("value %d has room past its end (%d > %d): an append would write over the next", i, cap(v), len(v))
+		}
+	}
 }

@@ -140,6 +140,8 @@ type slot struct {
 	proto int
 	del   bool
 	small [16]byte // room for a write's reply ("+OK", a null, ":1")
+	req   statestore.Request
+	args  [7][]byte // the command sent (SET's longest: setCommand)
 }
 
 // maxSlots bounds the replies a connection holds unwritten (pending): a
@@ -350,17 +352,17 @@ func (c *conn) startWrite(key string, args [][]byte, more bool) {
 	sl := &slot{n: 1, c: c, key: key, proto: c.w.proto, del: strings.EqualFold(string(args[0]), "DEL")}
 	c.push(sl, more)
 	if sl.del {
-		c.c.Send("", [][]byte{verbDEL, args[1]}, sl)
+		c.c.SendIn(&sl.req, "", append(sl.args[:0], verbDEL, args[1]), sl)
 		return
 	}
-	cmd, errText := setCommand(args)
+	cmd, errText := setCommand(sl.args[:0], args)
 	if errText != "" {
 		w := writer{proto: sl.proto}
 		w.err(errText)
 		sl.finish(w.b)
 		return
 	}
-	c.c.Send("", cmd, sl)
+	c.c.SendIn(&sl.req, "", cmd, sl)
 }
 
 // Reply writes the store's answer into the slot of the write in flight
