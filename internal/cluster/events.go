@@ -603,7 +603,7 @@ func (f *follower) serve(c *peer.Conn, req callReq) {
 		if rep := f.n.local(g); rep != nil {
 			switch leader, leads := rep.Leader(); {
 			case leads:
-				rep.LeaderReady(2 * time.Second) // if not, the follower's next position covers the rest
+				rep.LeaderReady(time.Now().Add(2 * time.Second)) // if not, the follower's next position covers the rest
 			case leader != "" && leader != f.n.cfg.NodeID:
 				c.Send(callResp{Kind: errNotLeader, Leader: leader})
 				return

@@ -88,7 +88,7 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 			default:
 			}
 			start := time.Now()
-			if old.ReadReady(100*time.Millisecond) == nil {
+			if old.ReadReady(time.Now().Add(100*time.Millisecond)) == nil {
 				e, _ := old.Get([]byte(key))
 				mu.Lock()
 				served = append(served, read{start, string(e.Value)})
@@ -149,7 +149,7 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 			return false
 		}
 		lease0, _ := h.nodes[nl].local(1).Reads()
-		if h.nodes[nl].local(1).ReadReady(time.Second) != nil {
+		if h.nodes[nl].local(1).ReadReady(time.Now().Add(time.Second)) != nil {
 			return false
 		}
 		lease1, _ := h.nodes[nl].local(1).Reads()
@@ -158,7 +158,7 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 	r := h.nodes[nl].local(1)
 	r.TransferLeadership("", "")
 	lease0, _ := r.Reads()
-	r.ReadReady(100 * time.Millisecond)
+	r.ReadReady(time.Now().Add(100 * time.Millisecond))
 	if lease1, _ := r.Reads(); lease1 != lease0 {
 		t.Fatal("a leader that began handing over its leadership served a read under the lease")
 	}

@@ -30,7 +30,7 @@ func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 		return
 	}
 	g := n.groupOf(p.Cmd.Key)
-	if r := n.local(g); r != nil && r.LeaderReady(readyTimeout(ctx)) == nil {
+	if r := n.local(g); r != nil && r.LeaderReady(readyBy(ctx)) == nil {
 		done := p.Done
 		if r.Replicated() {
 			// Queued, the write may still be refused as not the
@@ -163,11 +163,13 @@ func isNotLeader(err error) bool {
 	return errors.As(err, &nl)
 }
 
-func readyTimeout(ctx context.Context) time.Duration {
+// readyBy is how long a replica may wait to be ready for a request: its
+// deadline, else 5 s.
+func readyBy(ctx context.Context) time.Time {
 	if d, ok := ctx.Deadline(); ok {
-		return time.Until(d)
+		return d // no clock read: a request's deadline is known already
 	}
-	return 5 * time.Second
+	return time.Now().Add(5 * time.Second)
 }
 
 // submitRemote sends a write to its group's leader and waits for the
@@ -180,7 +182,7 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 		leader := n.leaderOf(g)
 		if leader == n.cfg.NodeID {
 			if r := n.local(g); r != nil {
-				if err := r.LeaderReady(readyTimeout(ctx)); err == nil {
+				if err := r.LeaderReady(readyBy(ctx)); err == nil {
 					ch := make(chan struct{})
 					var res store.Result
 					var err error
@@ -243,7 +245,7 @@ func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
 		return store.Entry{}, false, err
 	}
 	g := n.groupOf(key)
-	if r := n.local(g); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
+	if r := n.local(g); r != nil && r.ReadReady(readyBy(ctx)) == nil {
 		e, ok := r.Get(key)
 		return e, ok, nil
 	}
@@ -263,7 +265,7 @@ func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp,
 	for {
 		leader := n.leaderOf(g)
 		if leader == n.cfg.NodeID {
-			if r := n.local(g); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
+			if r := n.local(g); r != nil && r.ReadReady(readyBy(ctx)) == nil {
 				local(r)
 				return nil
 			}
@@ -306,7 +308,7 @@ func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn fu
 	}
 	count := n.groupCount()
 	if count == 1 {
-		if r := n.local(0); r != nil && r.ReadReady(readyTimeout(ctx)) == nil {
+		if r := n.local(0); r != nil && r.ReadReady(readyBy(ctx)) == nil {
 			return r.Ascend(from, prefix, limit, fn), nil
 		}
 	}

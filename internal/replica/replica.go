@@ -663,7 +663,7 @@ func (g *Group) AwaitLeader(timeout time.Duration) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return g.LeaderReady(timeout)
+	return g.LeaderReady(deadline)
 }
 
 // verifyLog checks every entry of the log before raft replays it: the log
@@ -802,15 +802,15 @@ func (g *Group) VerifyLeader() error {
 // current and the versions it stamps above every committed one (the clock
 // observes versions as entries apply). Right after an election that takes
 // one round of the log (a barrier); after that it costs two atomic loads.
-func (g *Group) LeaderReady(timeout time.Duration) error {
+func (g *Group) LeaderReady(by time.Time) error {
 	if g.raft.State() != raft.Leader {
 		return g.notLeader()
 	}
 	term := g.raft.CurrentTerm()
 	if g.readyTerm.Load() == term {
-		return nil
+		return nil // no clock read: most calls end here
 	}
-	if err := g.raft.Barrier(timeout).Error(); err != nil {
+	if err := g.raft.Barrier(time.Until(by)).Error(); err != nil {
 		if errors.Is(err, raft.ErrEnqueueTimeout) {
 			return fmt.Errorf("replica: %w", err)
 		}
@@ -827,8 +827,8 @@ func (g *Group) LeaderReady(timeout time.Duration) error {
 // other voters) a quorum still follows it, so no newer leader can have
 // committed a write it has not applied. A lone voter cannot be deposed and
 // skips the quorum round.
-func (g *Group) ReadReady(timeout time.Duration) error {
-	if err := g.LeaderReady(timeout); err != nil {
+func (g *Group) ReadReady(by time.Time) error {
+	if err := g.LeaderReady(by); err != nil {
 		return err
 	}
 	if g.cfg.Transport == nil {
@@ -934,10 +934,9 @@ func (g *Group) Raft() *raft.Raft { return g.raft }
 
 // Get returns a copy of the live entry under key.
 func (g *Group) Get(key []byte) (store.Entry, bool) {
-	now := g.clock.WallMillis()
 	g.fsm.mu.RLock()
 	defer g.fsm.mu.RUnlock()
-	e, ok := g.fsm.st.Get(key, now)
+	e, ok := g.fsm.st.GetBy(key, g.clock.WallMillis)
 	if !ok {
 		return store.Entry{}, false
 	}

@@ -369,7 +369,7 @@ func TestFollowersApplyTheLastWriteAtOnce(t *testing.T) {
 	var leader *Group
 	for deadline := time.Now().Add(20 * time.Second); leader == nil; {
 		for _, g := range groups {
-			if _, ok := g.Leader(); ok && g.LeaderReady(time.Second) == nil {
+			if _, ok := g.Leader(); ok && g.LeaderReady(time.Now().Add(time.Second)) == nil {
 				leader = g
 			}
 		}

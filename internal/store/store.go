@@ -268,8 +268,15 @@ func (s *Store) Expired(key []byte, now int64) (hlc.Timestamp, bool) {
 // Get returns the live entry for key at now (unix ms). An entry past its
 // deadline is absent even before its Expire command is applied.
 func (s *Store) Get(key []byte, now int64) (*Entry, bool) {
+	return s.GetBy(key, func() int64 { return now })
+}
+
+// GetBy is Get with the time read from now only for a key that expires:
+// most do not, and a clock read here costs a GET about a twentieth of its
+// server CPU.
+func (s *Store) GetBy(key []byte, now func() int64) (*Entry, bool) {
 	e := s.lookup(key)
-	if e == nil || e.expired(now) {
+	if e == nil || e.ExpiresAt != 0 && e.expired(now()) {
 		return nil, false
 	}
 	return e, true

@@ -228,6 +228,27 @@ func TestExpiry(t *testing.T) {
 	}
 }
 
+// GetBy reads the clock only for a key that expires, and answers as Get.
+func TestGetByReadsTheClockOnlyForKeysThatExpire(t *testing.T) {
+	h := newHarness(t)
+	h.apply(Command{Op: OpSet, Key: []byte("lasting"), Value: []byte("v")})
+	h.apply(Command{Op: OpSet, Key: []byte("brief"), Value: []byte("v"), TTL: 100})
+	reads := 0
+	at := func(t int64) func() int64 { return func() int64 { reads++; return t } }
+	if _, ok := h.s.GetBy([]byte("lasting"), at(h.now+1_000_000)); !ok || reads != 0 {
+		t.Fatalf("a key without expiry: found %v, %d clock reads", ok, reads)
+	}
+	if _, ok := h.s.GetBy([]byte("brief"), at(h.now+99)); !ok || reads != 1 {
+		t.Fatalf("before its deadline: found %v, %d clock reads", ok, reads)
+	}
+	if _, ok := h.s.GetBy([]byte("brief"), at(h.now+100)); ok {
+		t.Fatal("GetBy returned a key at its deadline")
+	}
+	if _, ok := h.s.GetBy([]byte("absent"), at(h.now)); ok {
+		t.Fatal("GetBy found an absent key")
+	}
+}
+
 func TestExpiredKeyIsAbsentToWrites(t *testing.T) {
 	h := newHarness(t)
 	first, _ := h.apply(Command{Op: OpSet, Key: []byte("lock"), Value: []byte("a"), Fence: ts(50), TTL: 10})
