@@ -163,8 +163,8 @@ func isNotLeader(err error) bool {
 	return errors.As(err, &nl)
 }
 
-// readyBy is how long a replica may wait to be ready for a request: its
-// deadline, else 5 s.
+// readyBy is when a replica must be ready for a request by: the
+// request's deadline, else 5 s from now.
 func readyBy(ctx context.Context) time.Time {
 	if d, ok := ctx.Deadline(); ok {
 		return d // no clock read: a request's deadline is known already
