@@ -603,7 +603,9 @@ func (f *follower) serve(c *peer.Conn, req callReq) {
 		if rep := f.n.local(g); rep != nil {
 			switch leader, leads := rep.Leader(); {
 			case leads:
-				rep.LeaderReady(time.Now().Add(2 * time.Second)) // if not, the follower's next position covers the rest
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				rep.LeaderReady(ctx) // if not, the follower's next position covers the rest
+				cancel()
 			case leader != "" && leader != f.n.cfg.NodeID:
 				c.Send(callResp{Kind: errNotLeader, Leader: leader})
 				return

@@ -88,7 +88,10 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 			default:
 			}
 			start := time.Now()
-			if old.ReadReady(time.Now().Add(100*time.Millisecond)) == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			ready := old.ReadReady(ctx) == nil
+			cancel()
+			if ready {
 				e, _ := old.Get([]byte(key))
 				mu.Lock()
 				served = append(served, read{start, string(e.Value)})
@@ -149,7 +152,9 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 			return false
 		}
 		lease0, _ := h.nodes[nl].local(1).Reads()
-		if h.nodes[nl].local(1).ReadReady(time.Now().Add(time.Second)) != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if h.nodes[nl].local(1).ReadReady(ctx) != nil {
 			return false
 		}
 		lease1, _ := h.nodes[nl].local(1).Reads()
@@ -158,7 +163,9 @@ func TestLeaseEndsBeforeANewLeaderWrites(t *testing.T) {
 	r := h.nodes[nl].local(1)
 	r.TransferLeadership("", "")
 	lease0, _ := r.Reads()
-	r.ReadReady(time.Now().Add(100 * time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	r.ReadReady(ctx)
 	if lease1, _ := r.Reads(); lease1 != lease0 {
 		t.Fatal("a leader that began handing over its leadership served a read under the lease")
 	}

@@ -30,7 +30,7 @@ func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 		return
 	}
 	g := n.groupOf(p.Cmd.Key)
-	if r := n.local(g); r != nil && r.LeaderReady(readyBy(ctx)) == nil {
+	if r := n.local(g); r != nil && r.LeaderReady(ctx) == nil {
 		done := p.Done
 		if r.Replicated() {
 			// Queued, the write may still be refused as not the
@@ -163,15 +163,6 @@ func isNotLeader(err error) bool {
 	return errors.As(err, &nl)
 }
 
-// readyBy is when a replica must be ready for a request by: the
-// request's deadline, else 5 s from now.
-func readyBy(ctx context.Context) time.Time {
-	if d, ok := ctx.Deadline(); ok {
-		return d // no clock read: a request's deadline is known already
-	}
-	return time.Now().Add(5 * time.Second)
-}
-
 // submitRemote sends a write to its group's leader and waits for the
 // outcome, following leader hints until ctx ends. A leader this node
 // cannot reach is reached through another member (see via), unless the
@@ -182,7 +173,7 @@ func (n *Node) submitRemote(ctx context.Context, g int, cmd store.Command, after
 		leader := n.leaderOf(g)
 		if leader == n.cfg.NodeID {
 			if r := n.local(g); r != nil {
-				if err := r.LeaderReady(readyBy(ctx)); err == nil {
+				if err := r.LeaderReady(ctx); err == nil {
 					ch := make(chan struct{})
 					var res store.Result
 					var err error
@@ -245,7 +236,7 @@ func (n *Node) Get(ctx context.Context, key []byte) (store.Entry, bool, error) {
 		return store.Entry{}, false, err
 	}
 	g := n.groupOf(key)
-	if r := n.local(g); r != nil && r.ReadReady(readyBy(ctx)) == nil {
+	if r := n.local(g); r != nil && r.ReadReady(ctx) == nil {
 		e, ok := r.Get(key)
 		return e, ok, nil
 	}
@@ -265,7 +256,7 @@ func (n *Node) onLeader(ctx context.Context, g int, req callReq, resp *callResp,
 	for {
 		leader := n.leaderOf(g)
 		if leader == n.cfg.NodeID {
-			if r := n.local(g); r != nil && r.ReadReady(readyBy(ctx)) == nil {
+			if r := n.local(g); r != nil && r.ReadReady(ctx) == nil {
 				local(r)
 				return nil
 			}
@@ -308,7 +299,7 @@ func (n *Node) Ascend(ctx context.Context, from, prefix []byte, limit int, fn fu
 	}
 	count := n.groupCount()
 	if count == 1 {
-		if r := n.local(0); r != nil && r.ReadReady(readyBy(ctx)) == nil {
+		if r := n.local(0); r != nil && r.ReadReady(ctx) == nil {
 			return r.Ascend(from, prefix, limit, fn), nil
 		}
 	}

@@ -180,7 +180,7 @@ func (n *Node) answer(ctx context.Context, req callReq) callResp {
 		if req.Op == opGet || req.Op == opAscend || req.Op == opCopy || req.Op == opCopyBegin {
 			ready = r.ReadReady
 		}
-		if err := ready(time.Now().Add(5 * time.Second)); err != nil {
+		if err := ready(ctx); err != nil {
 			var nl *replica.NotLeaderError
 			if errors.As(err, &nl) {
 				return callResp{Kind: errNotLeader, Leader: nl.Leader}

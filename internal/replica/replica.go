@@ -10,6 +10,7 @@ package replica
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -663,7 +664,9 @@ func (g *Group) AwaitLeader(timeout time.Duration) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return g.LeaderReady(deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	return g.LeaderReady(ctx)
 }
 
 // verifyLog checks every entry of the log before raft replays it: the log
@@ -801,17 +804,22 @@ func (g *Group) VerifyLeader() error {
 // applied every entry committed before its term: only then are its reads
 // current and the versions it stamps above every committed one (the clock
 // observes versions as entries apply). Right after an election that takes
-// one round of the log (a barrier), waited for until by; after that it
-// costs two atomic loads and no clock read.
-func (g *Group) LeaderReady(by time.Time) error {
+// one round of the log (a barrier), waited for until ctx's deadline (5 s
+// without one); after that it costs two atomic loads, and ctx is not
+// asked for its deadline (a request's reads the clock when asked).
+func (g *Group) LeaderReady(ctx context.Context) error {
 	if g.raft.State() != raft.Leader {
 		return g.notLeader()
 	}
 	term := g.raft.CurrentTerm()
 	if g.readyTerm.Load() == term {
-		return nil // no clock read: most calls end here
+		return nil // most calls end here
 	}
-	if err := g.raft.Barrier(time.Until(by)).Error(); err != nil {
+	wait := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		wait = time.Until(d)
+	}
+	if err := g.raft.Barrier(wait).Error(); err != nil {
 		if errors.Is(err, raft.ErrEnqueueTimeout) {
 			return fmt.Errorf("replica: %w", err)
 		}
@@ -828,8 +836,8 @@ func (g *Group) LeaderReady(by time.Time) error {
 // other voters) a quorum still follows it, so no newer leader can have
 // committed a write it has not applied. A lone voter cannot be deposed and
 // skips the quorum round.
-func (g *Group) ReadReady(by time.Time) error {
-	if err := g.LeaderReady(by); err != nil {
+func (g *Group) ReadReady(ctx context.Context) error {
+	if err := g.LeaderReady(ctx); err != nil {
 		return err
 	}
 	if g.cfg.Transport == nil {

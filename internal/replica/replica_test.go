@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -369,9 +370,11 @@ func TestFollowersApplyTheLastWriteAtOnce(t *testing.T) {
 	var leader *Group
 	for deadline := time.Now().Add(20 * time.Second); leader == nil; {
 		for _, g := range groups {
-			if _, ok := g.Leader(); ok && g.LeaderReady(time.Now().Add(time.Second)) == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if _, ok := g.Leader(); ok && g.LeaderReady(ctx) == nil {
 				leader = g
 			}
+			cancel()
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no leader")

@@ -364,6 +364,31 @@ func TestDeadlineContext(t *testing.T) {
 	}
 }
 
+// TestRequestDeadline: a request's deadline runs from its arrival when
+// that was noted, else from the first time it is asked for, and stays
+// where it was first set.
+func TestRequestDeadline(t *testing.T) {
+	arrived := time.Now().Add(-time.Second)
+	noted := (&Request{start: arrived}).deadlineIn(10 * time.Second)
+	if d, _ := noted.Deadline(); !d.Equal(arrived.Add(10 * time.Second)) {
+		t.Fatalf("deadline %v, want the arrival's %v", d, arrived.Add(10*time.Second))
+	}
+	r := &Request{}
+	lazy := r.deadlineIn(10 * time.Second)
+	before := time.Now()
+	first, _ := lazy.Deadline()
+	if first.Before(before.Add(10*time.Second)) || first.After(time.Now().Add(10*time.Second)) {
+		t.Fatalf("deadline %v: not 10 s from when it was first asked for", first)
+	}
+	time.Sleep(2 * time.Millisecond)
+	if again, _ := lazy.Deadline(); !again.Equal(first) {
+		t.Fatalf("deadline moved from %v to %v", first, again)
+	}
+	if lazy.Err() != nil {
+		t.Fatal("expired at once")
+	}
+}
+
 // TestUnanchoredPatternsAreBounded: patterns without a literal prefix are
 // matched against every change on the apply goroutine, so a connection
 // registers at most maxUnanchoredPerConn of them and a node at most
