@@ -14,8 +14,9 @@ import (
 // which needs the deadline only when it must wait. A timer for each,
 // started and stopped, cost about 2 % of a GET's server CPU, and a clock
 // read about 4 %. The limit runs from the request's arrival when that was
-// noted (metrics), else from the first time it is asked for: a few
-// microseconds later.
+// noted (metrics), else from the first time it is asked for: when the
+// request first has to wait (for its replica to be ready, for a leader
+// elsewhere, for a write the leader refused to go on to the next).
 type deadline struct {
 	d       time.Duration
 	at      time.Time
