@@ -557,7 +557,7 @@ func (a *Attach) take(w *work) {
 func (a *Attach) dispatch(w *work) {
 	a.inflight.Add(1)
 	q := a.requester(w.r.ClientID)
-	q.last.Store(time.Now().UnixNano())
+	q.last.Store(a.lastRequest.Load()) // receive's clock read: the sweep's idle is minutes
 	w.r.Conn, w.r.Origin, w.r.Grant = conn, q, q.grantNow()
 	a.workers[maphash.String(a.seed, w.r.ClientID)%workers] <- w
 }

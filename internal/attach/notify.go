@@ -162,25 +162,19 @@ func (a *Attach) routeKeyNotify(w *work) {
 func (a *Attach) notifyOwner(ctx context.Context, clientID string) (string, error) {
 	key := []byte(notifyPrefix + clientID)
 	for attempt := 0; ; attempt++ {
-		e, found, err := a.cfg.Cluster.Get(ctx, key)
+		node, e, err := a.readNotifyRecord(ctx, key)
 		if err != nil {
 			return "", err
 		}
-		var expected store.Entry
-		if found {
-			var n notifyRecord
-			err := records.Decode("attached requester's record", recordFormat, e.Value, &n)
-			if err == nil && n.Node == a.cfg.NodeID && !a.renewDue(e) {
-				return n.Node, nil
-			}
-			if err == nil && n.Node != a.cfg.NodeID && a.cfg.Cluster.Alive(n.Node) {
-				return n.Node, nil
-			}
-			// Its process stopped answering (or a later release wrote
-			// it): taken over; or this one's, renewed.
-			expected = e
+		switch {
+		case node == a.cfg.NodeID && !a.renewDue(e):
+			return node, nil
+		case node != "" && node != a.cfg.NodeID && a.cfg.Cluster.Alive(node):
+			return node, nil
 		}
-		res, err := a.nameSelf(ctx, key, expected.Version)
+		// None, its process stopped answering (or a later release wrote
+		// it): taken over; or this one's, renewed.
+		res, err := a.nameSelf(ctx, key, e.Version)
 		if err != nil {
 			return "", err
 		}
@@ -220,19 +214,28 @@ func (a *Attach) renewNotifyRecord(ctx context.Context, q *requester) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	key := []byte(notifyPrefix + q.id)
-	e, found, err := a.cfg.Cluster.Get(ctx, key)
+	node, e, err := a.readNotifyRecord(ctx, key)
 	if err != nil {
 		return err
 	}
-	if found {
-		var n notifyRecord
-		if records.Decode("attached requester's record", recordFormat, e.Value, &n) != nil || n.Node != a.cfg.NodeID {
-			return nil // another process's (taken over): left to it
-		}
-		if !a.renewDue(e) {
-			return nil
-		}
+	if found := !e.Version.IsZero(); found && (node != a.cfg.NodeID || !a.renewDue(e)) {
+		return nil // another process's (taken over), left to it; or not due
 	}
 	_, err = a.nameSelf(ctx, key, e.Version)
 	return err
+}
+
+// readNotifyRecord reads the record at key: the node it names ("" when
+// there is none, or it cannot be decoded), and its entry (zero when
+// absent).
+func (a *Attach) readNotifyRecord(ctx context.Context, key []byte) (string, store.Entry, error) {
+	e, found, err := a.cfg.Cluster.Get(ctx, key)
+	if err != nil || !found {
+		return "", store.Entry{}, err
+	}
+	var n notifyRecord
+	if records.Decode("attached requester's record", recordFormat, e.Value, &n) != nil {
+		return "", e, nil
+	}
+	return n.Node, e, nil
 }

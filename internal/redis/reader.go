@@ -68,11 +68,6 @@ func (r *reader) next() ([][]byte, error) {
 		return nil, nil
 	}
 	args := r.args[:0]
-	defer func() {
-		if cap(args) <= 64 { // a long command's is not kept
-			r.args = args[:0]
-		}
-	}()
 	for range n {
 		c, err := r.br.ReadByte()
 		if err != nil {
@@ -93,6 +88,9 @@ func (r *reader) next() ([][]byte, error) {
 			return nil, err
 		}
 		args = append(args, b)
+	}
+	if cap(args) <= 64 { // a long command's is not kept
+		r.args = args[:0]
 	}
 	return args, nil
 }

@@ -132,9 +132,14 @@ type slot struct {
 	b    []byte
 	n    int // replies in b
 	done bool
+}
 
-	// A write in flight (see startWrite): its connection and key, and
-	// how to write its reply; one allocation with the slot.
+// writeSlot is the slot of a write in flight (see startWrite): its
+// connection and key, how to write its reply, and the request and
+// command sent to the service; one allocation with the slot, which a
+// reply the reader queues (emit) does without.
+type writeSlot struct {
+	slot
 	c     *conn
 	key   string
 	proto int
@@ -349,8 +354,8 @@ func (c *conn) startWrite(key string, args [][]byte, more bool) {
 	c.inFlight++
 	c.mu.Unlock()
 	// HELLO, which changes the protocol, waits for writes in flight.
-	sl := &slot{n: 1, c: c, key: key, proto: c.w.proto, del: strings.EqualFold(string(args[0]), "DEL")}
-	c.push(sl, more)
+	sl := &writeSlot{slot: slot{n: 1}, c: c, key: key, proto: c.w.proto, del: strings.EqualFold(string(args[0]), "DEL")}
+	c.push(&sl.slot, more)
 	if sl.del {
 		c.c.SendIn(&sl.req, "", append(sl.args[:0], verbDEL, args[1]), sl)
 		return
@@ -367,7 +372,7 @@ func (c *conn) startWrite(key string, args [][]byte, more bool) {
 
 // Reply writes the store's answer into the slot of the write in flight
 // (statestore.Replier).
-func (sl *slot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestamp) {
+func (sl *writeSlot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestamp) {
 	v := gateway.Parse(payload)
 	w := writer{b: sl.small[:0], proto: sl.proto}
 	if sl.del {
@@ -389,7 +394,7 @@ func (sl *slot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestamp) {
 // (bench/respfloor's writer hand-off against its committer's). While
 // writes are still in flight (a pipeline), the writer goroutine writes
 // what is done, so that a pipeline's replies go out together.
-func (sl *slot) finish(b []byte) {
+func (sl *writeSlot) finish(b []byte) {
 	c := sl.c
 	c.mu.Lock()
 	sl.b, sl.done = b, true
