@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/peer"
@@ -25,7 +26,8 @@ import (
 // change, a replica that moves, a broken stream), so its clients get every
 // change once, in log order per group.
 //
-// A node on its own delivers events straight from its group's apply.
+// A node on its own delivers its group's events through a queue (see
+// eventQueue): in order, every one, off the apply goroutine.
 
 // entryEvents are the events of one log entry. Wire format.
 type entryEvents struct {
@@ -144,6 +146,7 @@ type follower struct {
 	gaps   atomic.Int32 // len(gapped): deliver looks at gapped only if some
 	stop   chan struct{}
 	wg     sync.WaitGroup
+	alone  *eventQueue // a node on its own's (see local)
 }
 
 func newFollower(n *Node) *follower {
@@ -152,10 +155,16 @@ func newFollower(n *Node) *follower {
 
 // local returns the OnEvents of this node's replica of g.
 func (f *follower) local(g int) func(replica.Batch) {
-	if f.n.link == nil { // on its own: straight through, on the apply goroutine
+	if f.n.link == nil { // on its own: through a queue to OnEvents
+		if f.n.cfg.OnEvents == nil {
+			return func(replica.Batch) {}
+		}
+		q := newEventQueue(eventQueueBytes)
+		f.alone = q
+		go q.run(f.n.cfg.OnEvents)
 		return func(b replica.Batch) {
-			if len(b.Events) > 0 && f.n.cfg.OnEvents != nil {
-				f.n.cfg.OnEvents(b.Events)
+			if len(b.Events) > 0 {
+				q.push(b.Events)
 			}
 		}
 	}
@@ -698,4 +707,113 @@ func partEnd(entries []entryEvents) int {
 func (f *follower) close() {
 	close(f.stop)
 	f.wg.Wait()
+}
+
+// closeAlone delivers what a node on its own's queue still holds and
+// ends it, once its group applies nothing more.
+func (f *follower) closeAlone() {
+	if f.alone != nil {
+		f.alone.close()
+	}
+}
+
+// eventQueue carries a node on its own's change events from its group's
+// apply goroutine to OnEvents, which runs on the queue's goroutine, in
+// order. Bounded in bytes: an apply that finds it full waits for room, so
+// a slow OnEvents slows the writes down, as it did when it ran on the
+// apply goroutine, rather than losing changes or holding ever more.
+//
+// Why a queue: OnEvents (the change history of KEYNOTIFY ... SINCE,
+// notifications, the retained messages' mirror) was half of the apply
+// goroutine's work, and the group's next log entry waits for that
+// goroutine: durable SETs, 16 pipelined from each of 50 clients, +15-18 %
+// with the queue at two Ps (docs/benchmarks.md, 2026-11-30). A cluster
+// node's events already leave the apply goroutine at once (see ring), so
+// a client may be told of a change it made just before registering, as
+// there.
+type eventQueue struct {
+	mu      sync.Mutex
+	ready   sync.Cond // batches came, or the queue closed
+	room    sync.Cond // bytes went down
+	batches [][]store.Event
+	bytes   int // of the batches held and the ones being delivered
+	limit   int
+	closed  bool
+	done    chan struct{}
+}
+
+// eventQueueBytes bounds the queue, as ringBytes bounds a ring.
+const eventQueueBytes = 8 << 20
+
+func newEventQueue(limit int) *eventQueue {
+	q := &eventQueue{limit: limit, done: make(chan struct{})}
+	q.ready.L, q.room.L = &q.mu, &q.mu
+	return q
+}
+
+// eventsSize is what a batch of events holds alive: its keys and values,
+// and the events themselves.
+func eventsSize(evs []store.Event) int {
+	n := 0
+	for i := range evs {
+		n += len(evs[i].Key) + len(evs[i].Value) + int(unsafe.Sizeof(evs[i]))
+	}
+	return n
+}
+
+// push queues a copy of evs (the apply goroutine reuses its slice),
+// waiting while the queue is full; one batch larger than the bound goes
+// into an empty queue.
+func (q *eventQueue) push(evs []store.Event) {
+	size := eventsSize(evs)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.bytes > 0 && q.bytes+size > q.limit && !q.closed {
+		q.room.Wait()
+	}
+	if q.closed {
+		return // nothing applies after close (see closeAlone)
+	}
+	q.batches = append(q.batches, slices.Clone(evs))
+	q.bytes += size
+	q.ready.Signal()
+}
+
+// run delivers the queued batches, oldest first, until the queue closes
+// and is empty.
+func (q *eventQueue) run(deliver func([]store.Event)) {
+	defer close(q.done)
+	var taken [][]store.Event
+	for {
+		q.mu.Lock()
+		for len(q.batches) == 0 && !q.closed {
+			q.ready.Wait()
+		}
+		if len(q.batches) == 0 {
+			q.mu.Unlock()
+			return
+		}
+		taken, q.batches = q.batches, taken[:0]
+		q.mu.Unlock()
+		size := 0
+		for i, evs := range taken {
+			deliver(evs)
+			size += eventsSize(evs)
+			taken[i] = nil
+		}
+		q.mu.Lock()
+		q.bytes -= size
+		q.room.Broadcast()
+		q.mu.Unlock()
+	}
+}
+
+// close ends the queue once what it holds is delivered.
+func (q *eventQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.ready.Signal()
+	q.room.Broadcast()
+	q.mu.Unlock()
+	<-q.done
 }

@@ -213,3 +213,59 @@ func TestAStartingStreamIsSentToTheLeader(t *testing.T) {
 		t.Fatalf("with AnyReplica: %+v, want the stream's first frame", resp)
 	}
 }
+
+// TestEventQueueKeepsOrderAndBound: a node on its own's event queue
+// delivers every batch once, in order, with the events as they were
+// pushed (the apply goroutine reuses its slice); a push that finds the
+// queue at its bound waits until a delivery makes room; close delivers
+// what is still held before it returns.
+func TestEventQueueKeepsOrderAndBound(t *testing.T) {
+	t.Parallel()
+	ev := func(i int) store.Event {
+		return store.Event{Key: []byte(fmt.Sprintf("k%03d", i)), Value: bytes.Repeat([]byte{'v'}, 100)}
+	}
+	one := eventsSize([]store.Event{ev(0)})
+	q := newEventQueue(3 * one) // three batches of one event
+	gate := make(chan struct{})
+	var got []string
+	delivered := make(chan struct{}, 100)
+	go q.run(func(evs []store.Event) {
+		<-gate // the first delivery is held until the queue is full
+		for _, e := range evs {
+			got = append(got, string(e.Key))
+		}
+		delivered <- struct{}{}
+	})
+	reused := make([]store.Event, 1)
+	pushed := make(chan int, 10)
+	go func() {
+		for i := 0; i < 10; i++ {
+			reused[0] = ev(i)
+			q.push(reused)
+			pushed <- i
+		}
+	}()
+	// Batch 0 is taken by the held delivery (its bytes still count), 1
+	// and 2 fill the queue: the push of 3 must wait.
+	for i := 0; i < 3; i++ {
+		<-pushed
+	}
+	select {
+	case i := <-pushed:
+		t.Fatalf("push %d went through a full queue", i)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	for i := 3; i < 10; i++ {
+		<-pushed
+	}
+	q.close()
+	want := make([]string, 10)
+	for i := range want {
+		want[i] = fmt.Sprintf("k%03d", i)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v", got, want)
+	}
+	q.push([]store.Event{ev(10)}) // after close: dropped, not blocked
+}

@@ -287,10 +287,12 @@ func (n *Node) startAlone() error {
 		OnEvents: n.events.local(0), Timings: n.cfg.Timings, Disk: n.cfg.Disk,
 	})
 	if err != nil {
+		n.events.closeAlone()
 		return err
 	}
 	if err := g.AwaitLeader(30 * time.Second); err != nil {
 		g.Close()
+		n.events.closeAlone()
 		return err
 	}
 	n.mu.Lock()
@@ -407,6 +409,7 @@ func (n *Node) Close() error {
 			}()
 		}
 		wg.Wait()
+		n.events.closeAlone()
 		if n.meta != nil {
 			f := n.meta.Shutdown()
 			if n.metaTrans != nil {

@@ -418,6 +418,8 @@ func TestHoldFor(t *testing.T) {
 		{prev: 40, queued: 25, commit: ms, want: 0},           // more than half
 		{prev: 40, queued: 1, commit: 0, want: 0},             // no commit timed yet
 		{prev: 64, queued: 1, commit: 20 * ms, want: maxHold}, // a slow disk
+		{prev: 579, queued: 63, commit: 2 * ms, want: ms},     // pipelining clients, a few back
+		{prev: 579, queued: 226, commit: 2 * ms, want: 0},     // enough for an entry
 	} {
 		if got := holdFor(c.prev, c.queued, c.commit); got != c.want {
 			t.Errorf("holdFor(%d, %d, %v) = %v, want %v", c.prev, c.queued, c.commit, got, c.want)

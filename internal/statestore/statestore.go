@@ -1022,8 +1022,8 @@ func (s *Service) pttl(r *Request, args [][]byte) {
 }
 
 // Events turns applied changes into notifications and remembers them for
-// KEYNOTIFY ... SINCE. It runs on the replica's apply goroutine, in log
-// order.
+// KEYNOTIFY ... SINCE, in log order per group, soon after they are
+// applied (see cluster.Config.OnEvents).
 func (s *Service) Events(events []store.Event) {
 	s.dispatch.Lock()
 	defer s.dispatch.Unlock()
