@@ -103,8 +103,8 @@ func (n *nodeFlags) run(name string) error {
 	if max := runtime.GOMAXPROCS(0); os.Getenv("GOMAXPROCS") == "" && max > 1 && cfg.Cluster.Listen == "" {
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
-		go procs.Run(ctx, procs.DefaultPolicy(max), time.Second, func(n int, used float64) {
-			logger.Info("Go scheduler resized", "procs", n, "max", max, "cpu_cores_used", math.Round(used*100)/100)
+		go procs.Run(ctx, procs.DefaultPolicy(max), procs.DefaultTick, func(n int, used float64, wait time.Duration) {
+			logger.Info("Go scheduler resized", "procs", n, "max", max, "cpu_cores_used", math.Round(used*100)/100, "ready_goroutines_wait", wait.Round(time.Microsecond))
 		})
 	}
 	if n.pidFile != "" {

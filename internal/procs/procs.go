@@ -1,6 +1,7 @@
 // Package procs sizes the Go scheduler to a server's load: one P (one
-// thread running Go code at a time) while the load fits in one core, as
-// many as the process may use when it does not.
+// thread running Go code at a time) while the load fits in one core, or
+// runs no faster on more, as many as the process may use when it does
+// not.
 //
 // Why: a request crosses several goroutines (the client's reader, the
 // proposer, raft's loops, the reply). With two or more Ps each hand-off
@@ -11,34 +12,54 @@
 // against 15.2, and one client's SET is 25 µs quicker. A load one core
 // cannot carry needs the other Ps back, so the count follows the load,
 // with hysteresis.
+//
+// A busy core alone does not show that more Ps would help: 50 clients
+// with one durable SET each in flight keep one P busy (0.86 cores), and
+// run no faster on two (-5 to -10 %, at a fifth more CPU per SET), as
+// each request is a chain of hand-offs one core runs in turn. What does
+// is work queueing for the P: goroutines that are ready and wait for it.
+// With 16 SETs pipelined per client, the ready goroutines waited 520-580
+// µs on average at one P, against 50-77 µs for the one-at-a-time load,
+// and two Ps did 10-17 % more SETs (docs/benchmarks.md, 2026-11-30).
 package procs
 
 import (
 	"context"
+	"math"
 	"runtime"
+	"runtime/metrics"
 	"syscall"
 	"time"
 )
 
-// Policy decides, from the CPU the process used over each tick, how many
-// Ps to run: 1 or Max.
+// Policy decides, from the CPU the process used over each tick and how
+// long its ready goroutines waited to run, how many Ps to run: 1 or Max.
 type Policy struct {
 	Max int // the most Ps: the runtime's default (cores, CPU affinity, cgroup limit)
-	// At one P: this many ticks in a row at Up cores or more go to Max.
-	// Up sits below 1 because a saturated P shows as about one core.
+	// At one P: this many ticks in a row at Up cores or more, with ready
+	// goroutines waiting UpWait or more on average, go to Max. Up sits
+	// below 1 because a saturated P shows as about one core.
 	Up      float64
+	UpWait  time.Duration
 	UpTicks int
-	// At Max: this many ticks in a row under Down cores go back to one.
-	// The same load costs about a fifth more CPU at Max than at one P, so
-	// Down sits well under Up to keep the count from flapping.
+	// At Max: this many ticks in a row under Down cores, or with ready
+	// goroutines waiting under DownWait, go back to one. The same load
+	// costs about a fifth more CPU at Max than at one P, and its
+	// goroutines wait about half as long, so Down and DownWait sit well
+	// under Up and UpWait to keep the count from flapping.
 	Down      float64
+	DownWait  time.Duration
 	DownTicks int
 }
 
-// DefaultPolicy is the server's: up within two seconds of a saturated
-// core, down after ten quiet ones.
+// DefaultTick is how often the server's policy looks at the load.
+const DefaultTick = 250 * time.Millisecond
+
+// DefaultPolicy is the server's, at DefaultTick: up within half a second
+// of a core saturated with work waiting, down after ten quiet seconds.
 func DefaultPolicy(max int) Policy {
-	return Policy{Max: max, Up: 0.8, UpTicks: 2, Down: 0.5, DownTicks: 10}
+	return Policy{Max: max, Up: 0.8, UpWait: 200 * time.Microsecond, UpTicks: 2,
+		Down: 0.5, DownWait: 60 * time.Microsecond, DownTicks: 40}
 }
 
 // State is where the policy stands: the Ps it runs, and how many ticks
@@ -49,14 +70,15 @@ type State struct {
 }
 
 // Next is the state after a tick in which the process used `used` cores
-// of CPU (CPU seconds over wall seconds).
-func (p Policy) Next(s State, used float64) State {
+// of CPU (CPU seconds over wall seconds) and its ready goroutines waited
+// `wait` on average for a P.
+func (p Policy) Next(s State, used float64, wait time.Duration) State {
 	if p.Max <= 1 {
 		return State{Procs: 1}
 	}
 	switch s.Procs {
 	case 1:
-		if used < p.Up {
+		if used < p.Up || wait < p.UpWait {
 			return State{Procs: 1}
 		}
 		if s.streak+1 >= p.UpTicks {
@@ -64,7 +86,7 @@ func (p Policy) Next(s State, used float64) State {
 		}
 		return State{Procs: 1, streak: s.streak + 1}
 	default:
-		if used >= p.Down {
+		if used >= p.Down && wait >= p.DownWait {
 			return State{Procs: p.Max}
 		}
 		if s.streak+1 >= p.DownTicks {
@@ -76,14 +98,16 @@ func (p Policy) Next(s State, used float64) State {
 
 // Run starts the process at one P and sets runtime.GOMAXPROCS as p
 // decides, every tick, until ctx ends; then it gives back p.Max. changed,
-// if not nil, hears each change with the CPU use that caused it.
-func Run(ctx context.Context, p Policy, tick time.Duration, changed func(procs int, used float64)) {
+// if not nil, hears each change with the load that caused it.
+func Run(ctx context.Context, p Policy, tick time.Duration, changed func(procs int, used float64, wait time.Duration)) {
 	s := State{Procs: 1}
 	runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(p.Max)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	last, lastCPU := time.Now(), CPU()
+	var waits schedWaits
+	waits.mean()
 	for {
 		select {
 		case <-ctx.Done():
@@ -92,16 +116,59 @@ func Run(ctx context.Context, p Policy, tick time.Duration, changed func(procs i
 			c := CPU()
 			used := float64(c-lastCPU) / float64(now.Sub(last))
 			last, lastCPU = now, c
-			next := p.Next(s, used)
+			wait := waits.mean()
+			next := p.Next(s, used, wait)
 			if next.Procs != s.Procs {
 				runtime.GOMAXPROCS(next.Procs)
 				if changed != nil {
-					changed(next.Procs, used)
+					changed(next.Procs, used, wait)
 				}
 			}
 			s = next
 		}
 	}
+}
+
+// schedWaits reads how long ready goroutines waited for a P, from the
+// runtime's histogram of it (which samples some of the waits).
+type schedWaits struct {
+	sample [1]metrics.Sample
+	last   []uint64 // the counts at the previous reading
+}
+
+// mean is the mean wait since the previous call (0 if none was
+// sampled), each wait taken at its bucket's middle.
+func (w *schedWaits) mean() time.Duration {
+	w.sample[0].Name = "/sched/latencies:seconds"
+	metrics.Read(w.sample[:])
+	if w.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return 0
+	}
+	h := w.sample[0].Value.Float64Histogram()
+	var sum, n float64
+	if len(w.last) == len(h.Counts) {
+		for i, c := range h.Counts {
+			d := float64(c - w.last[i])
+			if d == 0 {
+				continue
+			}
+			lo, hi := h.Buckets[i], h.Buckets[i+1]
+			mid := (lo + hi) / 2
+			switch {
+			case math.IsInf(lo, -1):
+				mid = max(hi, 0)
+			case math.IsInf(hi, 1):
+				mid = lo
+			}
+			sum += d * mid
+			n += d
+		}
+	}
+	w.last = append(w.last[:0], h.Counts...)
+	if n == 0 {
+		return 0
+	}
+	return time.Duration(sum / n * float64(time.Second))
 }
 
 // CPU is the user and system CPU time this process has used.

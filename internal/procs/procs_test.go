@@ -9,52 +9,65 @@ import (
 )
 
 func TestPolicy(t *testing.T) {
-	p := Policy{Max: 4, Up: 0.8, UpTicks: 2, Down: 0.5, DownTicks: 3}
+	us := time.Microsecond
+	p := Policy{Max: 4, Up: 0.8, UpWait: 200 * us, UpTicks: 2, Down: 0.5, DownWait: 60 * us, DownTicks: 3}
 	steps := []struct {
 		used  float64
+		wait  time.Duration
 		procs int
 	}{
-		{0.9, 1}, // one busy tick is not enough
-		{0.3, 1}, // and a quiet one starts over
-		{0.9, 1},
-		{0.95, 4}, // two in a row
-		{0.6, 4},  // the same load costs more at 4: no flapping
-		{0.2, 4},
-		{0.2, 4},
-		{0.7, 4}, // a busy tick starts the count down over
-		{0.2, 4},
-		{0.1, 4},
-		{0.0, 1}, // three quiet in a row
-		{0.5, 1},
+		{0.9, 500 * us, 1}, // one busy tick is not enough
+		{0.3, 500 * us, 1}, // and a quiet one starts over
+		{0.9, 500 * us, 1},
+		{0.9, 60 * us, 1}, // a busy core, nothing waiting for it: starts over
+		{0.9, 500 * us, 1},
+		{0.95, 300 * us, 4}, // two in a row
+		{0.6, 250 * us, 4},  // the same load costs more at 4: no flapping
+		{1.2, 100 * us, 4},  // and its goroutines wait less
+		{0.2, 300 * us, 4},
+		{0.2, 300 * us, 4},
+		{0.7, 300 * us, 4}, // a busy tick starts the count down over
+		{0.2, 300 * us, 4},
+		{0.1, 300 * us, 4},
+		{0.0, 0, 1}, // three quiet in a row
+		{0.5, 0, 1},
+		{0.9, 600 * us, 1},
+		{0.9, 600 * us, 4},
+		{1.0, 40 * us, 4}, // busy, but nothing waits: one P does as well
+		{1.0, 30 * us, 4},
+		{1.0, 50 * us, 1},
 	}
 	s := State{Procs: 1}
 	for i, st := range steps {
-		s = p.Next(s, st.used)
+		s = p.Next(s, st.used, st.wait)
 		if s.Procs != st.procs {
-			t.Fatalf("step %d (%.2f cores used): %d Ps, want %d", i, st.used, s.Procs, st.procs)
+			t.Fatalf("step %d (%.2f cores used, %v waits): %d Ps, want %d", i, st.used, st.wait, s.Procs, st.procs)
 		}
 	}
-	if s := (Policy{Max: 1, Up: 0.8, UpTicks: 1}).Next(State{Procs: 1}, 5); s.Procs != 1 {
+	if s := (Policy{Max: 1, Up: 0.8, UpTicks: 1}).Next(State{Procs: 1}, 5, time.Second); s.Procs != 1 {
 		t.Fatalf("Max 1 went to %d Ps", s.Procs)
 	}
 }
 
-// TestRunFollowsLoad runs the controller on this process: a goroutine
-// spinning on one P takes it to two, and stopping it brings it back.
+// TestRunFollowsLoad runs the controller on this process: goroutines
+// spinning on one P, each ready and waiting while another runs, take it
+// to two (so the wait is read from the runtime: at none it would stay),
+// and stopping them brings it back.
 func TestRunFollowsLoad(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("one CPU: nothing to choose")
 	}
 	prev := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	// Thresholds low enough for a machine busy with other tests: a
-	// spinning goroutine still gets a good part of a core.
-	p := Policy{Max: 2, Up: 0.3, UpTicks: 2, Down: 0.1, DownTicks: 3}
+	// Thresholds low enough for a machine busy with other tests: the
+	// spinning goroutines still get a good part of a core, and wait for
+	// each other's preemption (every 10 ms) to run.
+	p := Policy{Max: 2, Up: 0.3, UpWait: time.Millisecond, UpTicks: 2, Down: 0.1, DownWait: 0, DownTicks: 3}
 	changes := make(chan int, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() {
-		Run(ctx, p, 50*time.Millisecond, func(procs int, _ float64) { changes <- procs })
+		Run(ctx, p, 50*time.Millisecond, func(procs int, _ float64, _ time.Duration) { changes <- procs })
 		close(stopped)
 	}()
 	want := func(procs int) {
@@ -70,10 +83,12 @@ func TestRunFollowsLoad(t *testing.T) {
 	}
 	var spin atomic.Bool
 	spin.Store(true)
-	go func() {
-		for spin.Load() {
-		}
-	}()
+	for range 3 {
+		go func() {
+			for spin.Load() {
+			}
+		}()
+	}
 	want(2)
 	spin.Store(false)
 	want(1)
