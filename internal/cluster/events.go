@@ -726,7 +726,7 @@ func (f *follower) closeAlone() {
 // Why a queue: OnEvents (the change history of KEYNOTIFY ... SINCE,
 // notifications, the retained messages' mirror) was half of the apply
 // goroutine's work, and the group's next log entry waits for that
-// goroutine: durable SETs, 16 pipelined from each of 50 clients, +15-18 %
+// goroutine: durable SETs, 16 pipelined from each of 50 clients, +16-22 %
 // with the queue at two Ps (docs/benchmarks.md, 2026-11-30). A cluster
 // node's events already leave the apply goroutine at once (see ring), so
 // a client may be told of a change it made just before registering, as

@@ -20,7 +20,7 @@
 // is work queueing for the P: goroutines that are ready and wait for it.
 // With 16 SETs pipelined per client, the ready goroutines waited 520-580
 // µs on average at one P, against 50-77 µs for the one-at-a-time load,
-// and two Ps did 10-17 % more SETs (docs/benchmarks.md, 2026-11-30).
+// and two Ps did 16-21 % more SETs (docs/benchmarks.md, 2026-11-30).
 package procs
 
 import (
@@ -42,13 +42,16 @@ type Policy struct {
 	Up      float64
 	UpWait  time.Duration
 	UpTicks int
-	// At Max: this many ticks in a row under Down cores, or with ready
-	// goroutines waiting under DownWait, go back to one. The same load
-	// costs about a fifth more CPU at Max than at one P, and its
-	// goroutines wait about half as long, so Down and DownWait sit well
-	// under Up and UpWait to keep the count from flapping.
+	// At Max: this many ticks in a row under Down cores, or under DownFit
+	// cores with ready goroutines waiting under DownWait, go back to one.
+	// The same load costs about a fifth more CPU at Max than at one P,
+	// and its goroutines wait about half as long, so Down and DownWait sit
+	// well under Up and UpWait to keep the count from flapping. DownFit
+	// is about what one P carries: a load above it would queue at one P
+	// and come straight back, however little it waits at Max.
 	Down      float64
 	DownWait  time.Duration
+	DownFit   float64
 	DownTicks int
 }
 
@@ -59,7 +62,7 @@ const DefaultTick = 250 * time.Millisecond
 // of a core saturated with work waiting, down after ten quiet seconds.
 func DefaultPolicy(max int) Policy {
 	return Policy{Max: max, Up: 0.8, UpWait: 200 * time.Microsecond, UpTicks: 2,
-		Down: 0.5, DownWait: 60 * time.Microsecond, DownTicks: 40}
+		Down: 0.5, DownWait: 60 * time.Microsecond, DownFit: 1.1, DownTicks: 40}
 }
 
 // State is where the policy stands: the Ps it runs, and how many ticks
@@ -86,7 +89,7 @@ func (p Policy) Next(s State, used float64, wait time.Duration) State {
 		}
 		return State{Procs: 1, streak: s.streak + 1}
 	default:
-		if used >= p.Down && wait >= p.DownWait {
+		if used >= p.Down && (wait >= p.DownWait || used >= p.DownFit) {
 			return State{Procs: p.Max}
 		}
 		if s.streak+1 >= p.DownTicks {

@@ -10,7 +10,7 @@ import (
 
 func TestPolicy(t *testing.T) {
 	us := time.Microsecond
-	p := Policy{Max: 4, Up: 0.8, UpWait: 200 * us, UpTicks: 2, Down: 0.5, DownWait: 60 * us, DownTicks: 3}
+	p := Policy{Max: 4, Up: 0.8, UpWait: 200 * us, UpTicks: 2, Down: 0.5, DownWait: 60 * us, DownFit: 1.1, DownTicks: 3}
 	steps := []struct {
 		used  float64
 		wait  time.Duration
@@ -36,6 +36,12 @@ func TestPolicy(t *testing.T) {
 		{1.0, 40 * us, 4}, // busy, but nothing waits: one P does as well
 		{1.0, 30 * us, 4},
 		{1.0, 50 * us, 1},
+		{0.9, 600 * us, 1},
+		{1.6, 600 * us, 4},
+		{1.5, 30 * us, 4}, // little waiting, but more than one P carries
+		{1.5, 30 * us, 4},
+		{1.5, 30 * us, 4},
+		{1.5, 30 * us, 4},
 	}
 	s := State{Procs: 1}
 	for i, st := range steps {
@@ -62,7 +68,7 @@ func TestRunFollowsLoad(t *testing.T) {
 	// Thresholds low enough for a machine busy with other tests: the
 	// spinning goroutines still get a good part of a core, and wait for
 	// each other's preemption (every 10 ms) to run.
-	p := Policy{Max: 2, Up: 0.3, UpWait: time.Millisecond, UpTicks: 2, Down: 0.1, DownWait: 0, DownTicks: 3}
+	p := Policy{Max: 2, Up: 0.3, UpWait: time.Millisecond, UpTicks: 2, Down: 0.1, DownFit: 2, DownTicks: 3}
 	changes := make(chan int, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
