@@ -1236,10 +1236,10 @@ func (g *Group) propose() {
 // shares its sync well enough, and its writers' clients wait for the
 // hold with nothing gained. Pipelining clients queue hundreds of writes
 // while an entry commits, fewer than half of the last entry's (whose
-// replies have not gone out yet): 50 clients of 16 pipelined durable
-// SETs at two Ps, 171-175k SETs/s against 148-164k, with entries of 444
-// commands against 579 and one every 3.2 ms against 4.3
-// (docs/benchmarks.md, 2026-11-30).
+// replies have not gone out yet). 50 clients of 16 pipelined durable
+// SETs: at two Ps 171-175k SETs/s against 148-164k; at the Ps of the
+// time, entries of 444 commands against 579, one every 3.2 ms against
+// 4.3 (docs/benchmarks.md, 2026-11-30).
 func holdFor(prev, queued int, commit time.Duration) time.Duration {
 	if prev < holdWriters || 2*queued >= prev || queued >= holdEnough {
 		return 0
