@@ -294,6 +294,8 @@ func (s *Service) Handle(r *Request) {
 // Request whose Origin is a Replier is answered through it, not through
 // the transport. Reply is called once per request, from the goroutine that
 // called Do for a read and from the log's for a write; it must not block.
+// The service touches the request no more once it called Reply (or
+// ReplyBulk): the origin may use it for its next request.
 type Replier interface {
 	Reply(r *Request, payload []byte, version hlc.Timestamp)
 }
@@ -404,18 +406,21 @@ func (s *Service) Revoke(clientID string, conn uint64, g *policy.Grant) {
 	s.observers.revoke(clientID, conn, g)
 }
 
+// reply answers r, through its origin if that is a Replier, else through
+// the transport. It observes r first: once answered, a gateway's origin
+// may use the request for its next one (see Replier).
 func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
-	if rp, ok := r.Origin.(Replier); ok {
-		rp.Reply(r, payload, version)
-	} else {
-		s.transport.Reply(r, payload, version)
-	}
 	if s.OnReply != nil {
 		res := resultOf(payload)
 		if r.command == "PTTL" && res == "not_applied" {
 			res = "ok" // -1: a key without expiry
 		}
 		s.observe(r, res)
+	}
+	if rp, ok := r.Origin.(Replier); ok {
+		rp.Reply(r, payload, version)
+	} else {
+		s.transport.Reply(r, payload, version)
 	}
 }
 
@@ -427,10 +432,10 @@ func (s *Service) replyBulk(r *Request, value []byte, version hlc.Timestamp) {
 		s.reply(r, resp.AppendBulk(nil, value), version)
 		return
 	}
-	br.ReplyBulk(r, value, version)
 	if s.OnReply != nil {
 		s.observe(r, "ok")
 	}
+	br.ReplyBulk(r, value, version)
 }
 
 // observe reports an answered request to OnReply.

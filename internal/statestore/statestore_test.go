@@ -460,3 +460,48 @@ func TestSinceRegistrationSkipsWhatTheClientHas(t *testing.T) {
 		t.Fatalf("a change above the SINCE version notified %v", got)
 	}
 }
+
+// oneKeyRouter holds one key; a write to it is applied at once.
+type oneKeyRouter struct{ pagedRouter }
+
+func (r *oneKeyRouter) Get(context.Context, []byte) (store.Entry, bool, error) {
+	return store.Entry{Key: []byte("k"), Value: []byte("v")}, true, nil
+}
+func (r *oneKeyRouter) Submit(_ context.Context, p replica.Proposal) {
+	p.Done(store.Result{Outcome: store.Applied}, nil)
+}
+
+// reusingOrigin is a gateway's origin that takes a request back for its
+// next one as soon as it is answered: it clears it.
+type reusingOrigin struct{ answers int }
+
+func (o *reusingOrigin) Reply(r *Request, _ []byte, _ hlc.Timestamp) { o.answers++; *r = Request{} }
+func (o *reusingOrigin) ReplyBulk(r *Request, _ []byte, _ hlc.Timestamp) {
+	o.answers++
+	*r = Request{}
+}
+
+// TestAnsweredRequestIsNotTouchedAgain: the service is done with a
+// gateway's request once it answered it (statestore.Replier), so a
+// gateway may use the same request for its next command: the metrics of
+// a GET, a SET and a GET of nothing (answered as a bulk value, a write's
+// result, and a reply) still name their command and key.
+func TestAnsweredRequestIsNotTouchedAgain(t *testing.T) {
+	s := New(&oneKeyRouter{}, &replies{}, Limits{}, nil)
+	var seen []string
+	s.OnReply = func(rep Reply) { seen = append(seen, rep.Command+" "+string(rep.Key)+" "+rep.Result) }
+	o := &reusingOrigin{}
+	r := new(Request)
+	for _, args := range [][]string{{"GET", "k"}, {"SET", "k", "v"}, {"GET"}} {
+		*r = Request{ClientID: "c", QoS: 1, Origin: o, StampWrites: true}
+		var b [][]byte
+		for _, a := range args {
+			b = append(b, []byte(a))
+		}
+		s.Do(r, b)
+	}
+	want := []string{"GET k ok", "SET k ok", "GET  error"}
+	if o.answers != 3 || !slices.Equal(seen, want) {
+		t.Fatalf("%d answers, observed %q; want 3, %q", o.answers, seen, want)
+	}
+}
