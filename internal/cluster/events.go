@@ -709,6 +709,21 @@ func (f *follower) close() {
 	f.wg.Wait()
 }
 
+// Delivered waits until the change events of every entry applied so far
+// have reached OnEvents, or ctx ends: a node on its own's, which it
+// delivers through its queue (see eventQueue). A graceful stop waits for
+// it once every write is answered and before the broker closes, so that
+// no observer misses the notification of a write acknowledged before the
+// stop, as none did when they went out on the apply goroutine. A cluster
+// node's clients hear of changes from its followers, which are not
+// waited for.
+func (n *Node) Delivered(ctx context.Context) error {
+	if q := n.events.alone; q != nil {
+		return q.flush(ctx)
+	}
+	return nil
+}
+
 // closeAlone delivers what a node on its own's queue still holds and
 // ends it, once its group applies nothing more.
 func (f *follower) closeAlone() {
@@ -734,12 +749,14 @@ func (f *follower) closeAlone() {
 type eventQueue struct {
 	mu      sync.Mutex
 	ready   sync.Cond // batches came, or the queue closed
-	room    sync.Cond // bytes went down
+	room    sync.Cond // batches were delivered
 	batches [][]store.Event
 	bytes   int // of the batches held and the ones being delivered
 	limit   int
 	closed  bool
 	done    chan struct{}
+	// pushed and delivered count batches, for flush.
+	pushed, delivered uint64
 }
 
 // eventQueueBytes bounds the queue, as ringBytes bounds a ring.
@@ -776,7 +793,28 @@ func (q *eventQueue) push(evs []store.Event) {
 	}
 	q.batches = append(q.batches, slices.Clone(evs))
 	q.bytes += size
+	q.pushed++
 	q.ready.Signal()
+}
+
+// flush waits until every batch pushed before it was called is
+// delivered, or ctx ends.
+func (q *eventQueue) flush(ctx context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() {
+		q.mu.Lock()
+		q.room.Broadcast()
+		q.mu.Unlock()
+	})
+	defer stop()
+	for target := q.pushed; q.delivered < target && !q.closed; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		q.room.Wait()
+	}
+	return nil
 }
 
 // run delivers the queued batches, oldest first, until the queue closes
@@ -803,6 +841,7 @@ func (q *eventQueue) run(deliver func([]store.Event)) {
 		}
 		q.mu.Lock()
 		q.bytes -= size
+		q.delivered += uint64(len(taken))
 		q.room.Broadcast()
 		q.mu.Unlock()
 	}

@@ -2,8 +2,12 @@ package cluster
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -268,4 +272,42 @@ func TestEventQueueKeepsOrderAndBound(t *testing.T) {
 		t.Fatalf("delivered %v, want %v", got, want)
 	}
 	q.push([]store.Event{ev(10)}) // after close: dropped, not blocked
+}
+
+// TestEventQueueFlush: flush returns once every batch pushed before it
+// was delivered (not before: the delivery is held until flush waits),
+// at once when nothing is queued, and with the context's error when it
+// ends first.
+func TestEventQueueFlush(t *testing.T) {
+	t.Parallel()
+	q := newEventQueue(1 << 20)
+	gate := make(chan struct{})
+	var delivered atomic.Int64
+	go q.run(func(evs []store.Event) {
+		<-gate
+		delivered.Add(int64(len(evs)))
+	})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	t.Cleanup(func() { release(); q.close() })
+	if err := q.flush(context.Background()); err != nil {
+		t.Fatalf("flush of an empty queue: %v", err)
+	}
+	for i := range 3 {
+		q.push([]store.Event{{Key: []byte(fmt.Sprint(i))}})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := q.flush(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("flush with its context ended: %v, want context.Canceled", err)
+	}
+	flushed := make(chan int64)
+	go func() {
+		q.flush(context.Background())
+		flushed <- delivered.Load()
+	}()
+	release()
+	if n := <-flushed; n != 3 {
+		t.Fatalf("flush returned with %d of 3 changes delivered", n)
+	}
 }

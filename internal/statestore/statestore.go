@@ -255,10 +255,27 @@ func New(router Router, t Transport, limits Limits, log *slog.Logger) *Service {
 }
 
 // Drain waits until every write submitted so far is answered (each ends
-// by RequestTimeout), or ctx ends. A shutdown calls it once no request
-// is handled any more, so that no client loses the reply to a write that
-// was applied.
-func (s *Service) Drain(ctx context.Context) error { return s.writes.Wait(ctx) }
+// by RequestTimeout), and, where the router delivers its changes through
+// a queue (deliverer), their notifications went out; or ctx ends. A
+// shutdown calls it once no request is handled any more, so that no
+// client loses the reply to a write that was applied, nor an observer
+// its notification.
+func (s *Service) Drain(ctx context.Context) error {
+	if err := s.writes.Wait(ctx); err != nil {
+		return err
+	}
+	if d, ok := s.router.(deliverer); ok {
+		return d.Delivered(ctx)
+	}
+	return nil
+}
+
+// deliverer is a Router that hands applied changes to Events through a
+// queue (cluster.Node): Delivered waits until the changes applied so far
+// went through.
+type deliverer interface {
+	Delivered(ctx context.Context) error
+}
 
 // SetTransport sets the transport; the broker is built after the service.
 func (s *Service) SetTransport(t Transport) { s.transport = t }
