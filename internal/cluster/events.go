@@ -750,13 +750,19 @@ type eventQueue struct {
 	mu      sync.Mutex
 	ready   sync.Cond // batches came, or the queue closed
 	room    sync.Cond // batches were delivered
-	batches [][]store.Event
+	batches []queuedEvents
 	bytes   int // of the batches held and the ones being delivered
 	limit   int
 	closed  bool
 	done    chan struct{}
 	// pushed and delivered count batches, for flush.
 	pushed, delivered uint64
+}
+
+// queuedEvents is a batch in the queue, with its size (eventsSize).
+type queuedEvents struct {
+	evs  []store.Event
+	size int
 }
 
 // eventQueueBytes bounds the queue, as ringBytes bounds a ring.
@@ -791,7 +797,7 @@ func (q *eventQueue) push(evs []store.Event) {
 	if q.closed {
 		return // nothing applies after close (see closeAlone)
 	}
-	q.batches = append(q.batches, slices.Clone(evs))
+	q.batches = append(q.batches, queuedEvents{slices.Clone(evs), size})
 	q.bytes += size
 	q.pushed++
 	q.ready.Signal()
@@ -821,7 +827,7 @@ func (q *eventQueue) flush(ctx context.Context) error {
 // and is empty.
 func (q *eventQueue) run(deliver func([]store.Event)) {
 	defer close(q.done)
-	var taken [][]store.Event
+	var taken []queuedEvents
 	for {
 		q.mu.Lock()
 		for len(q.batches) == 0 && !q.closed {
@@ -834,10 +840,10 @@ func (q *eventQueue) run(deliver func([]store.Event)) {
 		taken, q.batches = q.batches, taken[:0]
 		q.mu.Unlock()
 		size := 0
-		for i, evs := range taken {
-			deliver(evs)
-			size += eventsSize(evs)
-			taken[i] = nil
+		for i, b := range taken {
+			deliver(b.evs)
+			size += b.size
+			taken[i] = queuedEvents{}
 		}
 		q.mu.Lock()
 		q.bytes -= size
