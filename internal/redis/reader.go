@@ -114,13 +114,16 @@ func (r *reader) bulk(l int) ([]byte, error) {
 			return nil, err
 		}
 	}
-	var crlf [2]byte
-	if _, err := io.ReadFull(r.br, crlf[:]); err != nil {
+	// Peeked, not read into an array: one passed to io.ReadFull escapes,
+	// an allocation for every argument.
+	crlf, err := r.br.Peek(2)
+	if err != nil {
 		return nil, gateway.NoEOF(err)
 	}
-	if crlf != [2]byte{'\r', '\n'} {
+	if crlf[0] != '\r' || crlf[1] != '\n' {
 		return nil, ProtocolError("bulk string not ended by CRLF")
 	}
+	r.br.Discard(2)
 	return b, nil
 }
 

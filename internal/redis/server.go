@@ -12,6 +12,7 @@ package redis
 import (
 	"bufio"
 	"errors"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"net"
@@ -94,13 +95,13 @@ type conn struct {
 	getArgs [2][]byte // GET's arguments to the service
 
 	mu       sync.Mutex
-	cond     *sync.Cond // the reader waits here: a write answered, a reply written
-	waiters  int        // goroutines waiting on cond
-	wcond    *sync.Cond // writeLoop waits here for replies to write
-	slots    []*slot    // replies not yet written, in command order
-	writing  map[string]int
-	inFlight int // writes not yet answered
-	pending  int // replies queued and not yet written
+	cond     *sync.Cond     // the reader waits here: a write answered, a reply written
+	waiters  int            // goroutines waiting on cond
+	wcond    *sync.Cond     // writeLoop waits here for replies to write
+	slots    []*slot        // replies not yet written, in command order
+	writing  map[uint64]int // writes in flight by their key's hash (keyHash)
+	inFlight int            // writes not yet answered
+	pending  int            // replies queued and not yet written
 	ended    bool
 	// more: the reader has more of a pipeline buffered, so the writer
 	// waits for it and writes the replies together (a write each cost
@@ -141,7 +142,7 @@ type slot struct {
 type writeSlot struct {
 	slot
 	c     *conn
-	key   string
+	key   uint64 // keyHash
 	proto int
 	del   bool
 	small [16]byte // room for a write's reply ("+OK", a null, ":1")
@@ -160,7 +161,7 @@ func (s *Server) Serve(nc net.Conn) {
 	br := bufio.NewReaderSize(nc, 16<<10)
 	rd := &reader{br: br, maxBulk: s.cfg.MaxBulk}
 	c := &conn{s: s, nc: nc, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "resp"), since: time.Now(),
-		w: writer{proto: 2}, writing: map[string]int{}}
+		w: writer{proto: 2}, writing: map[uint64]int{}}
 	c.cond = sync.NewCond(&c.mu)
 	c.wcond = sync.NewCond(&c.mu)
 	c.tw, _ = nc.(tryWriter)
@@ -318,34 +319,42 @@ func (c *conn) push(sl *slot, more bool) {
 }
 
 // asyncWrite says whether args is a write that may be in flight with
-// others (a SET with no XX and no NX GET, a DEL of one key), and its key.
-func (c *conn) asyncWrite(args [][]byte) (string, bool) {
+// others (a SET with no XX and no NX GET, a DEL of one key), and its
+// key's hash.
+func (c *conn) asyncWrite(args [][]byte) (uint64, bool) {
 	if !c.c.Authenticated() || len(args) < 2 {
-		return "", false
+		return 0, false
 	}
 	switch name := string(args[0]); {
 	case len(args) == 2 && strings.EqualFold(name, "DEL"):
-		return string(args[1]), true
+		return keyHash(args[1]), true
 	case len(args) >= 3 && strings.EqualFold(name, "SET"):
 		var nx, get bool
 		for _, a := range args[3:] {
 			switch {
 			case strings.EqualFold(string(a), "XX"):
-				return "", false
+				return 0, false
 			case strings.EqualFold(string(a), "NX"):
 				nx = true
 			case strings.EqualFold(string(a), "GET"):
 				get = true
 			}
 		}
-		return string(args[1]), !(nx && get)
+		return keyHash(args[1]), !(nx && get)
 	}
-	return "", false
+	return 0, false
 }
+
+// keyHash stands for a key in a connection's writes in flight: a hash,
+// not the key, so that a write costs no copy of its key into a string.
+// Two keys of one hash only wait for each other, as one key's writes do.
+func keyHash(key []byte) uint64 { return maphash.Bytes(keySeed, key) }
+
+var keySeed = maphash.MakeSeed()
 
 // startWrite sends a write and queues the slot its reply fills, once no
 // other write to its key is in flight.
-func (c *conn) startWrite(key string, args [][]byte, more bool) {
+func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	c.mu.Lock()
 	for c.writing[key] > 0 {
 		c.wait()
