@@ -280,6 +280,7 @@ type Group struct {
 
 type pending struct {
 	future raft.ApplyFuture
+	data   []byte // the entry's bytes (fsm.propose)
 	dones  []func(store.Result, error)
 	start  time.Time
 }
@@ -1159,7 +1160,9 @@ func (g *Group) propose() {
 			return
 		}
 		g.slots <- struct{}{} // released by complete
-		cmds, dones = cmds[:0], nil
+		// A new slice each entry: the apply goroutine takes the commands
+		// as they are (fsm.takeProposed).
+		cmds, dones = make([]store.Command, 0, cap(cmds)), nil
 		size := 0
 		now := g.clock.WallMillis() // one reading for the entry's commands
 		add := func(p Proposal) {
@@ -1202,10 +1205,12 @@ func (g *Group) propose() {
 		}
 		buf = store.AppendBatch(buf[:0], g.cfg.Limits, cmds)
 		// raft keeps the slice until applied: hand it a copy.
+		data := append([]byte(nil), buf...)
+		g.fsm.propose(data, g.cfg.Limits, cmds)
 		start := time.Now()
-		f := g.raft.Apply(append([]byte(nil), buf...), 0)
+		f := g.raft.Apply(data, 0)
 		g.entries.Add(1)
-		g.inflight <- pending{future: f, dones: dones, start: start}
+		g.inflight <- pending{future: f, data: data, dones: dones, start: start}
 	}
 }
 
@@ -1321,6 +1326,9 @@ func (g *Group) complete() {
 		default:
 			err = ErrOutcomeUnknown // raft.ErrLeadershipLost, shutdown...
 		}
+		// Taken when applied; not, if the future failed or the log store
+		// handed raft another copy of the bytes.
+		g.fsm.forget(p.data)
 		var results []store.Result
 		if err == nil {
 			switch r := p.future.Response().(type) {

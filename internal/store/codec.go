@@ -170,8 +170,7 @@ func DecodeBatch(data []byte) (Limits, []Command, error) {
 	}
 	d := decoder{b: data}
 	d.byte() // the format
-	maxKeys := d.uvarint()
-	limits := Limits{MaxKeys: int(min(maxKeys, 1<<62)), MaxBytes: d.varint()}
+	limits := decodedLimits(d.uvarint(), d.varint())
 	n := d.uvarint()
 	if n > uint64(len(data)) { // every command takes at least one byte
 		return Limits{}, nil, ErrCorrupt
@@ -188,6 +187,15 @@ func DecodeBatch(data []byte) (Limits, []Command, error) {
 	}
 	return limits, cmds, nil
 }
+
+// decodedLimits is the Limits a batch's header holds.
+func decodedLimits(maxKeys uint64, maxBytes int64) Limits {
+	return Limits{MaxKeys: int(min(maxKeys, 1<<62)), MaxBytes: maxBytes}
+}
+
+// EncodedLimits is what DecodeBatch returns for the limits of a batch
+// that AppendBatch wrote with l.
+func EncodedLimits(l Limits) Limits { return decodedLimits(uint64(l.MaxKeys), l.MaxBytes) }
 
 func appendBytes(b, s []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
