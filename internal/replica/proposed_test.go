@@ -59,7 +59,10 @@ func TestLeaderAppliesWhatItProposed(t *testing.T) {
 		t.Fatalf("the apply goroutine took %d of the %d entries proposed", n, len(cmds)+2)
 	}
 	want := map[string]string{}
-	g.Ascend(nil, nil, 0, func(e *store.Entry) bool { want[string(e.Key)] = string(e.Value) + "@" + e.Version.String(); return true })
+	g.Ascend(nil, nil, 0, func(e *store.Entry) bool {
+		want[string(e.Key)] = string(e.Value) + "@" + e.Version.String()
+		return true
+	})
 	g.fsm.mu.RLock()
 	left := len(g.fsm.proposed)
 	g.fsm.mu.RUnlock()
@@ -72,7 +75,10 @@ func TestLeaderAppliesWhatItProposed(t *testing.T) {
 	g = open(t, dir, nil)
 	defer g.Close()
 	got := map[string]string{}
-	g.Ascend(nil, nil, 0, func(e *store.Entry) bool { got[string(e.Key)] = string(e.Value) + "@" + e.Version.String(); return true })
+	g.Ascend(nil, nil, 0, func(e *store.Entry) bool {
+		got[string(e.Key)] = string(e.Value) + "@" + e.Version.String()
+		return true
+	})
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after a restart the store holds %v, not %v", got, want)
 	}

@@ -246,7 +246,8 @@ type Group struct {
 	in       chan Proposal
 	slots    chan struct{} // one token per log entry in flight
 	inflight chan pending
-	expiryCh chan struct{} // wakes the expiry loop when an earlier deadline appears
+	spare    chan []store.Command // entries' command slices, done with (see propose)
+	expiryCh chan struct{}        // wakes the expiry loop when an earlier deadline appears
 
 	// submitMu orders Submit against Close: once closed is set under the
 	// write lock, nothing more enters g.in, so draining it fails every
@@ -280,7 +281,8 @@ type Group struct {
 
 type pending struct {
 	future raft.ApplyFuture
-	data   []byte // the entry's bytes (fsm.propose)
+	data   []byte          // the entry's bytes (fsm.propose)
+	cmds   []store.Command // its commands
 	dones  []func(store.Result, error)
 	start  time.Time
 }
@@ -301,6 +303,7 @@ func Open(cfg Config) (*Group, error) {
 		in:       make(chan Proposal, maxBatch),
 		slots:    make(chan struct{}, pipelineDepth),
 		inflight: make(chan pending, pipelineDepth),
+		spare:    make(chan []store.Command, pipelineDepth),
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 		Fault:    NewFault(),
@@ -1160,9 +1163,15 @@ func (g *Group) propose() {
 			return
 		}
 		g.slots <- struct{}{} // released by complete
-		// A new slice each entry: the apply goroutine takes the commands
-		// as they are (fsm.takeProposed).
-		cmds, dones = make([]store.Command, 0, cap(cmds)), nil
+		// The apply goroutine takes the commands as they are
+		// (fsm.takeProposed): a slice of an entry that is done, or a new one.
+		select {
+		case cmds = <-g.spare:
+			cmds = cmds[:0]
+		default:
+			cmds = make([]store.Command, 0, cap(cmds))
+		}
+		dones = nil
 		size := 0
 		now := g.clock.WallMillis() // one reading for the entry's commands
 		add := func(p Proposal) {
@@ -1210,7 +1219,7 @@ func (g *Group) propose() {
 		start := time.Now()
 		f := g.raft.Apply(data, 0)
 		g.entries.Add(1)
-		g.inflight <- pending{future: f, data: data, dones: dones, start: start}
+		g.inflight <- pending{future: f, data: data, cmds: cmds, dones: dones, start: start}
 	}
 }
 
@@ -1327,8 +1336,13 @@ func (g *Group) complete() {
 			err = ErrOutcomeUnknown // raft.ErrLeadershipLost, shutdown...
 		}
 		// Taken when applied; not, if the future failed or the log store
-		// handed raft another copy of the bytes.
+		// handed raft another copy of the bytes. Forgotten, the commands
+		// are the proposer's again.
 		g.fsm.forget(p.data)
+		select {
+		case g.spare <- p.cmds:
+		default:
+		}
 		var results []store.Result
 		if err == nil {
 			switch r := p.future.Response().(type) {
