@@ -100,6 +100,7 @@ type conn struct {
 	wcond    *sync.Cond     // writeLoop waits here for replies to write
 	slots    []*slot        // replies not yet written, in command order
 	writing  map[uint64]int // writes in flight by their key's hash (keyHash)
+	free     []*writeSlot   // write slots whose replies were taken, for the next writes
 	inFlight int            // writes not yet answered
 	pending  int            // replies queued and not yet written
 	ended    bool
@@ -133,6 +134,9 @@ type slot struct {
 	b    []byte
 	n    int // replies in b
 	done bool
+	// write is the write slot this is, kept for another write once its
+	// reply is taken (see take); nil for a reply the reader queued.
+	write *writeSlot
 }
 
 // writeSlot is the slot of a write in flight (see startWrite): its
@@ -153,6 +157,9 @@ type writeSlot struct {
 // maxSlots bounds the replies a connection holds unwritten (pending): a
 // client that pipelines faster than it reads waits.
 const maxSlots = 1024
+
+// maxFree bounds the write slots a connection keeps for reuse.
+const maxFree = 64
 
 // Serve serves one client connection until it ends.
 func (s *Server) Serve(nc net.Conn) {
@@ -361,9 +368,18 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	}
 	c.writing[key]++
 	c.inFlight++
+	var sl *writeSlot
+	if n := len(c.free); n > 0 {
+		sl, c.free[n-1] = c.free[n-1], nil
+		c.free = c.free[:n-1]
+	} else {
+		sl = new(writeSlot)
+	}
 	c.mu.Unlock()
+	// Its request is made anew by SendIn, its command by setCommand.
+	sl.slot = slot{n: 1, write: sl}
 	// HELLO, which changes the protocol, waits for writes in flight.
-	sl := &writeSlot{slot: slot{n: 1}, c: c, key: key, proto: c.w.proto, del: strings.EqualFold(string(args[0]), "DEL")}
+	sl.c, sl.key, sl.proto, sl.del = c, key, c.w.proto, strings.EqualFold(string(args[0]), "DEL")
 	c.push(&sl.slot, more)
 	if sl.del {
 		c.c.SendIn(&sl.req, "", append(sl.args[:0], verbDEL, args[1]), sl)
@@ -465,8 +481,16 @@ func (c *conn) ready() bool {
 func (c *conn) take(buf []byte) ([]byte, int) {
 	n, replies := 0, 0
 	for n < len(c.slots) && c.slots[n].done {
-		buf = append(buf, c.slots[n].b...)
-		replies += c.slots[n].n
+		sl := c.slots[n]
+		buf = append(buf, sl.b...)
+		replies += sl.n
+		// Answered and its reply copied out: the service touches a
+		// request no more once it replied (statestore.Replier), so the
+		// slot, request and all, can serve the next write. A write
+		// allocated 600 bytes for it.
+		if sl.write != nil && len(c.free) < maxFree {
+			c.free = append(c.free, sl.write)
+		}
 		n++
 	}
 	c.pending -= replies
