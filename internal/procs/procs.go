@@ -42,7 +42,7 @@ type Policy struct {
 	Up      float64
 	UpWait  time.Duration
 	UpTicks int
-	// At Max: this many ticks in a row under Down cores, or under DownFit
+	// At Max: DownTicks ticks in a row under Down cores, or under DownFit
 	// cores with ready goroutines waiting under DownWait, go back to one.
 	// The same load costs about a fifth more CPU at Max than at one P,
 	// and its goroutines wait about half as long, so Down and DownWait sit
@@ -53,23 +53,40 @@ type Policy struct {
 	DownWait  time.Duration
 	DownFit   float64
 	DownTicks int
+	// A load that goes back to Max within Retry ticks of going down
+	// needed it: the next time down takes twice the ticks, up to
+	// DownTicksMax, so that such a load spends little of its time at one
+	// P; one that stays down longer resets it to DownTicks. Why not a long
+	// DownTicks alone: after a burst, a load that one P carries better ran
+	// at Max that long, at a fifth more CPU for each request and fewer of
+	// them (50 clients of one durable SET each after a pipelined burst:
+	// 41,400 SETs a second at 23.5 µs of CPU, against 45,600 at 18.7 at
+	// one P; docs/benchmarks.md, 2026-11-30).
+	Retry        int
+	DownTicksMax int
 }
 
 // DefaultTick is how often the server's policy looks at the load.
 const DefaultTick = 250 * time.Millisecond
 
 // DefaultPolicy is the server's, at DefaultTick: up within half a second
-// of a core saturated with work waiting, down after ten quiet seconds.
+// of a core saturated with work waiting, down after two quiet seconds,
+// or up to sixteen for a load that came back.
 func DefaultPolicy(max int) Policy {
 	return Policy{Max: max, Up: 0.8, UpWait: 200 * time.Microsecond, UpTicks: 2,
-		Down: 0.5, DownWait: 60 * time.Microsecond, DownFit: 1.1, DownTicks: 40}
+		Down: 0.5, DownWait: 60 * time.Microsecond, DownFit: 1.1, DownTicks: 8,
+		Retry: 20, DownTicksMax: 64}
 }
 
-// State is where the policy stands: the Ps it runs, and how many ticks
-// in a row pointed the other way.
+// State is where the policy stands: the Ps it runs, how many ticks in a
+// row pointed the other way, how many quiet ticks going down takes now
+// (0: DownTicks), and, counting from 1, the ticks at one P since it came
+// down (0: not counting).
 type State struct {
 	Procs  int
 	streak int
+	need   int
+	atOne  int
 }
 
 // Next is the state after a tick in which the process used `used` cores
@@ -79,23 +96,34 @@ func (p Policy) Next(s State, used float64, wait time.Duration) State {
 	if p.Max <= 1 {
 		return State{Procs: 1}
 	}
+	need := max(s.need, p.DownTicks)
 	switch s.Procs {
 	case 1:
+		atOne := s.atOne
+		if atOne > 0 {
+			atOne++
+		}
+		if atOne > p.Retry+1 {
+			need, atOne = p.DownTicks, 0 // it stayed down: down was right
+		}
 		if used < p.Up || wait < p.UpWait {
-			return State{Procs: 1}
+			return State{Procs: 1, need: need, atOne: atOne}
 		}
-		if s.streak+1 >= p.UpTicks {
-			return State{Procs: p.Max}
+		if s.streak+1 < p.UpTicks {
+			return State{Procs: 1, streak: s.streak + 1, need: need, atOne: atOne}
 		}
-		return State{Procs: 1, streak: s.streak + 1}
+		if atOne > 0 { // back within Retry ticks: stay up longer next time
+			need = min(2*need, max(p.DownTicksMax, p.DownTicks))
+		}
+		return State{Procs: p.Max, need: need}
 	default:
 		if used >= p.Down && (wait >= p.DownWait || used >= p.DownFit) {
-			return State{Procs: p.Max}
+			return State{Procs: p.Max, need: need}
 		}
-		if s.streak+1 >= p.DownTicks {
-			return State{Procs: 1}
+		if s.streak+1 >= need {
+			return State{Procs: 1, need: need, atOne: 1}
 		}
-		return State{Procs: p.Max, streak: s.streak + 1}
+		return State{Procs: p.Max, streak: s.streak + 1, need: need}
 	}
 }
 

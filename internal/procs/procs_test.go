@@ -55,6 +55,45 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
+// TestPolicyBacksOff: a load that comes back to Max soon after going
+// down makes the next way down take twice the quiet ticks, up to
+// DownTicksMax; one that stays down resets it.
+func TestPolicyBacksOff(t *testing.T) {
+	us := time.Microsecond
+	p := Policy{Max: 2, Up: 0.8, UpWait: 200 * us, UpTicks: 1, Down: 0.5, DownWait: 60 * us, DownFit: 1.1,
+		DownTicks: 2, Retry: 3, DownTicksMax: 8}
+	busy := func(s State) State { return p.Next(s, 1.0, 500*us) } // needs two Ps at one
+	quiet := func(s State) State { return p.Next(s, 1.0, 20*us) } // fits in one at two
+	s := busy(State{Procs: 1})
+	// downs counts the quiet ticks at two Ps before each way down; after
+	// each, the load comes back at once (a failed try), except where
+	// stay says it stays down for longer than Retry.
+	for i, c := range []struct {
+		downs int
+		stay  bool
+	}{{2, false}, {4, false}, {8, false}, {8, true}, {2, false}, {4, true}, {2, false}} {
+		if s.Procs != 2 {
+			t.Fatalf("try %d: %d Ps before the quiet ticks", i, s.Procs)
+		}
+		for k := 1; k < c.downs; k++ {
+			if s = quiet(s); s.Procs != 2 {
+				t.Fatalf("try %d: down after %d quiet ticks, want %d", i, k, c.downs)
+			}
+		}
+		if s = quiet(s); s.Procs != 1 {
+			t.Fatalf("try %d: still at two after %d quiet ticks", i, c.downs)
+		}
+		if c.stay {
+			for range p.Retry + 1 {
+				s = p.Next(s, 0.5, 20*us)
+			}
+		}
+		if s = busy(s); s.Procs != 2 {
+			t.Fatalf("try %d: the load came back and the policy stayed at one", i)
+		}
+	}
+}
+
 // TestRunFollowsLoad runs the controller on this process: goroutines
 // spinning on one P, each ready and waiting while another runs, take it
 // to two (so the wait is read from the runtime: at none it would stay),
