@@ -96,8 +96,7 @@ func (f *fsm) takeProposed(l *raft.Log) (store.Limits, []store.Command, bool) {
 	for i := range f.proposed {
 		if f.proposed[i].data == p {
 			e := f.proposed[i]
-			clear(f.proposed[:i+1])
-			f.proposed = append(f.proposed[:0], f.proposed[i+1:]...)
+			f.proposed = slices.Delete(f.proposed, 0, i+1)
 			return e.limits, e.cmds, true
 		}
 	}
