@@ -125,17 +125,20 @@ func TestStalledLargePacketEndsTheConnection(t *testing.T) {
 // slow link.
 func TestSlowReaderIsNotCutOff(t *testing.T) {
 	defer func(d time.Duration) { writeTimeout = d }(writeTimeout)
-	writeTimeout = 300 * time.Millisecond
+	// A second: the reader's turns come every 40 ms, but a machine busy
+	// with the rest of the suite (under -race) has delayed one by more
+	// than the 300 ms this was (CI, 2026-11-30).
+	writeTimeout = time.Second
 	server, client := tcpPair(t)
 	server.(*net.TCPConn).SetWriteBuffer(32 << 10)
 	client.(*net.TCPConn).SetReadBuffer(32 << 10)
 	c := &clientConn{Conn: server, r: server, max: 1 << 30}
-	const total = 2 << 20 // at 32 KiB (the socket buffer) each 40 ms: about 2.5 s, 8 write timeouts
+	const total = 4 << 20 // at 32 KiB (one read) each 40 ms: about 5 s, 5 write timeouts
 	payload := bytes.Repeat([]byte("slow"), total/4)
 	if _, err := c.Write(payload); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 32<<10)
 	got := 0
 	for got < total {
 		time.Sleep(40 * time.Millisecond)
