@@ -240,6 +240,39 @@ func TestThreeNodesServeEveryKeyFromEveryNode(t *testing.T) {
 	}); err != nil || len(keys) != 60 {
 		t.Fatalf("ascend from the start: %d keys, %v", len(keys), err)
 	}
+	// A write whose request had no timestamp (a gateway's) and leaves its
+	// node for its group's leader carries that node's clock when it asks
+	// for it (Stamp): the version is above what the node has seen, which
+	// the leader's clock has not.
+	n := h.nodes[1]
+	var key string
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("stamped-%d", i)
+		if l := n.leaderOf(n.groupOf([]byte(k))); l != "" && l != n.cfg.NodeID {
+			key = k
+		}
+	}
+	seen := hlc.Timestamp{Wall: time.Now().UnixMilli() + 3000, Node: "elsewhere"}
+	n.Clock().Observe(seen)
+	write := func(stamp bool) hlc.Timestamp {
+		t.Helper()
+		ch := make(chan struct{})
+		var res store.Result
+		var err error
+		n.Submit(ctx(t), replica.Proposal{Cmd: store.Command{Op: store.OpSet, Key: []byte(key), Value: []byte("v")}, Stamp: stamp,
+			Done: func(r store.Result, e error) { res, err = r, e; close(ch) }})
+		<-ch
+		if err != nil || res.Outcome != store.Applied {
+			t.Fatalf("set %s via n2 (stamp %v): %+v %v", key, stamp, res, err)
+		}
+		return res.Version
+	}
+	if v := write(false); v.Compare(seen) > 0 {
+		t.Fatalf("an unstamped write got %v, above %v, which only n2 saw: the test shows nothing", v, seen)
+	}
+	if v := write(true); v.Compare(seen) <= 0 {
+		t.Fatalf("a stamped write forwarded by n2 got %v, not above %v, which n2 saw", v, seen)
+	}
 }
 
 func TestFailoverKeepsAcknowledgedWrites(t *testing.T) {

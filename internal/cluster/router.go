@@ -38,18 +38,28 @@ func (n *Node) Submit(ctx context.Context, p replica.Proposal) {
 			// is under way (the placement moves leaders so). A group of
 			// one never loses its leader, and its writes are spared the
 			// closure.
-			p.Done = n.toLeaderIfRefused(ctx, g, p.Cmd, p.After, done)
+			p.Done = n.toLeaderIfRefused(ctx, g, p, done)
 		}
 		switch err := r.TrySubmit(p); {
 		case err == nil:
 		case isNotLeader(err):
-			n.forward(ctx, g, p.Cmd, p.After, done)
+			n.forward(ctx, g, p.Cmd, n.after(p.After, p.Stamp), done)
 		default:
 			done(store.Result{}, err)
 		}
 		return
 	}
-	n.forward(ctx, g, p.Cmd, p.After, p.Done)
+	n.forward(ctx, g, p.Cmd, n.after(p.After, p.Stamp), p.Done)
+}
+
+// after is the timestamp a write leaving this node carries: its request's,
+// or this node's clock for one that asks for it (replica.Proposal.Stamp),
+// so that the leader's version is above everything this node has seen.
+func (n *Node) after(after hlc.Timestamp, stamp bool) hlc.Timestamp {
+	if stamp && after.IsZero() {
+		return n.clock.Now()
+	}
+	return after
 }
 
 // Forwarded returns how many writes and key reads this node sent on to
@@ -145,10 +155,11 @@ func (n *Node) forward(ctx context.Context, g int, cmd store.Command, after hlc.
 // toLeaderIfRefused wraps the Done of a write given to a local replica: a
 // write refused as not the leader's never entered the log, so it goes on
 // to the group's leader, wherever that is now.
-func (n *Node) toLeaderIfRefused(ctx context.Context, g int, cmd store.Command, after hlc.Timestamp, done func(store.Result, error)) func(store.Result, error) {
+func (n *Node) toLeaderIfRefused(ctx context.Context, g int, p replica.Proposal, done func(store.Result, error)) func(store.Result, error) {
+	cmd, after, stamp := p.Cmd, p.After, p.Stamp
 	return func(res store.Result, err error) {
 		if isNotLeader(err) {
-			go n.forward(ctx, g, cmd, after, done) // not on raft's goroutine: it may wait
+			go n.forward(ctx, g, cmd, n.after(after, stamp), done) // not on raft's goroutine: it may wait
 			return
 		}
 		done(res, err)

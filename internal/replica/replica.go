@@ -144,6 +144,12 @@ type Timings struct {
 type Proposal struct {
 	Cmd   store.Command
 	After hlc.Timestamp // the request's timestamp; zero if none
+	// Stamp asks for After to be the clock of the node the write comes
+	// through, for a write whose request had none (a gateway's), read
+	// only if the write leaves that node for its group's leader: a
+	// replica of the node issues versions above it anyway, as it shares
+	// the clock. The router reads it (cluster.Node); a Group ignores it.
+	Stamp bool
 	// Done is called exactly once, from the group's own goroutine, with the
 	// command's result once it is applied, or with an error if it never
 	// will be. It must not block.
