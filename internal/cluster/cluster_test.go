@@ -155,12 +155,9 @@ func set(t *testing.T, n *Node, key, value string) (store.Result, error) {
 // submitAgainIfUnknown submits cmd, and submits it again when an election
 // made its outcome unknown (on a loaded machine a group may change leaders
 // while a write is in flight). Only for commands that may apply twice, such
-// as a plain SET. A node still starting (reopened, waiting for a quorum:
-// on a loaded machine that outlasted the restart in
-// TestAppendsGoBinaryAtProtocol3) takes it once it is ready.
+// as a plain SET.
 func submitAgainIfUnknown(t *testing.T, n *Node, cmd store.Command) (store.Result, error) {
 	t.Helper()
-	var starting *StartingError
 	for attempt := 1; ; attempt++ {
 		ch := make(chan struct{})
 		var res store.Result
@@ -170,13 +167,6 @@ func submitAgainIfUnknown(t *testing.T, n *Node, cmd store.Command) (store.Resul
 			close(ch)
 		}})
 		<-ch
-		if errors.As(err, &starting) {
-			// Nothing applied: again once the node is ready (Ready has no
-			// event to wait on).
-			eventuallyT(t, 20*time.Second, "the node ready", n.Ready)
-			attempt--
-			continue
-		}
 		if err == nil || !errors.Is(err, replica.ErrOutcomeUnknown) || attempt == 5 {
 			return res, err
 		}
