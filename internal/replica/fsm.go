@@ -1,10 +1,8 @@
 package replica
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -105,30 +103,9 @@ func (f *fsm) takeProposed(l *raft.Log) (store.Limits, []store.Command, bool) {
 
 // checkProposed, where a test sets it, is given every proposed entry the
 // apply goroutine takes, to compare its commands with what its bytes
-// decode to (sameBatch): the two must never differ, or the leader would
+// decode to (proposed_test.go): the two must never differ, or the leader would
 // apply what its followers and its own restart do not.
 var checkProposed func(limits store.Limits, cmds []store.Command, data []byte)
-
-func sameBatch(limits store.Limits, cmds []store.Command, data []byte) error {
-	dl, dc, err := store.DecodeBatch(data)
-	if err != nil {
-		return err
-	}
-	if dl != limits || len(dc) != len(cmds) {
-		return fmt.Errorf("proposed entry: limits %+v, %d commands; decoded %+v, %d", limits, len(cmds), dl, len(dc))
-	}
-	for i := range cmds {
-		a, b := cmds[i], dc[i]
-		if !bytes.Equal(a.Key, b.Key) || !bytes.Equal(a.Value, b.Value) || !bytes.Equal(a.Request, b.Request) {
-			return fmt.Errorf("proposed entry: command %d's bytes differ from its decoding", i)
-		}
-		a.Key, a.Value, a.Request, b.Key, b.Value, b.Request = nil, nil, nil, nil, nil, nil
-		if !reflect.DeepEqual(a, b) {
-			return fmt.Errorf("proposed entry: command %d %+v, decoded %+v", i, a, b)
-		}
-	}
-	return nil
-}
 
 func (f *fsm) Apply(l *raft.Log) interface{} {
 	return f.ApplyBatch([]*raft.Log{l})[0]

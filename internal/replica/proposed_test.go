@@ -1,7 +1,9 @@
 package replica
 
 import (
+	"bytes"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +26,29 @@ func init() {
 		}
 		taken.Add(1)
 	}
+}
+
+// sameBatch says how an entry's commands as the proposer built them
+// differ from what its bytes decode to, if they do.
+func sameBatch(limits store.Limits, cmds []store.Command, data []byte) error {
+	dl, dc, err := store.DecodeBatch(data)
+	if err != nil {
+		return err
+	}
+	if dl != limits || len(dc) != len(cmds) {
+		return fmt.Errorf("proposed entry: limits %+v, %d commands; decoded %+v, %d", limits, len(cmds), dl, len(dc))
+	}
+	for i := range cmds {
+		a, b := cmds[i], dc[i]
+		if !bytes.Equal(a.Key, b.Key) || !bytes.Equal(a.Value, b.Value) || !bytes.Equal(a.Request, b.Request) {
+			return fmt.Errorf("proposed entry: command %d's bytes differ from its decoding", i)
+		}
+		a.Key, a.Value, a.Request, b.Key, b.Value, b.Request = nil, nil, nil, nil, nil, nil
+		if !reflect.DeepEqual(a, b) {
+			return fmt.Errorf("proposed entry: command %d %+v, decoded %+v", i, a, b)
+		}
+	}
+	return nil
 }
 
 // TestLeaderAppliesWhatItProposed: the leader applies its entries from
