@@ -1157,8 +1157,10 @@ func (g *Group) propose() {
 	var (
 		cmds  []store.Command
 		dones []func(store.Result, error)
-		buf   []byte
 		prev  int // commands in the last entry
+		// overhead is the last entry's bytes per command beyond its keys
+		// and values, to size the next one's buffer (see below).
+		overhead = 64
 	)
 	for {
 		var first Proposal
@@ -1177,7 +1179,9 @@ func (g *Group) propose() {
 		default:
 			cmds = make([]store.Command, 0, cap(cmds))
 		}
-		dones = nil
+		// Sized for the last entry's count: appended one by one, a
+		// pipeline's entry of hundreds grew it ten times over.
+		dones = make([]func(store.Result, error), 0, max(prev, 1))
 		size := 0
 		now := g.clock.WallMillis() // one reading for the entry's commands
 		add := func(p Proposal) {
@@ -1218,9 +1222,12 @@ func (g *Group) propose() {
 		if g.cfg.Timings.Entry != nil {
 			g.cfg.Timings.Entry(len(cmds))
 		}
-		buf = store.AppendBatch(buf[:0], g.cfg.Limits, cmds)
-		// raft keeps the slice until applied: hand it a copy.
-		data := append([]byte(nil), buf...)
+		// Encoded straight into the slice raft keeps until applied, a
+		// new one for each entry, sized from the last entry's encoding:
+		// encoding into a reused buffer and copying it out copied a
+		// pipeline's entry (a few hundred KB) once more.
+		data := store.AppendBatch(make([]byte, 0, size+len(cmds)*overhead+batchHeader), g.cfg.Limits, cmds)
+		overhead = (len(data)-size)/len(cmds) + 1
 		g.fsm.propose(data, g.cfg.Limits, cmds)
 		start := time.Now()
 		f := g.raft.Apply(data, 0)
@@ -1266,6 +1273,10 @@ func holdFor(prev, queued int, commit time.Duration) time.Duration {
 	}
 	return min(commit/2, maxHold)
 }
+
+// batchHeader is room for an entry's bytes around its commands (format,
+// limits, count, checksum).
+const batchHeader = 32
 
 const (
 	holdWriters = 8
