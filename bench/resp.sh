@@ -13,7 +13,10 @@
 #     connections before their +OK (group commit, as Redis's appendfsync
 #     always), with the replies written by that goroutine ("committer")
 #     and, in a second server, by a writer goroutine per connection
-#     ("writer"): the least a Go server does for a durable SET,
+#     ("writer"): the least a Go server does for a durable SET; and in a
+#     third, Redis's own shape in Go ("epoll loop": one goroutine waits in
+#     epoll for every socket, reads, logs, syncs and answers, with no
+#     goroutine per connection): what the shape of a server costs,
 # without and with pipelining (-P 16), the servers taking turns each
 # round; and mqkv's MQTT path for the same SET and GET (mqkv bench --server,
 # 50 clients, 256-byte values) against the same mqkv server. Server CPU
@@ -35,7 +38,7 @@ go build -o "$work/respfloor" ./bench/respfloor
 
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport) fport=$(freeport)
-cport=$(freeport) wport=$(freeport)
+cport=$(freeport) wport=$(freeport) lport=$(freeport)
 "$work/mqkv" serve --data-dir "$work/mqkv-data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$rport" --log-level warn &
 pids+=($!); mqkv_pid=$!
 mkdir -p "$work/aof" "$work/default"
@@ -49,7 +52,9 @@ pids+=($!); floor_pid=$!
 pids+=($!); committer_pid=$!
 "$work/respfloor" -log "$work/floor-writer.log" -handoff writer "127.0.0.1:$wport" &
 pids+=($!); writer_pid=$!
-for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport"; do
+"$work/respfloor" -log "$work/floor-loop.log" -handoff loop "127.0.0.1:$lport" &
+pids+=($!); loop_pid=$!
+for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport" "$lport"; do
 	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
@@ -89,6 +94,7 @@ for ((i = 1; i <= rounds; i++)); do
 		run "floor (Go, answers +OK)" "$floor_pid" "$fport" "$pl"
 		run "durable floor, committer" "$committer_pid" "$cport" "$pl" set
 		run "durable floor, writer" "$writer_pid" "$wport" "$pl" set
+		run "durable floor, epoll loop" "$loop_pid" "$lport" "$pl" set
 	done
 	mqtt set
 	mqtt get

@@ -14,10 +14,12 @@
 // answers. -handoff says how the answers go out: "committer" writes each
 // connection's replies from the committer goroutine itself, as Redis's
 // one thread does; "writer" wakes a writer goroutine per connection to
-// write them, as mqkv's RESP endpoint does. No store, no raft, no
-// versions: what mqkv spends above this floor is its own.
+// write them, as mqkv's RESP endpoint does; "loop" is Redis's shape in
+// Go, one goroutine and one epoll loop for every connection (serveLoop).
+// No store, no raft, no versions: what mqkv spends above this floor is its
+// own.
 //
-//	respfloor [-log FILE [-handoff committer|writer]] ADDRESS
+//	respfloor [-log FILE [-handoff committer|writer|loop]] ADDRESS
 package main
 
 import (
@@ -37,11 +39,19 @@ import (
 
 func main() {
 	logPath := flag.String("log", "", "append every command to this file, fdatasynced before it is answered")
-	handoff := flag.String("handoff", "committer", "with -log, who writes the replies: committer or writer")
+	handoff := flag.String("handoff", "committer", "with -log, who writes the replies: committer, writer or loop (one epoll loop does everything)")
 	flag.Parse()
-	if flag.NArg() != 1 || (*handoff != "committer" && *handoff != "writer") {
-		fmt.Fprintln(os.Stderr, "usage: respfloor [-log FILE [-handoff committer|writer]] ADDRESS")
+	if flag.NArg() != 1 || (*handoff != "committer" && *handoff != "writer" && *handoff != "loop") {
+		fmt.Fprintln(os.Stderr, "usage: respfloor [-log FILE [-handoff committer|writer|loop]] ADDRESS")
 		os.Exit(2)
+	}
+	if *handoff == "loop" {
+		f, err := os.OpenFile(*logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
+		if err == nil {
+			err = serveLoop(flag.Arg(0), f)
+		}
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	tcp, err := net.Listen("tcp", flag.Arg(0))
 	if err != nil {
