@@ -269,9 +269,7 @@ func (c *conn) emit(more bool) {
 			c.pending++
 			c.w.b = c.w.b[:0]
 			c.more = more
-			if !more {
-				c.wcond.Signal()
-			}
+			c.signalWriter()
 			c.mu.Unlock()
 			return
 		}
@@ -319,10 +317,19 @@ func (c *conn) push(sl *slot, more bool) {
 	c.queued.Add(1)
 	c.pending += sl.n
 	c.more = more
-	if !more {
+	c.signalWriter()
+	c.mu.Unlock()
+}
+
+// signalWriter wakes writeLoop if it has replies to write (c.mu held).
+// Only then: a write's slot is pushed before its reply is known, and
+// waking the writer for it, to find nothing done and wait again, cost a
+// SET without pipelining a goroutine switch and its share of the
+// scheduler.
+func (c *conn) signalWriter() {
+	if c.ready() {
 		c.wcond.Signal()
 	}
-	c.mu.Unlock()
 }
 
 // asyncWrite says whether args is a write that may be in flight with
