@@ -287,3 +287,27 @@ func BenchmarkHistoryAdd(b *testing.B) {
 		h.add(ev, now)
 	}
 }
+
+// TestHistoryNodes: versions issued by several nodes, in turns and runs,
+// are replayed with the node that issued each.
+func TestHistoryNodes(t *testing.T) {
+	h := newHistory(DefaultHistory)
+	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
+	key := []byte("k")
+	nodes := []string{"n1", "n1", "n2", "n1", "n3", "n3", "n2", "n1"}
+	for i, n := range nodes {
+		h.add([]store.Event{{Kind: store.EventSet, Key: key, Value: []byte("v"), Version: hlc.Timestamp{Wall: int64(10 + i), Node: n}}}, time.Unix(1000, 0))
+	}
+	got, ok := h.since(key, nil, hlc.Timestamp{Wall: 1})
+	if !ok || len(got) != len(nodes) {
+		t.Fatalf("replayed %d (ok %v), want %d", len(got), ok, len(nodes))
+	}
+	for i, ev := range got {
+		if ev.Version.Node != nodes[i] || ev.Version.Wall != int64(10+i) {
+			t.Fatalf("change %d has version %v, want wall %d from %s", i, ev.Version, 10+i, nodes[i])
+		}
+	}
+	if len(h.nodes) != 3 {
+		t.Fatalf("%d node ids kept for 3 nodes", len(h.nodes))
+	}
+}
