@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqkv/mqkv/internal/gateway"
 	"github.com/mqkv/mqkv/internal/hlc"
 	"github.com/mqkv/mqkv/internal/statestore"
 )
@@ -76,12 +77,18 @@ func (c *cutConn) TryWrite(p []byte) (int, error) {
 // end and a channel closed when Serve returned.
 func serveOne(t *testing.T, wrap func(net.Conn) net.Conn) (net.Conn, <-chan struct{}) {
 	t.Helper()
+	return serveWith(t, newAnswerer(t), wrap)
+}
+
+// serveWith is serveOne with svc standing for the store.
+func serveWith(t *testing.T, svc gateway.Service, wrap func(net.Conn) net.Conn) (net.Conn, <-chan struct{}) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	s := New(Config{Service: newAnswerer(t)})
+	s := New(Config{Service: svc})
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -173,5 +180,107 @@ func TestWriteReplyRefusedEndsConnection(t *testing.T) {
 	case <-served:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return")
+	}
+}
+
+// holder is a gateway.Service that keeps the writes it is asked for until
+// the test answers them, in whatever order.
+type holder struct {
+	reqs  chan *statestore.Request
+	taken map[*statestore.Request]bool // true once answered
+}
+
+func newHolder() *holder {
+	return &holder{reqs: make(chan *statestore.Request, 64), taken: map[*statestore.Request]bool{}}
+}
+
+// answerRest answers what is left (a cleanup, registered after the
+// server's own, so that it runs before it).
+func (h *holder) answerRest() {
+	for r, answered := range h.taken {
+		if !answered {
+			h.answer(r)
+		}
+	}
+	for {
+		select {
+		case r := <-h.reqs:
+			h.answer(r)
+		default:
+			return
+		}
+	}
+}
+
+func (h *holder) Do(r *statestore.Request, args [][]byte) { h.reqs <- r }
+func (h *holder) Disconnected(string, uint64)             {}
+
+// take waits for n writes.
+func (h *holder) take(t *testing.T, n int) []*statestore.Request {
+	t.Helper()
+	var out []*statestore.Request
+	for len(out) < n {
+		select {
+		case r := <-h.reqs:
+			h.taken[r] = false
+			out = append(out, r)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d writes sent to the store, want %d", len(out), n)
+		}
+	}
+	return out
+}
+
+// answer answers a SET.
+func (h *holder) answer(r *statestore.Request) {
+	h.taken[r] = true
+	r.Origin.(statestore.Replier).Reply(r, []byte("+OK\r\n"), hlc.Timestamp{})
+}
+
+// A pipeline's writes to distinct keys, all but the last answered, in
+// reverse order: no reply goes out before the last is answered, then all
+// go out together, in command order, in one write from the goroutine that
+// answered the last; a command after them in the pipeline is answered
+// after them.
+func TestPipelinedWriteRepliesGoOutTogether(t *testing.T) {
+	h := newHolder()
+	var cut *cutConn
+	cl, _ := serveWith(t, h, func(nc net.Conn) net.Conn { cut = &cutConn{Conn: nc, max: 1 << 20}; return cut })
+	t.Cleanup(h.answerRest) // a failed test's writes: the connection ends only once they are answered
+	br := bufio.NewReader(cl)
+	for round := range 3 {
+		var pipe, want strings.Builder
+		for i := range 16 {
+			pipe.WriteString(encode("SET", "k"+strconv.Itoa(i), "v"))
+			want.WriteString("+OK\r\n")
+		}
+		if round == 2 {
+			pipe.WriteString(encode("PING"))
+			want.WriteString("+PONG\r\n")
+		}
+		if _, err := io.WriteString(cl, pipe.String()); err != nil {
+			t.Fatal(err)
+		}
+		reqs := h.take(t, 16)
+		tries := cut.tries.Load()
+		last := len(reqs) - 1
+		for i := last - 1; i >= 0; i-- {
+			h.answer(reqs[i])
+		}
+		cl.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, err := br.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("round %d: read %d bytes before the last write was answered (%v)", round, n, err)
+		}
+		h.answer(reqs[last])
+		got := make([]byte, want.Len())
+		cl.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != want.String() {
+			t.Fatalf("round %d: replies %q, %v; want %q", round, got, err, want.String())
+		}
+		if round < 2 {
+			if n := cut.tries.Load() - tries; n != 1 {
+				t.Fatalf("round %d: the answering goroutine wrote %d times for one pipeline, want 1", round, n)
+			}
+		}
 	}
 }
