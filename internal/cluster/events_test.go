@@ -311,3 +311,40 @@ func TestEventQueueFlush(t *testing.T) {
 		t.Fatalf("flush returned with %d of 3 changes delivered", n)
 	}
 }
+
+// On a node on its own, Follow returns only once the changes applied
+// before it was called have been delivered: a KEYNOTIFY registered after
+// it must not be told, as new, of a write answered before it was asked
+// for (it was, when the node's event queue ran late).
+func TestFollowAloneDeliversWhatWasApplied(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	var delivered atomic.Int64
+	n, err := Start(Config{NodeID: "n1", Dir: t.TempDir(), Logger: quiet(), OnEvents: func(e []store.Event) {
+		<-gate
+		delivered.Add(int64(len(e)))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	t.Cleanup(func() { release(); n.Close() })
+	if err := n.Follow(ctx(t)); err != nil {
+		t.Fatalf("Follow with nothing applied: %v", err)
+	}
+	if res, err := set(t, n, "k", "v"); err != nil || res.Outcome != store.Applied {
+		t.Fatalf("SET: %+v %v", res, err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := n.Follow(short); err == nil {
+		t.Fatal("Follow returned while the SET's change was still undelivered")
+	}
+	followed := make(chan error, 1)
+	go func() { followed <- n.Follow(ctx(t)) }()
+	release()
+	if err := <-followed; err != nil || delivered.Load() != 1 {
+		t.Fatalf("Follow: %v, with %d changes delivered, want 1", err, delivered.Load())
+	}
+}

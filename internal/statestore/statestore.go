@@ -154,8 +154,9 @@ type Request struct {
 }
 
 // follower is a Router whose change events must be asked for: Follow
-// returns once every change applied after it will reach Events; Following
-// says whether they do already.
+// returns once every change applied after it will reach Events (and, on
+// a node on its own, every change applied before it has: see
+// cluster.Node.Follow); Following says whether they do already.
 type follower interface {
 	Follow(ctx context.Context) error
 	Following() bool
