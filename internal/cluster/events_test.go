@@ -312,11 +312,12 @@ func TestEventQueueFlush(t *testing.T) {
 	}
 }
 
-// On a node on its own, Follow returns only once the changes applied
+// On a node on its own, Delivered returns only once the changes applied
 // before it was called have been delivered: a KEYNOTIFY registered after
-// it must not be told, as new, of a write answered before it was asked
-// for (it was, when the node's event queue ran late).
-func TestFollowAloneDeliversWhatWasApplied(t *testing.T) {
+// it (the statestore waits for it) must not be told, as new, of a write
+// answered before it was asked for (it was, when the node's event queue
+// ran late).
+func TestDeliveredAloneWaitsForWhatWasApplied(t *testing.T) {
 	t.Parallel()
 	gate := make(chan struct{})
 	var delivered atomic.Int64
@@ -330,21 +331,21 @@ func TestFollowAloneDeliversWhatWasApplied(t *testing.T) {
 	var open sync.Once
 	release := func() { open.Do(func() { close(gate) }) }
 	t.Cleanup(func() { release(); n.Close() })
-	if err := n.Follow(ctx(t)); err != nil {
-		t.Fatalf("Follow with nothing applied: %v", err)
+	if err := n.Delivered(ctx(t)); err != nil {
+		t.Fatalf("Delivered with nothing applied: %v", err)
 	}
 	if res, err := set(t, n, "k", "v"); err != nil || res.Outcome != store.Applied {
 		t.Fatalf("SET: %+v %v", res, err)
 	}
 	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := n.Follow(short); err == nil {
-		t.Fatal("Follow returned while the SET's change was still undelivered")
+	if err := n.Delivered(short); err == nil {
+		t.Fatal("Delivered returned while the SET's change was still undelivered")
 	}
-	followed := make(chan error, 1)
-	go func() { followed <- n.Follow(ctx(t)) }()
+	flushed := make(chan error, 1)
+	go func() { flushed <- n.Delivered(ctx(t)) }()
 	release()
-	if err := <-followed; err != nil || delivered.Load() != 1 {
-		t.Fatalf("Follow: %v, with %d changes delivered, want 1", err, delivered.Load())
+	if err := <-flushed; err != nil || delivered.Load() != 1 {
+		t.Fatalf("Delivered: %v, with %d changes delivered, want 1", err, delivered.Load())
 	}
 }

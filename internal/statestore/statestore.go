@@ -154,12 +154,14 @@ type Request struct {
 }
 
 // follower is a Router whose change events must be asked for: Follow
-// returns once every change applied after it will reach Events (and, on
-// a node on its own, every change applied before it has: see
-// cluster.Node.Follow); Following says whether they do already.
+// returns once every change applied after it will reach Events; Following
+// says whether they do already; Delivered waits until the changes applied
+// so far have reached Events, where the node delivers its own (on its
+// own: see cluster.Node.Delivered).
 type follower interface {
 	Follow(ctx context.Context) error
 	Following() bool
+	Delivered(ctx context.Context) error
 	// HistoryFloor is, once following, a version above every change to
 	// partition p that was not delivered (see cluster.Node.HistoryFloor).
 	HistoryFloor(p int) (hlc.Timestamp, bool)
@@ -865,9 +867,18 @@ func (s *Service) keyNotify(r *Request, args [][]byte) {
 	}
 	if f, ok := s.router.(follower); ok && !stop {
 		// A cluster node follows the groups' changes only once somebody
-		// watches; every change after this returns is delivered.
+		// watches; every change after this returns is delivered. A node on
+		// its own delivers them through a queue: once it has delivered
+		// every change applied so far, a registration is not told, as new,
+		// of a write answered before it was asked for (an observer that
+		// registered after an HTTP PUT's reply was notified of that PUT
+		// when the queue ran late, in TestHTTPAuthPolicyAndMQTT under CI's
+		// load).
 		ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
 		err := f.Follow(ctx)
+		if err == nil {
+			err = f.Delivered(ctx)
+		}
 		cancel()
 		if err != nil {
 			s.fail(r, unavailable(err))
