@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"runtime"
-	"strconv"
 	"syscall"
 )
 
@@ -158,41 +158,25 @@ func lineNumber(b []byte, at int, kind byte) (int, int, error) {
 	if end < 0 {
 		return 0, 0, nil
 	}
-	line := b[at : at+end+1]
-	if len(line) < 4 || line[0] != kind {
-		return 0, 0, errors.New("not a RESP command")
-	}
-	n, err := strconv.Atoi(string(line[1 : len(line)-2]))
-	if err != nil || n < 0 || n > 64<<20 {
-		return 0, 0, errors.New("bad length")
+	n, err := headerNumber(b[at:at+end+1], kind)
+	if err != nil {
+		return 0, 0, err
 	}
 	return n, at + end + 1, nil
 }
 
 // listenRaw opens a non-blocking listening socket on an IPv4 address.
 func listenRaw(addr string) (int, error) {
-	host, port, ok := bytes.Cut([]byte(addr), []byte(":"))
-	if !ok {
-		return 0, fmt.Errorf("address %q: want IP:PORT", addr)
-	}
-	var ip [4]byte
-	for i, part := range bytes.Split(host, []byte(".")) {
-		v, err := strconv.Atoi(string(part))
-		if i > 3 || err != nil || v < 0 || v > 255 {
-			return 0, fmt.Errorf("address %q: want an IPv4 address", addr)
-		}
-		ip[i] = byte(v)
-	}
-	p, err := strconv.Atoi(string(port))
-	if err != nil {
-		return 0, fmt.Errorf("address %q: %w", addr, err)
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().Is4() {
+		return 0, fmt.Errorf("address %q: want IPv4:PORT", addr)
 	}
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
 	}
 	syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: p, Addr: ip}); err != nil {
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}); err != nil {
 		syscall.Close(fd)
 		return 0, err
 	}

@@ -274,12 +274,18 @@ func header(br *bufio.Reader, kind byte) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	n, err := headerNumber(line, kind)
+	return n, line, err
+}
+
+// headerNumber is the number of a header line "<kind><number>\r\n".
+func headerNumber(line []byte, kind byte) (int, error) {
 	if len(line) < 4 || line[0] != kind {
-		return 0, nil, errors.New("not a RESP command")
+		return 0, errors.New("not a RESP command")
 	}
 	n, err := strconv.Atoi(string(line[1 : len(line)-2]))
 	if err != nil || n < 0 || n > 64<<20 {
-		return 0, nil, errors.New("bad length")
+		return 0, errors.New("bad length")
 	}
-	return n, line, nil
+	return n, nil
 }
