@@ -129,10 +129,15 @@ func TestAdminEndpoint(t *testing.T) {
 	if entries, cmds := histogram(t, base, "mqkv_log_entry_commands", nil); cmds < 5 || cmds < entries {
 		t.Errorf("log entries %v holding %v commands, want ≥ 5 commands and ≥ 1 per entry", entries, cmds)
 	}
+	// A change is told to its observers after it is applied, not before
+	// the writer's reply: wait for the notification, then for its count.
 	c.call("SET", "m/1", "changed")
-	if got := metric(t, base, "mqkv_notifications_sent_total", nil); got < 1 {
-		t.Errorf("notifications sent %v", got)
+	if p, ok := c.nextPublish(5 * time.Second); !ok || !strings.Contains(p.Topic, "/command/notify/") {
+		t.Fatalf("no notification of m/1's change: %v", p)
 	}
+	eventuallyWithin(t, 5*time.Second, "mqkv_notifications_sent_total to move", func() bool {
+		return metric(t, base, "mqkv_notifications_sent_total", nil) >= 1
+	})
 	c.call("SET", "short", "v", "PX", "50")
 	eventuallyWithin(t, 5*time.Second, "mqkv_expired_total to move", func() bool { return metric(t, base, "mqkv_expired_total", nil) >= 1 })
 
