@@ -20,117 +20,40 @@ type HistoryLimits struct {
 // DefaultHistory is what an unconfigured node keeps.
 var DefaultHistory = HistoryLimits{PerPartition: 64, MaxAge: 10 * time.Minute, MaxBytes: 64 << 20}
 
-// rec is one remembered change, with when it was applied, as a
-// partition's log keeps it: without a pointer. Its key and value are in
-// the log's data, its version's node in the history's table of node ids
-// (since makes events of them again). Why: kept as events (two slices and a
-// string each, and the old values they held alive), the history's
+// rec is one remembered change, with when it was applied, as the
+// history keeps it: without a pointer. Its key and value are in one of
+// the history's chunks, its version's node in the table of node ids
+// (since makes events of them again). Why: kept as events (two slices and
+// a string each, and the old values they held alive), the history's
 // quarter-million changes were most of the pointers the garbage
 // collector followed at every cycle, and cost a pipelined SET a fifth of
 // its CPU in marking.
 type rec struct {
-	off     int    // the key's offset in data; the value follows it
-	keyLen  uint32 // then the value's
+	chunk   uint64 // the chunk holding its key, then its value
+	off     uint32 // the key's offset in it
+	keyLen  uint32
 	valLen  uint32
+	node    uint32 // in history.nodes
 	wall    int64
 	counter uint64
 	at      int64  // unix ns
-	node    uint32 // in history.nodes
+	next    uint64 // the sequence number of its partition's next change
+	part    uint16
 	kind    store.EventKind
+	dead    bool // forgotten (its partition kept too many), not yet dropped
 }
 
 func (r *rec) size() int64 { return int64(r.keyLen) + int64(r.valLen) }
 
-// partitionLog is the history of one partition: a ring of n records from
-// head, oldest first, whose keys and values lie in data from start on, in
-// the same order. floor is the greatest version it has forgotten: it can
+// partitionLog is what the history knows of one partition: its changes
+// kept, n of them linked from oldest (by sequence number, through
+// rec.next), and floor, the greatest version it has forgotten: it can
 // replay everything after floor.
-//
-// A ring, because a partition at its limit forgets one change for each it
-// adds: a slice sliding through its backing array was copied into a new
-// one every few writes, about 230 bytes allocated per SET. data is
-// compacted once its forgotten front is as large as what it holds.
 type partitionLog struct {
-	recs    []rec
-	head, n int
-	data    []byte
-	start   int
-	floor   hlc.Timestamp
-	trimmed bool // floor was raised by a change forgotten
-}
-
-// at returns the i-th oldest record.
-func (p *partitionLog) at(i int) *rec { return &p.recs[(p.head+i)%len(p.recs)] }
-
-// push adds the newest record for ev, copying its key and value, and
-// growing the ring when full.
-func (p *partitionLog) push(ev *store.Event, node uint32, at int64) *rec {
-	if p.n == len(p.recs) {
-		grown := make([]rec, max(4, 2*len(p.recs)))
-		for i := 0; i < p.n; i++ {
-			grown[i] = *p.at(i)
-		}
-		p.recs, p.head = grown, 0
-	}
-	if size := len(ev.Key) + len(ev.Value); len(p.data)+size > cap(p.data) {
-		p.reserve(size)
-	}
-	r := p.at(p.n)
-	*r = rec{off: len(p.data), keyLen: uint32(len(ev.Key)), valLen: uint32(len(ev.Value)),
-		wall: ev.Version.Wall, counter: ev.Version.Counter, at: at, node: node, kind: ev.Kind}
-	p.data = append(append(p.data, ev.Key...), ev.Value...)
-	p.n++
-	return r
-}
-
-// drop forgets the oldest record; once none is left, the ring and data go
-// too.
-func (p *partitionLog) drop() {
-	p.start += int(p.at(0).size())
-	p.head = (p.head + 1) % len(p.recs)
-	p.n--
-	switch {
-	case p.n == 0:
-		p.recs, p.head, p.data, p.start = nil, 0, nil, 0
-	case p.start >= 4096 && 2*p.start >= len(p.data):
-		p.compact(p.data[:0])
-	}
-}
-
-// reserve makes room in data for size more bytes: by moving what it holds
-// to the front, when that frees half of it, or else into a new buffer of
-// twice that (1 KiB at least). Appending grew the buffer a quarter at a
-// time: a new server's history copied each partition's bytes into some
-// fifteen ever larger buffers, 1.1 KB allocated for each SET of 256 bytes
-// in its first minutes, the largest allocation of a pipelined SET.
-func (p *partitionLog) reserve(size int) {
-	need := len(p.data) - p.start + size
-	if 2*need <= cap(p.data) {
-		p.compact(p.data[:0])
-		return
-	}
-	p.compact(make([]byte, 0, max(2*need, minData)))
-}
-
-// minData is the least a partition's data is given.
-const minData = 1024
-
-// compact moves the bytes of the records held to the front of to, which
-// may be data itself.
-func (p *partitionLog) compact(to []byte) {
-	p.data = append(to, p.data[p.start:]...)
-	for i := 0; i < p.n; i++ {
-		p.at(i).off -= p.start
-	}
-	p.start = 0
-}
-
-// key and value return a record's bytes in data (valid until the next
-// push or drop).
-func (p *partitionLog) key(r *rec) []byte { return p.data[r.off : r.off+int(r.keyLen)] }
-func (p *partitionLog) value(r *rec) []byte {
-	v := r.off + int(r.keyLen)
-	return p.data[v : v+int(r.valLen)]
+	oldest, newest uint64
+	n              int
+	floor          hlc.Timestamp
+	trimmed        bool // floor was raised by a change forgotten
 }
 
 // maxReplay bounds the changes one KEYNOTIFY ... SINCE replays (while
@@ -143,20 +66,53 @@ const maxReplay = 10_000
 // the node's clock, and a SINCE from before then is answered "truncated".
 // Until begin is called, every SINCE is truncated. The service's dispatch
 // lock guards it: changes are added, and replays read, under that lock.
+//
+// The changes are kept in the order they are applied, all partitions'
+// in one ring of records (numbered by sequence, from tail to head) with
+// their keys and values in chunks of bytes filled one after the other.
+// Past MaxAge or over MaxBytes, the oldest of all are forgotten first. A
+// partition over PerPartition forgets its own oldest change at once: the
+// record is marked dead, and dropped when the tail reaches it or when the
+// ring is compacted (see trim). Why one ring and not a ring and a buffer
+// per partition (as before): a change landed in one of 4,096 places,
+// each cold in the cache, and over the byte budget a partition's buffer
+// was compacted, its bytes copied again; a durable SET pipelined 16 deep
+// spent a tenth of its CPU there (docs/benchmarks.md, "One ring for the
+// history"). Appended at one end, the records and bytes are where the
+// last change left the cache.
 type history struct {
 	limits HistoryLimits
 	parts  [store.Partitions]partitionLog
 	nodes  []string          // the node ids of the versions kept, by rec.node
 	nodeOf map[string]uint32 // and their places in nodes
 	last   uint32            // the place of the last id asked for (see node)
-	bytes  int64
-	sweep  int           // next partition to check for old changes
+
+	recs       []rec  // ring of records, a power of two long
+	tail, head uint64 // sequence numbers: the oldest record held, the next
+	chunks     [][]byte
+	chunk0     uint64   // the sequence number of chunks[0]
+	spare      [][]byte // standard chunks dropped, for reuse
+	live       int      // records kept (not dead)
+	bytes      int64    // their keys' and values' bytes
+	dead       int      // records forgotten and still held
+	deadBytes  int64    // theirs
+	compactMin int      // dead records held before compact is considered
+
 	latest hlc.Timestamp // the greatest version added (or start's)
 	gaps   int           // losses of changes not yet bounded (see gap)
 }
 
+// chunkSize is a standard chunk's; a change larger than one gets its own.
+// maxSpare bounds the standard chunks kept for reuse: those the tail
+// frees are taken again at the head, and a compaction's take the place of
+// the ones it frees.
+const (
+	chunkSize = 64 << 10
+	maxSpare  = 16
+)
+
 func newHistory(limits HistoryLimits) *history {
-	h := &history{limits: limits, nodeOf: map[string]uint32{}}
+	h := &history{limits: limits, nodeOf: map[string]uint32{}, compactMin: 4096}
 	for i := range h.parts {
 		h.parts[i].floor = hlc.Timestamp{Wall: 1 << 62} // nothing known yet
 	}
@@ -210,16 +166,195 @@ func (h *history) add(events []store.Event, now time.Time) {
 	}
 	at := now.UnixNano()
 	for i := range events {
-		e := &events[i]
-		p := &h.parts[store.Partition(e.Key)]
-		h.bytes += p.push(e, h.node(e.Version.Node), at).size()
-		h.trim(p, at, true)
+		h.push(&events[i], at)
 	}
-	// Partitions that are not written to still age out their changes.
-	for n := 0; n < 4; n++ {
-		h.sweep = (h.sweep + 1) % store.Partitions
-		h.trim(&h.parts[h.sweep], at, false)
+	h.trim(at)
+}
+
+// push adds the newest record, for ev, copying its key and value, and
+// forgets its partition's oldest change if that makes one too many.
+func (h *history) push(ev *store.Event, at int64) {
+	if h.head-h.tail == uint64(len(h.recs)) {
+		h.resize(2 * len(h.recs))
 	}
+	size := len(ev.Key) + len(ev.Value)
+	chunk, b := h.room(size)
+	copy(b[copy(b, ev.Key):], ev.Value)
+	part := store.Partition(ev.Key)
+	seq := h.head
+	h.head++
+	*h.rec(seq) = rec{chunk: chunk, off: uint32(len(h.chunks[chunk-h.chunk0]) - size), keyLen: uint32(len(ev.Key)), valLen: uint32(len(ev.Value)),
+		node: h.node(ev.Version.Node), wall: ev.Version.Wall, counter: ev.Version.Counter, at: at, part: part, kind: ev.Kind}
+	h.live++
+	h.bytes += int64(size)
+	h.link(&h.parts[part], seq)
+	if p := &h.parts[part]; p.n > h.limits.PerPartition {
+		r := h.rec(p.oldest)
+		h.forget(p, r)
+		r.dead = true
+		h.dead++
+		h.deadBytes += r.size()
+	}
+}
+
+// link makes seq p's newest change.
+func (h *history) link(p *partitionLog, seq uint64) {
+	if p.n == 0 {
+		p.oldest = seq
+	} else {
+		h.rec(p.newest).next = seq
+	}
+	p.newest = seq
+	p.n++
+}
+
+// rec returns the record of sequence number seq (tail <= seq < head).
+func (h *history) rec(seq uint64) *rec { return &h.recs[seq&uint64(len(h.recs)-1)] }
+
+// forget takes p's oldest change, r, out of what it can replay.
+func (h *history) forget(p *partitionLog, r *rec) {
+	if v := h.version(r); !p.trimmed || v.Compare(p.floor) > 0 {
+		p.floor, p.trimmed = v, true
+	}
+	p.oldest = r.next
+	p.n--
+	h.live--
+	h.bytes -= r.size()
+}
+
+// resize moves the records held into a ring of n (a power of two, at
+// least 1024, and at least what is held).
+func (h *history) resize(n int) {
+	ring := make([]rec, max(1024, n))
+	for seq := h.tail; seq < h.head; seq++ {
+		ring[seq&uint64(len(ring)-1)] = *h.rec(seq)
+	}
+	h.recs = ring
+}
+
+// room returns the chunk that size more bytes go into, and them: the
+// last chunk's free end, or a new chunk.
+func (h *history) room(size int) (uint64, []byte) {
+	n := len(h.chunks)
+	if n == 0 || len(h.chunks[n-1])+size > cap(h.chunks[n-1]) {
+		var b []byte
+		switch k := len(h.spare); {
+		case size > chunkSize:
+			b = make([]byte, 0, size)
+		case k > 0:
+			b, h.spare[k-1] = h.spare[k-1][:0], nil
+			h.spare = h.spare[:k-1]
+		default:
+			b = make([]byte, 0, chunkSize)
+		}
+		h.chunks = append(h.chunks, b)
+		n++
+	}
+	last := h.chunks[n-1]
+	h.chunks[n-1] = last[:len(last)+size]
+	return h.chunk0 + uint64(n-1), last[len(last) : len(last)+size]
+}
+
+// chunkSeq is the sequence number of the next chunk (chunk0 counts on
+// as chunks are dropped).
+func (h *history) chunkSeq() uint64 { return h.chunk0 + uint64(len(h.chunks)) }
+
+// dropChunks drops the chunks before chunk seq: they hold nothing held.
+func (h *history) dropChunks(seq uint64) {
+	for len(h.chunks) > 0 && h.chunk0 < seq {
+		if b := h.chunks[0]; cap(b) == chunkSize && len(h.spare) < maxSpare {
+			h.spare = append(h.spare, b)
+		}
+		h.chunks[0] = nil
+		h.chunks = h.chunks[1:]
+		h.chunk0++
+	}
+}
+
+// trim drops the oldest records while they are dead, past MaxAge, or
+// while what is held, dead records too, is over MaxBytes (the newest is
+// kept, whatever its size); now is in unix ns. When more of what is held
+// is dead than live, the live records are moved together (compact): a
+// partition written much more than the others forgets a change for each
+// it adds, in the middle of the ring, and those would otherwise push the
+// other partitions' changes out of the budget.
+func (h *history) trim(now int64) {
+	for h.tail < h.head {
+		r := h.rec(h.tail)
+		if r.dead {
+			h.dead--
+			h.deadBytes -= r.size()
+		} else if (h.limits.MaxAge > 0 && now-r.at > int64(h.limits.MaxAge)) ||
+			(h.limits.MaxBytes > 0 && h.bytes+h.deadBytes > h.limits.MaxBytes && h.live > 1) {
+			h.forget(&h.parts[r.part], r)
+		} else {
+			break
+		}
+		h.tail++
+	}
+	if h.tail == h.head {
+		h.dropChunks(h.chunkSeq())
+		if len(h.recs) > 1024 {
+			h.recs = nil // nothing held: the ring goes too
+		}
+		return
+	}
+	h.dropChunks(h.rec(h.tail).chunk)
+	if h.dead > h.compactMin && (h.dead > h.live || h.deadBytes > h.bytes+chunkSize) {
+		h.compact()
+	}
+}
+
+// compact moves the live records, in order, into a new ring and new
+// chunks, and links each partition's anew. Each dead record is copied
+// past at most once before it is dropped: compacting when the dead
+// outnumber (or outweigh) the live costs no more than the dead did.
+func (h *history) compact() {
+	old, oldChunks, oldChunk0, tail, head := h.recs, h.chunks, h.chunk0, h.tail, h.head
+	h.recs, h.chunks, h.chunk0 = nil, nil, h.chunkSeq()
+	n := 1024
+	for n < h.live {
+		n *= 2
+	}
+	h.tail, h.head = 0, 0
+	h.resize(n)
+	var seen [store.Partitions]bool
+	for seq := tail; seq < head; seq++ {
+		r := old[seq&uint64(len(old)-1)]
+		if r.dead {
+			continue
+		}
+		src := oldChunks[r.chunk-oldChunk0][r.off : r.off+r.keyLen+r.valLen]
+		chunk, b := h.room(len(src))
+		copy(b, src)
+		r.chunk, r.off = chunk, uint32(len(h.chunks[chunk-h.chunk0])-len(src))
+		at := h.head
+		h.head++
+		*h.rec(at) = r
+		p := &h.parts[r.part]
+		if !seen[r.part] {
+			seen[r.part], p.n = true, 0
+		}
+		h.link(p, at)
+	}
+	h.dead, h.deadBytes = 0, 0
+	for _, b := range oldChunks {
+		if cap(b) == chunkSize && len(h.spare) < maxSpare {
+			h.spare = append(h.spare, b)
+		}
+	}
+}
+
+// key and value return a record's bytes (valid until it is dropped).
+func (h *history) key(r *rec) []byte {
+	b := h.chunks[r.chunk-h.chunk0]
+	return b[r.off : r.off+r.keyLen]
+}
+
+func (h *history) value(r *rec) []byte {
+	b := h.chunks[r.chunk-h.chunk0]
+	v := r.off + r.keyLen
+	return b[v : v+r.valLen]
 }
 
 // node returns the place of a node id in h.nodes, adding it the first
@@ -245,26 +380,6 @@ func (h *history) version(r *rec) hlc.Timestamp {
 	return hlc.Timestamp{Wall: r.wall, Counter: r.counter, Node: h.nodes[r.node]}
 }
 
-// trim forgets p's oldest changes while it is over its limits (and, when
-// written to, while the whole history is over its byte budget); now is in
-// unix ns.
-func (h *history) trim(p *partitionLog, now int64, written bool) {
-	for p.n > 0 {
-		old := p.at(0)
-		over := p.n > h.limits.PerPartition ||
-			(h.limits.MaxAge > 0 && now-old.at > int64(h.limits.MaxAge)) ||
-			(written && h.limits.MaxBytes > 0 && h.bytes > h.limits.MaxBytes && p.n > 1)
-		if !over {
-			break
-		}
-		if v := h.version(old); !p.trimmed || v.Compare(p.floor) > 0 {
-			p.floor, p.trimmed = v, true
-		}
-		h.bytes -= old.size()
-		p.drop()
-	}
-}
-
 // since returns the changes after version v to key (or, with a pattern
 // m, to keys matching it), in version order. ok is false when the history
 // no longer reaches back to v, is disabled, or holds more than maxReplay
@@ -274,37 +389,47 @@ func (h *history) since(key []byte, m *glob.Matcher, v hlc.Timestamp) ([]store.E
 		return nil, false // nothing is kept, or changes were lost
 	}
 	var out []store.Event
-	collect := func(p *partitionLog) bool {
-		if p.floor.Compare(v) > 0 {
-			return false
+	take := func(r *rec) bool {
+		ver := h.version(r)
+		if ver.Compare(v) <= 0 {
+			return true
 		}
-		for i := 0; i < p.n; i++ {
-			r := p.at(i)
-			ver := h.version(r)
-			if ver.Compare(v) <= 0 {
-				continue
+		if k := h.key(r); m != nil && m.Match(k) || m == nil && string(k) == string(key) {
+			if len(out) == maxReplay {
+				return false
 			}
-			if k := p.key(r); m != nil && m.Match(k) || m == nil && string(k) == string(key) {
-				if len(out) == maxReplay {
-					return false
-				}
-				ev := store.Event{Kind: r.kind, Key: bytes.Clone(k), Version: ver}
-				if r.kind == store.EventSet {
-					ev.Value = bytes.Clone(p.value(r))
-				}
-				out = append(out, ev)
+			ev := store.Event{Kind: r.kind, Key: bytes.Clone(k), Version: ver}
+			if r.kind == store.EventSet {
+				ev.Value = bytes.Clone(h.value(r))
 			}
+			out = append(out, ev)
 		}
 		return true
 	}
 	if m == nil {
-		if !collect(&h.parts[store.Partition(key)]) {
+		// One partition's changes, in the order applied, which is its
+		// group's, and so its versions'.
+		p := &h.parts[store.Partition(key)]
+		if p.floor.Compare(v) > 0 {
 			return nil, false
+		}
+		seq := p.oldest
+		for range p.n {
+			r := h.rec(seq)
+			if !take(r) {
+				return nil, false
+			}
+			seq = r.next
 		}
 		return out, true
 	}
 	for i := range h.parts {
-		if !collect(&h.parts[i]) {
+		if h.parts[i].floor.Compare(v) > 0 {
+			return nil, false
+		}
+	}
+	for seq := h.tail; seq < h.head; seq++ {
+		if r := h.rec(seq); !r.dead && !take(r) {
 			return nil, false
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -56,14 +55,14 @@ func TestHistoryKeepsTheNewestChanges(t *testing.T) {
 			}
 		}
 	}
-	p := &h.parts[store.Partition(key)]
-	if len(p.recs) > 2*per {
-		t.Fatalf("the ring grew to %d slots for %d changes", len(p.recs), per)
+	if n := h.head - h.tail; n > per+1 || len(h.recs) > 1024 {
+		t.Fatalf("%d records held (a ring of %d) for %d changes kept", n, len(h.recs), per)
 	}
 }
 
-// TestHistoryByteBudget: over MaxBytes, a written partition forgets its
-// oldest changes (but keeps its newest), and the byte count follows.
+// TestHistoryByteBudget: over MaxBytes, the oldest changes are
+// forgotten, of whatever partition (the newest is kept), and the byte
+// count follows.
 func TestHistoryByteBudget(t *testing.T) {
 	h := newHistory(HistoryLimits{PerPartition: 100, MaxBytes: 100})
 	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
@@ -71,22 +70,16 @@ func TestHistoryByteBudget(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		k := []byte(fmt.Sprintf("key-%02d", i%5)) // 6 bytes
 		h.add([]store.Event{{Kind: store.EventSet, Key: k, Value: make([]byte, 14), Version: hlc.Timestamp{Wall: int64(i + 2)}}}, now)
-		if h.bytes > 100+20 {
+		if h.bytes > 100 {
 			t.Fatalf("add %d: %d bytes kept, budget 100", i, h.bytes)
 		}
 	}
 	var n int64
-	for i := range h.parts {
-		p := &h.parts[i]
-		for j := 0; j < p.n; j++ {
-			n += p.at(j).size()
-		}
-		if p.n == 0 && p.recs != nil {
-			t.Fatalf("partition %d: an empty ring kept its slots", i)
-		}
+	for seq := h.tail; seq < h.head; seq++ {
+		n += h.rec(seq).size()
 	}
-	if n != h.bytes {
-		t.Fatalf("the changes hold %d bytes, the count says %d", n, h.bytes)
+	if n != h.bytes || n != 100 {
+		t.Fatalf("the changes hold %d bytes, the count says %d, want 100", n, h.bytes)
 	}
 	m, err := glob.Compile([]byte("key-*"))
 	if err != nil {
@@ -95,50 +88,186 @@ func TestHistoryByteBudget(t *testing.T) {
 	if got, ok := h.since(nil, m, hlc.Timestamp{Wall: 46}); !ok || len(got) != 5 {
 		t.Fatalf("the newest 5 changes: got %d (ok %v)", len(got), ok)
 	}
+	if _, ok := h.since(nil, m, hlc.Timestamp{Wall: 45}); ok {
+		t.Fatal("replayed from before the changes forgotten")
+	}
+	// A change larger than the budget is kept alone.
+	big := make([]byte, 500)
+	h.add([]store.Event{{Kind: store.EventSet, Key: []byte("big"), Value: big, Version: hlc.Timestamp{Wall: 100}}}, now)
+	if got, ok := h.since([]byte("big"), nil, hlc.Timestamp{Wall: 99}); !ok || len(got) != 1 || len(got[0].Value) != 500 || h.head-h.tail != 1 {
+		t.Fatalf("a change over the budget: %d replayed (ok %v), %d records held", len(got), ok, h.head-h.tail)
+	}
 }
 
-// TestPartitionLogRing: the ring and its data against a plain list,
-// through random adds and drops (growing while wrapped, compacting the
-// data, emptying, starting again).
-func TestPartitionLogRing(t *testing.T) {
+// TestHistoryRing: the one ring of records and its chunks against a
+// plain list of every change in the order added, forgotten as the
+// history's rules say (a partition over its count forgets its oldest;
+// from the oldest of all on, what is forgotten, aged, or over the byte
+// budget is dropped), through random adds to a few partitions under
+// each limit in turn, with changes larger than a chunk among them: what
+// each key's SINCE replays, the floors, the byte count and the chunks
+// held are the list's.
+func TestHistoryRing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	var p partitionLog
-	var list []int64
-	keyOf := func(i int64) string { return fmt.Sprint("k", i) }
-	valueOf := func(i int64) string { return strings.Repeat("v", int(i%300)) }
-	const biggest = 306 // the largest change: "k4999" and 299 bytes
-	peak := 0           // the most held since the log was last empty
-	for i := int64(1); i <= 5000; i++ {
-		if len(list) > 0 && rng.IntN(100) < 45+len(list)%7 {
-			p.drop()
-			list = list[1:]
-		} else {
-			ev := store.Event{Kind: store.EventSet, Key: []byte(keyOf(i)), Value: []byte(valueOf(i)), Version: hlc.Timestamp{Wall: i}}
-			p.push(&ev, 0, i)
-			list = append(list, i)
-		}
-		if p.n != len(list) {
-			t.Fatalf("step %d: %d changes, want %d", i, p.n, len(list))
-		}
-		var live int
-		for j, w := range list {
-			r := p.at(j)
-			if r.wall != w || string(p.key(r)) != keyOf(w) || string(p.value(r)) != valueOf(w) {
-				t.Fatalf("step %d: change %d is %d %q, want %d %q", i, j, r.wall, p.key(r), w, keyOf(w))
+	keys := make([][]byte, 24)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprint("k", i))
+	}
+	type change struct {
+		ev   store.Event
+		at   time.Time
+		part uint16
+		dead bool
+	}
+	all, err := glob.Compile([]byte("k*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, limits := range []HistoryLimits{
+		{PerPartition: 5, MaxBytes: 1 << 30},
+		{PerPartition: 1000, MaxBytes: 200 << 10},
+		{PerPartition: 3, MaxBytes: 12 << 10},
+		{PerPartition: 1000, MaxBytes: 1 << 30, MaxAge: 30 * time.Second},
+	} {
+		h := newHistory(limits)
+		h.compactMin = 8
+		h.begin(everywhere(hlc.Timestamp{Wall: 1}))
+		var list []change
+		compactions := 0
+		floor := map[uint16]int64{}
+		now := time.Unix(1000, 0)
+		for i := int64(2); i < 1000; i++ {
+			now = now.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
+			if rng.IntN(300) == 0 {
+				now = now.Add(time.Minute) // with MaxAge, all is forgotten
 			}
-			live += int(r.size())
+			k := keys[rng.IntN(len(keys))]
+			size := rng.IntN(300)
+			if rng.IntN(100) == 0 {
+				size = chunkSize + rng.IntN(1000)
+			}
+			ev := store.Event{Kind: store.EventSet, Key: k, Value: bytes.Repeat([]byte{byte(i)}, size), Version: hlc.Timestamp{Wall: i, Node: "n"}}
+			if rng.IntN(10) == 0 {
+				ev.Kind, ev.Value = store.EventDelete, nil
+			}
+			head := h.head
+			h.add([]store.Event{ev}, now)
+			compacted := h.head <= head // renumbered from 0
+
+			part := store.Partition(k)
+			list = append(list, change{ev: ev, at: now, part: part})
+			live := 0
+			for j := range list {
+				if list[j].part == part && !list[j].dead {
+					live++
+				}
+			}
+			if live > limits.PerPartition {
+				for j := range list {
+					if list[j].part == part && !list[j].dead {
+						list[j].dead = true
+						floor[part] = max(floor[part], list[j].ev.Version.Wall)
+						break
+					}
+				}
+			}
+			var held, heldAll int64 // the live changes' bytes, and all the list's
+			live = 0
+			for _, c := range list {
+				size := int64(len(c.ev.Key) + len(c.ev.Value))
+				heldAll += size
+				if !c.dead {
+					held += size
+					live++
+				}
+			}
+			for len(list) > 0 {
+				c := list[0]
+				size := int64(len(c.ev.Key) + len(c.ev.Value))
+				if !c.dead {
+					if !(limits.MaxAge > 0 && now.Sub(c.at) > limits.MaxAge) && !(heldAll > limits.MaxBytes && live > 1) {
+						break
+					}
+					floor[c.part] = max(floor[c.part], c.ev.Version.Wall)
+					held -= size
+					live--
+				}
+				heldAll -= size
+				list = list[1:]
+			}
+			// More dead than live (in records or bytes): only the live stay.
+			if dead := len(list) - live; dead > h.compactMin && (dead > live || heldAll-held > held+chunkSize) {
+				var kept []change
+				for _, c := range list {
+					if !c.dead {
+						kept = append(kept, c)
+					}
+				}
+				list, heldAll = kept, held
+				if !compacted {
+					t.Fatalf("limits %+v step %d: not compacted with %d dead and %d live", limits, i, dead, live)
+				}
+				compactions++
+			} else if compacted {
+				t.Fatalf("limits %+v step %d: compacted with %d dead and %d live", limits, i, dead, live)
+			}
+
+			if h.bytes != held || h.live != live || h.bytes+h.deadBytes != heldAll || int(h.head-h.tail) != len(list) {
+				t.Fatalf("limits %+v step %d: %d records of %d bytes held, %d of %d live; want %d of %d, %d of %d", limits, i, h.head-h.tail, h.bytes+h.deadBytes, h.live, h.bytes, len(list), heldAll, live, held)
+			}
+			for _, k := range keys {
+				p := store.Partition(k)
+				from := hlc.Timestamp{Wall: max(floor[p], 1), Node: "n"} // begin's floor is 1
+				got, ok := h.since(k, nil, from)
+				var want []store.Event
+				for _, c := range list {
+					if !c.dead && string(c.ev.Key) == string(k) {
+						want = append(want, c.ev)
+					}
+				}
+				if !ok || len(got) != len(want) {
+					t.Fatalf("limits %+v step %d: %s since %d: %d replayed (ok %v), want %d", limits, i, k, floor[p], len(got), ok, len(want))
+				}
+				for j := range got {
+					if got[j].Version != want[j].Version || !bytes.Equal(got[j].Value, want[j].Value) || got[j].Kind != want[j].Kind {
+						t.Fatalf("limits %+v step %d: %s change %d is %v, want %v", limits, i, k, j, got[j].Version, want[j].Version)
+					}
+				}
+				if _, ok := h.since(k, nil, hlc.Timestamp{Wall: floor[p] - 1, Node: "n"}); floor[p] > 1 && ok {
+					t.Fatalf("limits %+v step %d: %s replayed from below its floor %d", limits, i, k, floor[p])
+				}
+			}
+			// A pattern's SINCE, from the highest floor: every change kept
+			// after it, of every partition, in version order.
+			var top int64 = 1
+			for _, f := range floor {
+				top = max(top, f)
+			}
+			got, ok := h.since(nil, all, hlc.Timestamp{Wall: top, Node: "n"})
+			var want []int64
+			for _, c := range list {
+				if !c.dead && c.ev.Version.Wall > top {
+					want = append(want, c.ev.Version.Wall)
+				}
+			}
+			if !ok || len(got) != len(want) {
+				t.Fatalf("limits %+v step %d: pattern since %d: %d replayed (ok %v), want %d", limits, i, top, len(got), ok, len(want))
+			}
+			for j := range got {
+				if got[j].Version.Wall != want[j] {
+					t.Fatalf("limits %+v step %d: pattern change %d is %v, want %d", limits, i, j, got[j].Version, want[j])
+				}
+			}
+			// The chunks held run from the oldest record's to the newest's.
+			if h.tail == h.head && len(h.chunks) > 0 {
+				t.Fatalf("limits %+v step %d: %d chunks held for no record", limits, i, len(h.chunks))
+			}
+			if h.tail < h.head && (h.chunk0 != h.rec(h.tail).chunk || h.chunkSeq() != h.rec(h.head-1).chunk+1) {
+				t.Fatalf("limits %+v step %d: chunks %d..%d held for records in %d..%d", limits, i, h.chunk0, h.chunkSeq(), h.rec(h.tail).chunk, h.rec(h.head-1).chunk)
+			}
 		}
-		if len(p.data)-p.start != live || (p.start >= 4096 && 2*p.start >= len(p.data)) {
-			t.Fatalf("step %d: data of %d bytes from %d for %d live", i, len(p.data), p.start, live)
-		}
-		if p.n == 0 && (p.recs != nil || p.data != nil) {
-			t.Fatalf("step %d: an empty log kept its ring or data", i)
-		}
-		if peak = max(peak, live); p.n == 0 {
-			peak = 0
-		}
-		if most := max(2*(peak+biggest), minData); cap(p.data) > most {
-			t.Fatalf("step %d: data's buffer holds %d bytes, more than %d (%d live at most)", i, cap(p.data), most, peak)
+		if limits.PerPartition == 5 && compactions == 0 {
+			t.Fatalf("limits %+v: never compacted", limits)
 		}
 	}
 }
