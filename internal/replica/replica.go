@@ -1184,15 +1184,18 @@ func (g *Group) propose() {
 		dones = make([]func(store.Result, error), 0, max(prev, 1))
 		size := 0
 		now := g.clock.WallMillis() // one reading for the entry's commands
+		// add appends p to the entry, g.fsm.mu read-locked: once for the
+		// whole gathering, not once a write (two atomic operations on a
+		// word the other core wrote, for each of a pipeline's hundreds).
+		// While the proposer holds a slot, this group's apply has nothing
+		// to apply.
 		add := func(p Proposal) {
 			if p.Cmd.Op != store.OpExpire {
 				// A write to a key that has expired but whose Expire is
 				// not applied yet: expire it first, in the same entry, so
 				// observers get the DELETE (with its own version) before
 				// the write.
-				g.fsm.mu.RLock()
 				v, expired := g.fsm.st.Expired(p.Cmd.Key, now)
-				g.fsm.mu.RUnlock()
 				if expired {
 					cmds = append(cmds, store.Command{Op: store.OpExpire, Key: p.Cmd.Key, Expected: v, Now: now, Version: g.clock.Now()})
 					dones = append(dones, nil)
@@ -1204,11 +1207,14 @@ func (g *Group) propose() {
 			dones = append(dones, p.Done)
 			size += len(p.Cmd.Key) + len(p.Cmd.Value)
 		}
+		g.fsm.mu.RLock()
 		add(first)
+		g.fsm.mu.RUnlock()
 		if d := holdFor(prev, len(g.in)+1, time.Duration(g.commitAvg.Load())); d > 0 {
 			time.Sleep(d)
 			now = g.clock.WallMillis()
 		}
+		g.fsm.mu.RLock()
 	gather:
 		for len(cmds) < maxBatch && size < maxBatchBytes {
 			select {
@@ -1218,6 +1224,7 @@ func (g *Group) propose() {
 				break gather
 			}
 		}
+		g.fsm.mu.RUnlock()
 		prev = len(cmds)
 		if g.cfg.Timings.Entry != nil {
 			g.cfg.Timings.Entry(len(cmds))
