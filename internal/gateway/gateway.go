@@ -248,7 +248,8 @@ func (c *Client) fill(r *statestore.Request, origin any) error {
 	if !g.CanConnect() {
 		return errNotAuthorized
 	}
-	*r = statestore.Request{ClientID: c.ID, Conn: c.conn, Grant: g, QoS: 1, Origin: origin, StampWrites: true}
+	r.Renew()
+	r.ClientID, r.Conn, r.Grant, r.QoS, r.Origin, r.StampWrites = c.ID, c.conn, g, 1, origin, true
 	return nil
 }
 

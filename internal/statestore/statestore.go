@@ -151,6 +151,21 @@ type Request struct {
 	command  string    // the verb, for metrics
 	key      []byte    // the key it names, if any, for activity figures
 	deadline deadline  // its time limit, once it reads or writes
+
+	// The write it makes (see write): its op, whether it is a SET ... GET,
+	// and the Done its proposal carries, made once for the request's life,
+	// not once a write: a gateway's requests are reused.
+	writeOp   store.Op
+	writeGet  bool
+	writeDone func(store.Result, error)
+}
+
+// Renew empties r for another request, keeping what it made for its
+// writes: a gateway reuses a request for its connection's next command.
+func (r *Request) Renew() {
+	done := r.writeDone
+	*r = Request{}
+	r.writeDone = done
 }
 
 // follower is a Router whose change events must be asked for: Follow
@@ -731,28 +746,34 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 	if len(r.ID) > 0 && s.remembers() {
 		cmd.Request, cmd.Keep = r.ID, keepRequest(r)
 	}
-	op := cmd.Op
+	r.writeOp, r.writeGet = cmd.Op, get
+	if r.writeDone == nil {
+		r.writeDone = func(res store.Result, err error) { s.wrote(r, res, err) }
+	}
 	ctx := r.deadlineIn(RequestTimeout)
 	s.writes.Start()
 	stamp := r.StampWrites && !r.HasTimestamp
-	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Stamp: stamp, Done: func(res store.Result, err error) {
-		ctx.release()
-		defer s.writes.Done() // once answered
-		switch {
-		case err == nil:
-			// First: the cases below would allocate (errors.As's target)
-			// for every write.
-			s.answerWrite(r, op, res, get)
-		case errors.Is(err, replica.ErrOutcomeUnknown):
-			s.log.Warn("state store write outcome unknown", "client", r.ClientID, "error", err)
-			s.fail(r, errUnknownOutcome)
-		case errors.As(err, new(*replica.DiskFullError)):
-			s.fail(r, resp.Error(err.Error())) // the guard logs the condition once
-		default:
-			s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
-			s.fail(r, unavailable(err))
-		}
-	}})
+	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Stamp: stamp, Done: r.writeDone})
+}
+
+// wrote answers r's write (see write) once it is applied or has failed.
+func (s *Service) wrote(r *Request, res store.Result, err error) {
+	r.deadline.release()
+	defer s.writes.Done() // once answered
+	switch {
+	case err == nil:
+		// First: the cases below would allocate (errors.As's target)
+		// for every write.
+		s.answerWrite(r, r.writeOp, res, r.writeGet)
+	case errors.Is(err, replica.ErrOutcomeUnknown):
+		s.log.Warn("state store write outcome unknown", "client", r.ClientID, "error", err)
+		s.fail(r, errUnknownOutcome)
+	case errors.As(err, new(*replica.DiskFullError)):
+		s.fail(r, resp.Error(err.Error())) // the guard logs the condition once
+	default:
+		s.log.Warn("state store write failed", "client", r.ClientID, "error", err)
+		s.fail(r, unavailable(err))
+	}
 }
 
 // KeepRequest is how long a write's request is remembered (Request.ID)
