@@ -1187,8 +1187,9 @@ func (g *Group) propose() {
 		// add appends p to the entry, g.fsm.mu read-locked: once for the
 		// whole gathering, not once a write (two atomic operations on a
 		// word the other core wrote, for each of a pipeline's hundreds).
-		// While the proposer holds a slot, this group's apply has nothing
-		// to apply.
+		// With one entry in flight at most (pipelineDepth), this group's
+		// apply has nothing to apply while the proposer holds the slot;
+		// with more, it would wait for the gathering, which never blocks.
 		add := func(p Proposal) {
 			if p.Cmd.Op != store.OpExpire {
 				// A write to a key that has expired but whose Expire is

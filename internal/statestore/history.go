@@ -300,7 +300,10 @@ func (h *history) trim(now int64) {
 		return
 	}
 	h.dropChunks(h.rec(h.tail).chunk)
-	if h.dead > h.compactMin && (h.dead > h.live || h.deadBytes > h.bytes+chunkSize) {
+	// By count, past compactMin: small records, whose bytes the budget
+	// hardly sees, cost ring slots. By bytes, at once: a few large dead
+	// records would otherwise fill the budget and push live ones out.
+	if h.dead > h.compactMin && h.dead > h.live || h.deadBytes > h.bytes+chunkSize {
 		h.compact()
 	}
 }

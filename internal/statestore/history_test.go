@@ -99,6 +99,34 @@ func TestHistoryByteBudget(t *testing.T) {
 	}
 }
 
+// TestHistoryKeepsQuietPartitions: a key written over and over with
+// large values, each change forgetting its partition's oldest, does not
+// push a quiet partition's change out of the byte budget: its dead
+// records are compacted away first, however few they are.
+func TestHistoryKeepsQuietPartitions(t *testing.T) {
+	h := newHistory(HistoryLimits{PerPartition: 4, MaxBytes: 1 << 20})
+	h.begin(everywhere(hlc.Timestamp{Wall: 1}))
+	cold, hot := []byte("cold"), []byte("hot")
+	if store.Partition(cold) == store.Partition(hot) {
+		t.Fatal("pick keys of two partitions")
+	}
+	now := time.Unix(1000, 0)
+	h.add([]store.Event{{Kind: store.EventSet, Key: cold, Value: []byte("v"), Version: hlc.Timestamp{Wall: 2}}}, now)
+	big := make([]byte, 16<<10)
+	for i := range 500 { // 8 MB through a 1 MiB budget; 64 KiB of it live
+		h.add([]store.Event{{Kind: store.EventSet, Key: hot, Value: big, Version: hlc.Timestamp{Wall: int64(3 + i)}}}, now)
+		if h.bytes+h.deadBytes > 1<<20 {
+			t.Fatalf("change %d: %d bytes held, budget 1 MiB", i, h.bytes+h.deadBytes)
+		}
+	}
+	if got, ok := h.since(cold, nil, hlc.Timestamp{Wall: 1}); !ok || len(got) != 1 {
+		t.Fatalf("the quiet partition's change: %d replayed (ok %v)", len(got), ok)
+	}
+	if got, ok := h.since(hot, nil, hlc.Timestamp{Wall: 498}); !ok || len(got) != 4 {
+		t.Fatalf("the hot key's last four: %d replayed (ok %v)", len(got), ok)
+	}
+}
+
 // TestHistoryRing: the one ring of records and its chunks against a
 // plain list of every change in the order added, forgotten as the
 // history's rules say (a partition over its count forgets its oldest;
@@ -196,7 +224,7 @@ func TestHistoryRing(t *testing.T) {
 				list = list[1:]
 			}
 			// More dead than live (in records or bytes): only the live stay.
-			if dead := len(list) - live; dead > h.compactMin && (dead > live || heldAll-held > held+chunkSize) {
+			if dead := len(list) - live; dead > h.compactMin && dead > live || heldAll-held > held+chunkSize {
 				var kept []change
 				for _, c := range list {
 					if !c.dead {
