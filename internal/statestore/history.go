@@ -178,17 +178,18 @@ func (h *history) push(ev *store.Event, at int64) {
 		h.resize(2 * len(h.recs))
 	}
 	size := len(ev.Key) + len(ev.Value)
-	chunk, b := h.room(size)
+	chunk, off, b := h.room(size)
 	copy(b[copy(b, ev.Key):], ev.Value)
 	part := store.Partition(ev.Key)
 	seq := h.head
 	h.head++
-	*h.rec(seq) = rec{chunk: chunk, off: uint32(len(h.chunks[chunk-h.chunk0]) - size), keyLen: uint32(len(ev.Key)), valLen: uint32(len(ev.Value)),
+	*h.rec(seq) = rec{chunk: chunk, off: off, keyLen: uint32(len(ev.Key)), valLen: uint32(len(ev.Value)),
 		node: h.node(ev.Version.Node), wall: ev.Version.Wall, counter: ev.Version.Counter, at: at, part: part, kind: ev.Kind}
 	h.live++
 	h.bytes += int64(size)
-	h.link(&h.parts[part], seq)
-	if p := &h.parts[part]; p.n > h.limits.PerPartition {
+	p := &h.parts[part]
+	h.link(p, seq)
+	if p.n > h.limits.PerPartition {
 		r := h.rec(p.oldest)
 		h.forget(p, r)
 		r.dead = true
@@ -232,9 +233,9 @@ func (h *history) resize(n int) {
 	h.recs = ring
 }
 
-// room returns the chunk that size more bytes go into, and them: the
-// last chunk's free end, or a new chunk.
-func (h *history) room(size int) (uint64, []byte) {
+// room returns the chunk that size more bytes go into, their offset in
+// it, and them: the last chunk's free end, or a new chunk.
+func (h *history) room(size int) (uint64, uint32, []byte) {
 	n := len(h.chunks)
 	if n == 0 || len(h.chunks[n-1])+size > cap(h.chunks[n-1]) {
 		var b []byte
@@ -252,7 +253,15 @@ func (h *history) room(size int) (uint64, []byte) {
 	}
 	last := h.chunks[n-1]
 	h.chunks[n-1] = last[:len(last)+size]
-	return h.chunk0 + uint64(n-1), last[len(last) : len(last)+size]
+	return h.chunk0 + uint64(n-1), uint32(len(last)), last[len(last) : len(last)+size]
+}
+
+// recycle keeps a standard chunk that holds nothing any more for reuse,
+// up to maxSpare of them.
+func (h *history) recycle(b []byte) {
+	if cap(b) == chunkSize && len(h.spare) < maxSpare {
+		h.spare = append(h.spare, b)
+	}
 }
 
 // chunkSeq is the sequence number of the next chunk (chunk0 counts on
@@ -262,9 +271,7 @@ func (h *history) chunkSeq() uint64 { return h.chunk0 + uint64(len(h.chunks)) }
 // dropChunks drops the chunks before chunk seq: they hold nothing held.
 func (h *history) dropChunks(seq uint64) {
 	for len(h.chunks) > 0 && h.chunk0 < seq {
-		if b := h.chunks[0]; cap(b) == chunkSize && len(h.spare) < maxSpare {
-			h.spare = append(h.spare, b)
-		}
+		h.recycle(h.chunks[0])
 		h.chunks[0] = nil
 		h.chunks = h.chunks[1:]
 		h.chunk0++
@@ -328,9 +335,9 @@ func (h *history) compact() {
 			continue
 		}
 		src := oldChunks[r.chunk-oldChunk0][r.off : r.off+r.keyLen+r.valLen]
-		chunk, b := h.room(len(src))
+		var b []byte
+		r.chunk, r.off, b = h.room(len(src))
 		copy(b, src)
-		r.chunk, r.off = chunk, uint32(len(h.chunks[chunk-h.chunk0])-len(src))
 		at := h.head
 		h.head++
 		*h.rec(at) = r
@@ -342,9 +349,7 @@ func (h *history) compact() {
 	}
 	h.dead, h.deadBytes = 0, 0
 	for _, b := range oldChunks {
-		if cap(b) == chunkSize && len(h.spare) < maxSpare {
-			h.spare = append(h.spare, b)
-		}
+		h.recycle(b)
 	}
 }
 
