@@ -17,6 +17,11 @@
 #     third, Redis's own shape in Go ("epoll loop": one goroutine waits in
 #     epoll for every socket, reads, logs, syncs and answers, with no
 #     goroutine per connection): what the shape of a server costs,
+#   - bench/respfloor -raft: the raft floor, the committer's and the
+#     epoll loop's rounds going through a hashicorp/raft group of one on
+#     mqkv's raft-wal log, answered once applied (to an FSM that does
+#     nothing): what mqkv's consensus library and log cost, without its
+#     store, service and gateway,
 # without and with pipelining (-P 16), the servers taking turns each
 # round; and mqkv's MQTT path for the same SET and GET (mqkv bench --server,
 # 50 clients, 256-byte values) against the same mqkv server. Server CPU
@@ -39,6 +44,7 @@ go build -o "$work/respfloor" ./bench/respfloor
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport) fport=$(freeport)
 cport=$(freeport) wport=$(freeport) lport=$(freeport)
+rcport=$(freeport) rlport=$(freeport)
 "$work/mqkv" serve --data-dir "$work/mqkv-data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$rport" --log-level warn &
 pids+=($!); mqkv_pid=$!
 mkdir -p "$work/aof" "$work/default"
@@ -54,7 +60,11 @@ pids+=($!); committer_pid=$!
 pids+=($!); writer_pid=$!
 "$work/respfloor" -log "$work/floor-loop.log" -handoff loop "127.0.0.1:$lport" &
 pids+=($!); loop_pid=$!
-for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport" "$lport"; do
+"$work/respfloor" -raft "$work/floor-raft-committer" "127.0.0.1:$rcport" &
+pids+=($!); raft_committer_pid=$!
+"$work/respfloor" -raft "$work/floor-raft-loop" -handoff loop "127.0.0.1:$rlport" &
+pids+=($!); raft_loop_pid=$!
+for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport" "$lport" "$rcport" "$rlport"; do
 	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
@@ -95,6 +105,8 @@ for ((i = 1; i <= rounds; i++)); do
 		run "durable floor, committer" "$committer_pid" "$cport" "$pl" set
 		run "durable floor, writer" "$writer_pid" "$wport" "$pl" set
 		run "durable floor, epoll loop" "$loop_pid" "$lport" "$pl" set
+		run "raft floor, committer" "$raft_committer_pid" "$rcport" "$pl" set
+		run "raft floor, epoll loop" "$raft_loop_pid" "$rlport" "$pl" set
 	done
 	mqtt set
 	mqtt get

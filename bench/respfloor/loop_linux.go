@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"runtime"
 	"syscall"
 )
@@ -17,8 +16,8 @@ import (
 // and writes each connection's replies: no goroutine per connection, no
 // hand-off, no Go network poller. What a Go server of that shape costs
 // above Redis on this machine is what Go costs, not what mqkv's shape
-// does.
-func serveLoop(addr string, f *os.File) error {
+// does. logs is where each round's commands go (commitLog.append).
+func serveLoop(addr string, logs *commitLog) error {
 	runtime.LockOSThread()
 	lfd, err := listenRaw(addr)
 	if err != nil {
@@ -106,10 +105,7 @@ func serveLoop(addr string, f *os.File) error {
 		if len(logBuf) == 0 {
 			continue
 		}
-		if _, err := f.Write(logBuf); err != nil {
-			return err
-		}
-		if err := syscall.Fdatasync(int(f.Fd())); err != nil { // as Redis's appendfsync always
+		if err := logs.append(logBuf); err != nil {
 			return err
 		}
 		logBuf = logBuf[:0]

@@ -19,7 +19,13 @@
 // No store, no raft, no versions: what mqkv spends above this floor is its
 // own.
 //
-//	respfloor [-log FILE [-handoff committer|writer|loop]] ADDRESS
+// With -raft DIR it is the raft floor: the committer's rounds go through
+// a hashicorp/raft group of one over mqkv's raft-wal log in DIR (see
+// openRaft) instead of a file of its own, and are answered once applied,
+// as mqkv's are. What hashicorp/raft and the log cost on this machine;
+// what mqkv spends above it is its store, its service and its gateway.
+//
+//	respfloor [-log FILE [-handoff committer|writer|loop] | -raft DIR] ADDRESS
 package main
 
 import (
@@ -34,23 +40,43 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/mqkv/mqkv/internal/sockio"
 )
 
 func main() {
 	logPath := flag.String("log", "", "append every command to this file, fdatasynced before it is answered")
 	handoff := flag.String("handoff", "committer", "with -log, who writes the replies: committer, writer or loop (one epoll loop does everything)")
+	raftDir := flag.String("raft", "", "commit every round of commands through a hashicorp/raft group of one with its log in this directory")
 	flag.Parse()
-	if flag.NArg() != 1 || (*handoff != "committer" && *handoff != "writer" && *handoff != "loop") {
-		fmt.Fprintln(os.Stderr, "usage: respfloor [-log FILE [-handoff committer|writer|loop]] ADDRESS")
+	if flag.NArg() != 1 || (*handoff != "committer" && *handoff != "writer" && *handoff != "loop") || (*raftDir != "" && *logPath != "") || (*raftDir != "" && *handoff == "writer") {
+		fmt.Fprintln(os.Stderr, "usage: respfloor [-log FILE [-handoff committer|writer|loop] | -raft DIR [-handoff committer|loop]] ADDRESS")
 		os.Exit(2)
 	}
-	if *handoff == "loop" {
+	var lg *commitLog
+	switch {
+	case *logPath != "":
 		f, err := os.OpenFile(*logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
-		if err == nil {
-			err = serveLoop(flag.Arg(0), f)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
 		}
-		fmt.Fprintln(os.Stderr, err)
+		lg = &commitLog{f: f, writer: *handoff == "writer"}
+	case *raftDir != "":
+		r, err := openRaft(*raftDir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		lg = &commitLog{raft: r}
+	}
+	if *handoff == "loop" {
+		if lg == nil {
+			fmt.Fprintln(os.Stderr, "-handoff loop needs -log or -raft")
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, serveLoop(flag.Arg(0), lg))
 		os.Exit(1)
 	}
 	tcp, err := net.Listen("tcp", flag.Arg(0))
@@ -58,14 +84,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	var lg *commitLog
-	if *logPath != "" {
-		f, err := os.OpenFile(*logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		lg = &commitLog{f: f, writer: *handoff == "writer"}
+	if lg != nil {
 		lg.cond = sync.NewCond(&lg.mu)
 		go lg.commit()
 	}
@@ -108,7 +127,8 @@ func serve(c net.Conn) {
 // connection, written and synced by one goroutine.
 type commitLog struct {
 	f      *os.File
-	writer bool // replies written by each connection's writer goroutine
+	raft   *raft.Raft // instead of f: the raft floor
+	writer bool       // replies written by each connection's writer goroutine
 
 	mu      sync.Mutex
 	cond    *sync.Cond // the committer waits here for commands
@@ -163,11 +183,7 @@ func (lg *commitLog) commit() {
 			c.owed, c.in = 0, false
 		}
 		lg.mu.Unlock()
-		if _, err := lg.f.Write(buf); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		if err := syscall.Fdatasync(int(lg.f.Fd())); err != nil { // as Redis's appendfsync always
+		if err := lg.append(buf); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -186,6 +202,19 @@ func (lg *commitLog) commit() {
 			c.c.Write(out) // an error ends the connection's reader
 		}
 	}
+}
+
+// append makes buf durable: in the log file, fdatasynced (as Redis's
+// appendfsync always), or committed and applied through raft. raft keeps
+// no hold on buf once its future is done.
+func (lg *commitLog) append(buf []byte) error {
+	if lg.raft != nil {
+		return lg.raft.Apply(buf, 0).Error()
+	}
+	if _, err := lg.f.Write(buf); err != nil {
+		return err
+	}
+	return syscall.Fdatasync(int(lg.f.Fd()))
 }
 
 // serveDurable reads c's commands into the log; the committer (or, with

@@ -567,6 +567,12 @@ func openWAL(walDir string, batches bool) (*raftwal.WAL, error) {
 	return w, nil
 }
 
+// OpenWAL opens (or makes) a raft log in walDir as a group on its own
+// keeps it: raft-wal over segment files filled with zeros ahead of the
+// writer (walFS). For bench/respfloor's raft floor, which measures what
+// hashicorp/raft and this log cost without mqkv's store.
+func OpenWAL(walDir string) (*raftwal.WAL, error) { return openWAL(walDir, false) }
+
 // raftStableKeys are the keys hashicorp/raft keeps in its stable store.
 var raftStableKeys = []string{"CurrentTerm", "LastVoteTerm", "LastVoteCand"}
 
