@@ -443,12 +443,11 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 	var total int64
 	serverKeys := 0
 	for i := uint64(0); i < n && sr.err == nil; i++ {
-		k := append([]byte(nil), sr.bytesField()...) // the next read reuses the scratch buffer
+		// Copies (the next read reuses the scratch buffer), apart, as set
+		// stores them: an overwrite keeps the key's bytes.
+		k := append([]byte(nil), sr.bytesField()...)
 		v := sr.bytesField()
-		buf := make([]byte, len(k)+len(v))
-		copy(buf, k)
-		copy(buf[len(k):], v)
-		e := &Entry{Key: buf[:len(k):len(k)], Value: buf[len(k):]}
+		e := &Entry{Key: k, Value: append(make([]byte, 0, len(v)), v...)}
 		e.Version = sr.timestamp()
 		e.Fence = sr.timestamp()
 		e.ExpiresAt = sr.varint()

@@ -245,9 +245,8 @@ func (s *Store) lookup(key []byte) *Entry {
 var probes = sync.Pool{New: func() any { return new(Entry) }}
 
 // keyString is e's key as a map key, sharing its bytes, which are never
-// modified. Assigning the key again moves the map's key to e's bytes (Go
-// stores the new string), so an entry's old buffer, which also holds its
-// old value, is not kept alive by the index.
+// modified and hold nothing else (see set): the index keeps no value
+// alive.
 func keyString(e *Entry) string { return unsafe.String(unsafe.SliceData(e.Key), len(e.Key)) }
 
 // Expired returns the version of key's entry if the entry is still stored
@@ -421,14 +420,24 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		// get its DELETE all the same (spec section 5.1), here.
 		events = append(events, Event{Kind: EventDelete, Key: stored.Key, Version: expiredAt(stored.Version, c.Version)})
 	}
-	// One allocation holds the key and value, copied out of the command so
-	// the store never aliases a log buffer.
-	buf := make([]byte, len(c.Key)+len(c.Value))
-	n := copy(buf, c.Key)
-	copy(buf[n:], c.Value)
+	// The value is copied out of the command, so that the store never
+	// aliases a log buffer. The key's bytes are the stored entry's, if
+	// there is one (no entry's key is ever changed), or a copy: apart
+	// from the value, so that an overwrite neither copies the key again
+	// nor moves the index's key to a new buffer (a second search of the
+	// map for each SET, the old value otherwise kept alive by it), and
+	// so that the keys the index compares lie in small allocations,
+	// close together, not each beside a value a cache miss away.
+	key := c.Key
+	if stored != nil {
+		key = stored.Key
+	} else {
+		key = append(make([]byte, 0, len(key)), key...)
+	}
+	value := append(make([]byte, 0, len(c.Value)), c.Value...)
 	next := Entry{
-		Key:     buf[:n:n],
-		Value:   buf[n:],
+		Key:     key,
+		Value:   value,
 		Version: c.Version,
 		Fence:   fence,
 		gen:     s.gen,
@@ -440,6 +449,7 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	if stored != nil && stored.gen == s.gen {
 		// No clone shares it: changed in place, the tree left as it is
 		// (the key, and so its place, is the same).
+		// The index holds stored already, under the same key bytes.
 		prev := *stored
 		*stored = next
 		e = stored
@@ -509,15 +519,15 @@ func (s *Store) fits(stored *Entry, size int64) bool {
 // search, keeping the byte count and expiry index in step.
 func (s *Store) replace(old, e *Entry) {
 	s.keys.ReplaceOrInsert(e)
-	s.account(old, e)
-}
-
-// account brings the index, byte count and expiry index from old (nil if
-// the key is new) to e, which the tree holds now.
-func (s *Store) account(old, e *Entry) {
 	if s.index != nil {
 		s.index[keyString(e)] = e
 	}
+	s.account(old, e)
+}
+
+// account brings the byte count and expiry index from old (nil if the
+// key is new) to e, which the tree holds now.
+func (s *Store) account(old, e *Entry) {
 	s.bytes += e.size()
 	if old == nil && Reserved(e.Key) {
 		s.serverKeys++

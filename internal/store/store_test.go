@@ -811,6 +811,36 @@ func BenchmarkGet(b *testing.B) {
 	}
 }
 
+// BenchmarkSet: overwriting a random key among 10,000 and 1,000,000,
+// with a 256-byte value, as a durable SET's apply does (redis-benchmark's
+// SET with -r 10000 -d 256).
+func BenchmarkSet(b *testing.B) {
+	for _, n := range []int{10_000, 1_000_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s := New(Limits{})
+			keys := make([][]byte, n)
+			value := make([]byte, 256)
+			for i := range keys {
+				keys[i] = []byte(fmt.Sprintf("key:%012d", i))
+				c := Command{Op: OpSet, Key: keys[i], Value: value, Version: hlc.Timestamp{Wall: 1, Counter: uint64(i)}, Now: 1}
+				s.Apply(&c, nil)
+			}
+			r := rand.New(rand.NewSource(1))
+			events := make([]Event, 0, 1)
+			v := uint64(n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				v++
+				c := Command{Op: OpSet, Key: keys[r.Intn(n)], Value: value, Version: hlc.Timestamp{Wall: 1, Counter: v}, Now: 1}
+				if res, _ := s.Apply(&c, events[:0]); res.Outcome != Applied {
+					b.Fatal(res.Outcome)
+				}
+			}
+		})
+	}
+}
+
 // TestIndexFollowsTheTree: the point-lookup index holds exactly the
 // tree's entries through random sets, deletes and expiries, a snapshot
 // restore, a split and a merge; a clone, without one, reads the tree.
