@@ -43,8 +43,12 @@ func openRaft(dir string) (*raft.Raft, error) {
 	rc.TrailingLogs = 1024
 	rc.Logger = logger
 	addr, trans := raft.NewInmemTransport("floor")
-	if err := raft.BootstrapCluster(rc, wal, wal, snaps, trans, raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}); err != nil {
+	if exists, err := raft.HasExistingState(wal, wal, snaps); err != nil {
 		return nil, err
+	} else if !exists {
+		if err := raft.BootstrapCluster(rc, wal, wal, snaps, trans, raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}); err != nil {
+			return nil, err
+		}
 	}
 	r, err := raft.NewRaft(rc, nothing{}, wal, wal, snaps, trans)
 	if err != nil {

@@ -244,6 +244,12 @@ func (s *Store) lookup(key []byte) *Entry {
 
 var probes = sync.Pool{New: func() any { return new(Entry) }}
 
+// sameBytes reports whether a and b are the same bytes in memory, not
+// only equal.
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
 // keyString is e's key as a map key, sharing its bytes, which are never
 // modified and hold nothing else (see set): the index keeps no value
 // alive.
@@ -538,9 +544,9 @@ func (s *Store) account(old, e *Entry) {
 			s.expiry.Delete(expiryItem{at: old.ExpiresAt, key: old.Key})
 		}
 	}
-	if e.ExpiresAt != 0 {
-		// Also when the deadline is unchanged: the item must hold e's key
-		// bytes, not old's buffer (which also holds old's value).
+	if e.ExpiresAt != 0 && (old == nil || old.ExpiresAt != e.ExpiresAt || !sameBytes(old.Key, e.Key)) {
+		// Not when an overwrite keeps the deadline: the item holds the
+		// key's bytes, which the overwrite kept too (see set).
 		s.expiry.ReplaceOrInsert(expiryItem{at: e.ExpiresAt, key: e.Key})
 	}
 }

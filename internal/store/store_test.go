@@ -446,9 +446,23 @@ func TestWritesInPlaceStayUnseenByCopies(t *testing.T) {
 	// The store's own accounting after in-place writes, with and without
 	// a deadline.
 	for _, s := range []*Store{h.s, parts[0]} {
+		key := s.lookup([]byte("a")).Key
 		set(s, "88", 30)
+		set(s, "77", 30) // the same deadline: its item is kept
+		if s.expiry.Len() != 1 {
+			t.Fatalf("%d expiry items for one key", s.expiry.Len())
+		}
+		s.expiry.Ascend(func(it expiryItem) bool {
+			if it.at != h.now+30 || !sameBytes(it.key, key) {
+				t.Fatalf("expiry item %d %q, want %d and the key's bytes", it.at, it.key, h.now+30)
+			}
+			return true
+		})
 		set(s, "999", 0)
 		e := s.lookup([]byte("a"))
+		if !sameBytes(e.Key, key) || cap(e.Key) != len(e.Key) {
+			t.Fatal("an overwrite did not keep the key's own bytes")
+		}
 		if s.Bytes() != 1+3 || s.expiry.Len() != 0 || s.keys.Len() != 1 {
 			t.Fatalf("bytes %d, expiry items %d, tree %d: want 4, 0, 1", s.Bytes(), s.expiry.Len(), s.keys.Len())
 		}
