@@ -67,6 +67,9 @@ type Client struct {
 	user string
 	// authed: the client authenticated, or needs not.
 	authed bool
+	// Gathered marks the client's requests statestore.Request.Gathered:
+	// its writes are sent in rounds (the RESP endpoint's loop).
+	Gathered bool
 
 	pol   *policy.Policy // the policy grant was computed from
 	grant *policy.Grant
@@ -249,7 +252,7 @@ func (c *Client) fill(r *statestore.Request, origin any) error {
 		return errNotAuthorized
 	}
 	r.Renew()
-	r.ClientID, r.Conn, r.Grant, r.QoS, r.Origin, r.StampWrites = c.ID, c.conn, g, 1, origin, true
+	r.ClientID, r.Conn, r.Grant, r.QoS, r.Origin, r.StampWrites, r.Gathered = c.ID, c.conn, g, 1, origin, true, c.Gathered
 	return nil
 }
 

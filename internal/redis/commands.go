@@ -19,14 +19,17 @@ type command struct {
 	arity int
 	// open: allowed before AUTH.
 	open bool
+	// local: a read that a node on its own answers at once, without
+	// waiting for anything (see Loop).
+	local bool
 }
 
 var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"PING":      {run: (*conn).ping, arity: -1, open: true},
-		"ECHO":      {run: (*conn).echo, arity: 2},
+		"PING":      {run: (*conn).ping, arity: -1, open: true, local: true},
+		"ECHO":      {run: (*conn).echo, arity: 2, local: true},
 		"HELLO":     {run: (*conn).hello, arity: -1, open: true},
 		"AUTH":      {run: (*conn).auth, arity: -2, open: true},
 		"SELECT":    {run: (*conn).selectDB, arity: 2},
@@ -36,17 +39,17 @@ func init() {
 		"DBSIZE":    {run: (*conn).dbsize, arity: 1},
 		"COMMAND":   {run: func(c *conn, _ [][]byte) { c.w.array(0) }, arity: -1},
 		"CONFIG":    {run: (*conn).config, arity: -2},
-		"GET":       {run: (*conn).get, arity: 2},
+		"GET":       {run: (*conn).get, arity: 2, local: true},
 		"SET":       {run: (*conn).set, arity: -3},
 		"DEL":       {run: (*conn).del, arity: -2},
 		"UNLINK":    {run: (*conn).del, arity: -2},
-		"EXISTS":    {run: (*conn).exists, arity: -2},
-		"MGET":      {run: (*conn).mget, arity: -2},
-		"PTTL":      {run: (*conn).pttl, arity: 2},
-		"TTL":       {run: (*conn).ttl, arity: 2},
+		"EXISTS":    {run: (*conn).exists, arity: -2, local: true},
+		"MGET":      {run: (*conn).mget, arity: -2, local: true},
+		"PTTL":      {run: (*conn).pttl, arity: 2, local: true},
+		"TTL":       {run: (*conn).ttl, arity: 2, local: true},
 		"KEYS":      {run: (*conn).keys, arity: 2},
 		"SCAN":      {run: (*conn).scan, arity: -2},
-		"MQKV.GETV": {run: (*conn).getv, arity: 2},
+		"MQKV.GETV": {run: (*conn).getv, arity: 2, local: true},
 		"MQKV.SETV": {run: (*conn).setv, arity: -3},
 		"MQKV.DELV": {run: (*conn).delv, arity: -2},
 	}

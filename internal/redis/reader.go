@@ -36,6 +36,85 @@ type reader struct {
 	maxBulk int
 	args    [][]byte
 	slab    []byte
+	src     bytes.Reader // what br reads from, for the loop's connections (see feed)
+}
+
+// readerSize is the reader's buffer: a line (a number) that does not fit
+// in it is refused.
+const readerSize = 16 << 10
+
+// feed makes b, which commandLen measured, what the reader reads next:
+// a connection of the loop is read by the loop, not through its reader.
+func (r *reader) feed(b []byte) {
+	r.src.Reset(b)
+	r.br.Reset(&r.src)
+}
+
+// commandLen says how much of b, the start of a connection's unread
+// input, the reader must be fed for its next command: all of it when b
+// holds the command whole; when b shows it malformed or over a limit, as
+// far as the reader goes to find the same error it finds reading the
+// connection; 0 while b holds too little to tell.
+func commandLen(b []byte, maxBulk int) int {
+	if len(b) == 0 {
+		return 0
+	}
+	if b[0] != '*' {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			return i + 1
+		}
+		if len(b) > maxInline+2 {
+			return len(b) // too big an inline request
+		}
+		return 0
+	}
+	at := lineEnd(b, 1)
+	if at <= 0 {
+		return -at
+	}
+	count, ok := parseNumber(b[1:at])
+	if !ok || count > maxArgs || count <= 0 {
+		return at
+	}
+	for range count {
+		if at >= len(b) {
+			return 0
+		}
+		if b[at] != '$' {
+			return at + 1
+		}
+		end := lineEnd(b, at+1)
+		if end <= 0 {
+			return -end
+		}
+		l, ok := parseNumber(b[at+1 : end])
+		if !ok || l < 0 || l > maxBulk {
+			return end
+		}
+		at = end + l + 2
+		if at > len(b) {
+			return 0
+		}
+		if b[at-2] != '\r' || b[at-1] != '\n' {
+			return at // not ended by CRLF
+		}
+	}
+	return at
+}
+
+// lineEnd finds the end of the line that starts at from (after its kind
+// byte): the offset just past its LF, or, when b holds no LF, minus what
+// to feed the reader: all of b once the line could not fit in the
+// reader's buffer (the reader refuses it), else 0 (wait for more).
+func lineEnd(b []byte, from int) int {
+	i := bytes.IndexByte(b[from:], '\n')
+	if i < 0 {
+		if len(b)-from >= readerSize {
+			return -len(b)
+		}
+		return 0
+	}
+	return from + i + 1
 }
 
 // Carving arguments out of slabs: small ones only, so that a large value
@@ -133,13 +212,29 @@ func (r *reader) bulk(l int) ([]byte, error) {
 // GET a twelfth of its CPU.
 func (r *reader) number(kind byte) (int, error) {
 	line, err := r.br.ReadSlice('\n')
-	if err == bufio.ErrBufferFull || (err == nil && len(line) > 34) {
+	if err == bufio.ErrBufferFull {
 		return 0, r.badNumber(kind)
 	}
 	if err != nil {
 		return 0, gateway.NoEOF(err)
 	}
-	line = line[:len(line)-1]
+	n, ok := parseNumber(line)
+	if !ok {
+		return 0, r.badNumber(kind)
+	}
+	return n, nil
+}
+
+// parseNumber parses a number line (what follows '*' or '$', its LF
+// included or not): a negative count of any size is an empty command,
+// and one too big for anything MaxInt, which the caller refuses.
+func parseNumber(line []byte) (int, bool) {
+	if len(line) > 34 {
+		return 0, false
+	}
+	if len(line) > 0 && line[len(line)-1] == '\n' {
+		line = line[:len(line)-1]
+	}
 	if len(line) > 0 && line[len(line)-1] == '\r' {
 		line = line[:len(line)-1]
 	}
@@ -149,23 +244,23 @@ func (r *reader) number(kind byte) (int, error) {
 		digits = line[1:]
 	}
 	if len(digits) == 0 {
-		return 0, r.badNumber(kind)
+		return 0, false
 	}
 	n := 0
 	for _, c := range digits {
 		if c < '0' || c > '9' {
-			return 0, r.badNumber(kind)
+			return 0, false
 		}
 		if n > (math.MaxInt-9)/10 {
-			n = math.MaxInt // too big for anything: the caller refuses it
+			n = math.MaxInt
 			continue
 		}
 		n = n*10 + int(c-'0')
 	}
 	if neg {
-		return -n, nil // a negative count of any size is an empty command
+		return -n, true
 	}
-	return n, nil
+	return n, true
 }
 
 // badNumber is number's error, in Redis's words.

@@ -46,7 +46,10 @@ type Config struct {
 	// MaxBulk bounds one argument (a value) in bytes; 0 is 64 MiB, the
 	// MQTT listener's default packet limit.
 	MaxBulk int
-	Logger  *slog.Logger
+	// Local says every call is answered on this node, at once (a node
+	// on its own): a read needs no goroutine of its own (see Loop).
+	Local  bool
+	Logger *slog.Logger
 }
 
 // Server is a RESP listener.
@@ -58,6 +61,12 @@ type Server struct {
 	Connected atomic.Int64
 	Total     atomic.Int64
 	Commands  atomic.Int64
+}
+
+// Endpoint is a listener the server serves (see ServeLoop).
+type Endpoint interface {
+	Addr() string
+	Close() error
 }
 
 // New returns a server; Serve starts it.
@@ -85,11 +94,23 @@ func New(cfg Config) *Server {
 type conn struct {
 	s     *Server
 	nc    net.Conn
-	c     *gateway.Client
-	w     writer // the reader goroutine's replies
-	name  string
-	since time.Time
-	quit  bool
+	rd    *reader
+	wrote chan struct{} // closed when writeLoop returns
+	round *round        // the loop's, for a connection it serves (see Loop); else nil
+
+	// A connection the loop serves: its socket, what it sent not yet
+	// run (in, within inBuf), paused while a goroutine runs its
+	// commands (offload), stopped once it is ending. The loop's, or the
+	// goroutine's while paused.
+	fd              int
+	in, inBuf       []byte
+	paused, stopped bool
+	inLoop          bool // the loop runs its command: its own replies must not wait for room
+	c               *gateway.Client
+	w               writer // the reader goroutine's replies
+	name            string
+	since           time.Time
+	quit            bool
 
 	cursor  cursors
 	getArgs [2][]byte // GET's arguments to the service
@@ -161,59 +182,79 @@ const maxSlots = 1024
 // maxFree bounds the write slots a connection keeps for reuse.
 const maxFree = 64
 
-// Serve serves one client connection until it ends.
+// Serve serves one client connection until it ends, on the calling
+// goroutine (the connection's reader).
 func (s *Server) Serve(nc net.Conn) {
+	c := s.newConn(nc, bufio.NewReaderSize(nc, readerSize))
+	defer c.end()
+	for !c.quit {
+		args, err := c.rd.next()
+		if err != nil {
+			c.readFailed(err)
+			return
+		}
+		c.run(args, c.rd.br.Buffered() > 0)
+	}
+}
+
+// newConn starts serving nc: its writer goroutine runs until end. br is
+// what its commands are read from.
+func (s *Server) newConn(nc net.Conn, br *bufio.Reader) *conn {
 	s.Connected.Add(1)
 	s.Total.Add(1)
-	br := bufio.NewReaderSize(nc, 16<<10)
-	rd := &reader{br: br, maxBulk: s.cfg.MaxBulk}
 	c := &conn{s: s, nc: nc, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "resp"), since: time.Now(),
-		w: writer{proto: 2}, writing: map[uint64]int{}}
+		w: writer{proto: 2}, writing: map[uint64]int{}, rd: &reader{br: br, maxBulk: s.cfg.MaxBulk}}
 	c.cond = sync.NewCond(&c.mu)
 	c.wcond = sync.NewCond(&c.mu)
 	c.tw, _ = nc.(tryWriter)
-	wrote := make(chan struct{})
-	go c.writeLoop(wrote)
-	defer func() {
-		// Every command's reply is written (writes in flight end within
-		// the service's request timeout), then the connection closes.
-		c.writeOwn()
-		c.mu.Lock()
-		for c.inFlight > 0 {
-			c.wait()
-		}
-		c.ended = true
-		c.wcond.Signal()
-		c.mu.Unlock()
-		<-wrote
-		s.Connected.Add(-1)
-	}()
-	for !c.quit {
-		args, err := rd.next()
-		if err != nil {
-			var pe ProtocolError
-			if errors.As(err, &pe) {
-				c.w.err("ERR " + pe.Error())
-				c.emit(false)
-				s.log.Debug("resp: protocol error, connection closed", "remote", nc.RemoteAddr(), "error", err)
-			} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.log.Debug("resp: connection ended", "remote", nc.RemoteAddr(), "error", err)
-			}
-			return
-		}
-		if len(args) == 0 {
-			continue
-		}
-		s.Commands.Add(1)
-		if key, ok := c.asyncWrite(args); ok {
-			c.writeOwn() // the replies before it go first
-			c.startWrite(key, args, br.Buffered() > 0)
-			continue
-		}
-		c.settle()
-		c.command(args)
-		c.emit(br.Buffered() > 0)
+	c.wrote = make(chan struct{})
+	go c.writeLoop(c.wrote)
+	return c
+}
+
+// end waits until every command's reply is written (writes in flight
+// end within the service's request timeout) and the writer is done: the
+// connection may close then.
+func (c *conn) end() {
+	c.writeOwn()
+	c.mu.Lock()
+	for c.inFlight > 0 {
+		c.wait()
 	}
+	c.ended = true
+	c.wcond.Signal()
+	c.mu.Unlock()
+	<-c.wrote
+	c.s.Connected.Add(-1)
+}
+
+// readFailed ends the reading of commands on err: a protocol error is
+// answered as Redis answers it.
+func (c *conn) readFailed(err error) {
+	var pe ProtocolError
+	if errors.As(err, &pe) {
+		c.w.err("ERR " + pe.Error())
+		c.emit(false)
+		c.s.log.Debug("resp: protocol error, connection closed", "remote", c.nc.RemoteAddr(), "error", err)
+	} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		c.s.log.Debug("resp: connection ended", "remote", c.nc.RemoteAddr(), "error", err)
+	}
+}
+
+// run runs one command read; more says further ones are read already.
+func (c *conn) run(args [][]byte, more bool) {
+	if len(args) == 0 {
+		return
+	}
+	c.s.Commands.Add(1)
+	if key, ok := c.asyncWrite(args); ok {
+		c.writeOwn() // the replies before it go first
+		c.startWrite(key, args, more)
+		return
+	}
+	c.settle()
+	c.command(args)
+	c.emit(more)
 }
 
 // settle waits until no write is in flight: what comes next may read
@@ -285,12 +326,40 @@ func (c *conn) writeOwn() {
 	if c.own == 0 {
 		return
 	}
+	own := c.own
 	c.own = 0
 	if !c.broken {
+		if c.inLoop {
+			c.tryWriteOwn(own)
+			return
+		}
 		if _, err := c.nc.Write(c.w.b); err != nil {
 			c.broken = true // the reader's next read sees the connection end
 			c.nc.Close()
 		}
+	}
+	c.w.b = c.w.b[:0]
+	if cap(c.w.b) > 1<<20 {
+		c.w.b = nil
+	}
+}
+
+// tryWriteOwn is writeOwn for the loop, which must not wait: what the
+// socket has no room for goes to the writer goroutine, as finish hands
+// it what it could not write; replies after it are queued behind it.
+func (c *conn) tryWriteOwn(own int) {
+	wrote, err := c.tw.TryWrite(c.w.b)
+	if err != nil {
+		c.broken = true
+		c.nc.Close()
+	} else if wrote < len(c.w.b) {
+		rest := append([]byte(nil), c.w.b[wrote:]...)
+		c.queued.Add(int64(own))
+		c.mu.Lock()
+		c.busy = true
+		c.rest, c.restN = rest, own
+		c.wcond.Signal()
+		c.mu.Unlock()
 	}
 	c.w.b = c.w.b[:0]
 	if cap(c.w.b) > 1<<20 {
@@ -375,6 +444,9 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	}
 	c.writing[key]++
 	c.inFlight++
+	if c.round != nil {
+		c.round.writes.Add(1)
+	}
 	var sl *writeSlot
 	if n := len(c.free); n > 0 {
 		sl, c.free[n-1] = c.free[n-1], nil
@@ -435,6 +507,9 @@ func (sl *writeSlot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestam
 // replies done ahead of what is in flight, or when it waits for room.
 func (sl *writeSlot) finish(b []byte) {
 	c := sl.c
+	if c.round != nil {
+		defer c.round.answered()
+	}
 	c.mu.Lock()
 	sl.b, sl.done = b, true
 	if c.writing[sl.key]--; c.writing[sl.key] == 0 {
@@ -481,6 +556,40 @@ func (sl *writeSlot) finish(b []byte) {
 		c.wcond.Signal() // the reader queued more meanwhile, or waits to end
 	}
 	c.mu.Unlock()
+}
+
+// round counts the writes in flight of a loop's connections (see Loop):
+// the loop reads its next round once they are answered.
+type round struct {
+	writes atomic.Int64
+	done   chan struct{} // capacity 1: writes came down to 0
+}
+
+func newRound() *round { return &round{done: make(chan struct{}, 1)} }
+
+func (r *round) answered() {
+	if r.writes.Add(-1) == 0 {
+		select {
+		case r.done <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wait waits until the writes are answered, or max at most.
+func (r *round) wait(max time.Duration) {
+	if r.writes.Load() == 0 {
+		return
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	for r.writes.Load() > 0 {
+		select {
+		case <-r.done:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // tryWriter writes what a socket has room for without waiting

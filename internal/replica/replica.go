@@ -150,6 +150,10 @@ type Proposal struct {
 	// replica of the node issues versions above it anyway, as it shares
 	// the clock. The router reads it (cluster.Node); a Group ignores it.
 	Stamp bool
+	// Gathered says the write comes in a round its sender gathered
+	// (statestore.Request.Gathered): an entry it starts is proposed
+	// without holding for more writes (see holdFor).
+	Gathered bool
 	// Done is called exactly once, from the group's own goroutine, with the
 	// command's result once it is applied, or with an error if it never
 	// will be. It must not block.
@@ -1217,7 +1221,7 @@ func (g *Group) propose() {
 		g.fsm.mu.RLock()
 		add(first)
 		g.fsm.mu.RUnlock()
-		if d := holdFor(prev, len(g.in)+1, time.Duration(g.commitAvg.Load())); d > 0 {
+		if d := holdFor(prev, len(g.in)+1, time.Duration(g.commitAvg.Load())); d > 0 && !first.Gathered {
 			time.Sleep(d)
 			now = g.clock.WallMillis()
 		}

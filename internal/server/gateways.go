@@ -112,6 +112,7 @@ func (s *Server) serveRESP(ln net.Listener, started time.Time) {
 		Service: s.service,
 		Guard:   guard{s.broker},
 		MaxBulk: int(s.cfg.Limits.MaxPacketSize),
+		Local:   s.cfg.Cluster.Listen == "",
 		Logger:  s.log,
 		Info: func() redis.Info {
 			t := s.node.Totals()
@@ -119,7 +120,12 @@ func (s *Server) serveRESP(ln net.Listener, started time.Time) {
 				Keys: t.Keys, Bytes: t.Bytes, Partial: t.Partial}
 		},
 	})
-	s.resp = gateway.Serve(ln, srv.Serve)
+	ep, err := srv.ServeLoop(ln)
+	if err != nil {
+		s.log.Warn("resp: serving each connection on a goroutine of its own", "error", err)
+		ep = gateway.Serve(ln, srv.Serve)
+	}
+	s.resp = ep
 }
 
 // RESPAddr is the Redis protocol endpoint's address, or "".

@@ -33,6 +33,7 @@ import (
 	"github.com/mqkv/mqkv/internal/ownership"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/policy"
+	"github.com/mqkv/mqkv/internal/redis"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/retained"
 	"github.com/mqkv/mqkv/internal/roaming"
@@ -182,7 +183,7 @@ type Server struct {
 	service *statestore.Service
 	broker  *broker.Broker
 	admin   *admin.Server
-	resp    *gateway.Listener // nil unless RESPListen
+	resp    redis.Endpoint    // nil unless RESPListen
 	mc      *gateway.Listener // nil unless MemcacheListen
 	http    *httpkv.Server    // nil unless HTTPListen
 	attach  *attach.Attach    // nil unless Attach

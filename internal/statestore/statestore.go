@@ -136,6 +136,11 @@ type Request struct {
 	// StampWrites stamps a write without Timestamp with the node's clock
 	// (a gateway's: its clients send no __ts).
 	StampWrites bool
+	// Gathered says the caller sends its writes in rounds, each round
+	// all that its clients sent meanwhile, and waits for a round to be
+	// answered before the next (the RESP endpoint's loop): the log's
+	// proposer need not hold for more writes to join.
+	Gathered bool
 	// ID, if set, names the request among every requester's for as long
 	// as it may be delivered again (its message expiry, or KeepRequest):
 	// a write carrying it is executed once, however many times and to
@@ -753,7 +758,7 @@ func (s *Service) write(r *Request, cmd store.Command, get bool) {
 	ctx := r.deadlineIn(RequestTimeout)
 	s.writes.Start()
 	stamp := r.StampWrites && !r.HasTimestamp
-	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Stamp: stamp, Done: r.writeDone})
+	s.router.Submit(ctx, replica.Proposal{Cmd: cmd, After: ts, Stamp: stamp, Gathered: r.Gathered, Done: r.writeDone})
 }
 
 // wrote answers r's write (see write) once it is applied or has failed.

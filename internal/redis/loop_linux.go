@@ -1,0 +1,471 @@
+package redis
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Loop serves the endpoint's connections in Redis's shape: one goroutine,
+// locked to its thread, waits in epoll for every connection (each taken
+// out of Go's network poller), reads each ready one once and runs what it
+// sent. The round's writes go to the store together, and the next round
+// is read once they are answered (roundWait at most), so that a round is
+// what the clients sent while the last one was being made durable: the
+// cycle Redis's one thread has, as it syncs its log itself.
+//
+// Why (docs/benchmarks.md, "The raft floor"): with a goroutine per
+// connection each request woke its goroutine, which read twice, and the
+// log's proposer held each entry open a while for more writers to come;
+// a prototype of this shape answered 0.82–1.02x Redis's durable SETs
+// pipelined against 0.65–0.78x, and one at a time up to 1.18x as many
+// as the goroutines. Without the cycle (reading whatever is ready as it
+// comes) it was slower than the goroutines.
+//
+// A command that may wait (anything but a write that can be in flight
+// with others: a read, AUTH's password hash, a write forwarded to another
+// node) runs on a goroutine of its own with the connection paused, which
+// runs the rest of what the connection sent the same way, then hands it
+// back. A connection over TLS is served by a goroutine of its own
+// throughout.
+type Loop struct {
+	s     *Server
+	ln    net.Listener
+	ep    int
+	wake  int // an eventfd: connections handed back, Close
+	round *round
+
+	mu      sync.Mutex
+	conns   map[int]*conn // by descriptor, until it is closed
+	resumed []*conn       // handed back by their goroutine
+	closed  bool
+
+	carry []*conn // the loop's: connections with commands left for the next round
+	wg    sync.WaitGroup
+}
+
+// roundWait bounds how long a round waits for its writes: one forwarded
+// to another node's leader, or a slow disk, holds the others back no
+// longer.
+const roundWait = 10 * time.Millisecond
+
+// ServeLoop serves ln's connections with a Loop.
+func (s *Server) ServeLoop(ln net.Listener) (Endpoint, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(ep)
+		return nil, err
+	}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return nil, err
+	}
+	l := &Loop{s: s, ln: ln, ep: ep, wake: wake, round: newRound(), conns: map[int]*conn{}}
+	l.wg.Add(2)
+	go l.accept()
+	go l.run()
+	return l, nil
+}
+
+// Addr is the listener's address.
+func (l *Loop) Addr() string { return l.ln.Addr().String() }
+
+// Close stops listening, ends every connection (their replies written)
+// and waits for all of it.
+func (l *Loop) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	for fd := range l.conns {
+		unix.Shutdown(fd, unix.SHUT_RDWR)
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	l.signal()
+	l.wg.Wait()
+	unix.Close(l.ep)
+	unix.Close(l.wake)
+	return err
+}
+
+func (l *Loop) signal() {
+	var one = [8]byte{1}
+	unix.Write(l.wake, one[:])
+}
+
+func (l *Loop) accept() {
+	defer l.wg.Done()
+	for {
+		nc, err := l.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		l.add(nc)
+	}
+}
+
+// add takes nc out of Go's network poller, into the loop's.
+func (l *Loop) add(nc net.Conn) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok { // TLS: a goroutine of its own
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			nc.Close()
+			return
+		}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go func() {
+			defer l.wg.Done()
+			l.s.Serve(nc)
+			nc.Close()
+		}()
+		return
+	}
+	fd := -1
+	if raw, err := sc.SyscallConn(); err == nil {
+		raw.Control(func(f uintptr) { fd, _ = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) })
+	}
+	local, remote := nc.LocalAddr(), nc.RemoteAddr()
+	nc.Close() // the duplicate keeps the socket open
+	if fd < 0 {
+		return
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return
+	}
+	c := l.s.newConn(&rawConn{fd: fd, local: local, remote: remote}, bufio.NewReaderSize(nil, readerSize))
+	c.round, c.fd = l.round, fd
+	c.c.Gathered = true
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.finish(c)
+		return
+	}
+	l.conns[fd] = c
+	l.mu.Unlock()
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+		l.mu.Lock()
+		delete(l.conns, fd)
+		l.mu.Unlock()
+		l.finish(c)
+	}
+}
+
+// run is the loop.
+func (l *Loop) run() {
+	defer l.wg.Done()
+	runtime.LockOSThread()
+	events := make([]unix.EpollEvent, 256)
+	buf := make([]byte, 64<<10)
+	for {
+		l.round.wait(roundWait)
+		timeout := -1
+		if len(l.carry) > 0 {
+			timeout = 0
+		}
+		n, err := unix.EpollWait(l.ep, events, timeout)
+		if err != nil && err != unix.EINTR {
+			l.s.log.Error("resp: the connections' loop failed", "error", err)
+			n = 0
+			l.mu.Lock()
+			l.closed = true
+			l.mu.Unlock()
+		}
+		carry := l.carry
+		l.carry = nil
+		for _, c := range carry {
+			if !c.paused {
+				l.serve(c)
+			}
+		}
+		for _, ev := range events[:max(n, 0)] {
+			fd := int(ev.Fd)
+			if fd == l.wake {
+				var b [8]byte
+				unix.Read(l.wake, b[:])
+				continue
+			}
+			l.mu.Lock()
+			c := l.conns[fd]
+			l.mu.Unlock()
+			if c == nil || c.paused {
+				continue
+			}
+			l.read(c, buf)
+		}
+		l.mu.Lock()
+		resumed, closed := l.resumed, l.closed
+		l.resumed = nil
+		l.mu.Unlock()
+		for _, c := range resumed {
+			c.paused = false
+			if c.quit {
+				l.stop(c)
+				continue
+			}
+			unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)})
+			l.serve(c)
+		}
+		if closed {
+			l.mu.Lock()
+			var open []*conn
+			for _, c := range l.conns {
+				if !c.paused {
+					open = append(open, c)
+				}
+			}
+			l.mu.Unlock()
+			for _, c := range open {
+				l.stop(c)
+			}
+			return
+		}
+	}
+}
+
+// read reads what c sent, once, and serves it.
+func (l *Loop) read(c *conn, buf []byte) {
+	n, err := unix.Read(c.fd, buf)
+	if n <= 0 {
+		if n == 0 || err != unix.EAGAIN && err != unix.EINTR {
+			l.stop(c) // the client closed, or the connection broke
+		}
+		return
+	}
+	c.in = append(c.in, buf[:n]...)
+	l.serve(c)
+}
+
+// serve runs the commands c sent whole: writes that may be in flight
+// together here, anything else on a goroutine (see offload).
+func (l *Loop) serve(c *conn) {
+	for !c.quit {
+		n := commandLen(c.in, c.s.cfg.MaxBulk)
+		if n == 0 {
+			c.compact()
+			return
+		}
+		c.rd.feed(c.in[:n])
+		args, err := c.rd.next()
+		if err == nil && len(args) == 0 {
+			c.in = c.in[n:]
+			continue
+		}
+		if key, ok := c.asyncWrite(args); ok && err == nil {
+			if c.mustWait(key) {
+				// Its key's write in flight, or its replies unread: the
+				// next round, when they are answered.
+				l.carry = append(l.carry, c)
+				c.compact()
+				return
+			}
+			c.in = c.in[n:]
+			c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
+			continue
+		}
+		c.in = c.in[n:]
+		if err == nil && c.readsHere(args) {
+			c.inLoop = true
+			c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
+			c.inLoop = false
+			continue
+		}
+		// Anything else, a protocol error's answer too, on a goroutine.
+		c.compact() // the goroutine's from here on
+		c.paused = true
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Fd: int32(c.fd)})
+		l.wg.Add(1)
+		go l.offload(c, args, err)
+		return
+	}
+	l.stop(c)
+}
+
+// offload runs a command that may wait (or answers a protocol error),
+// and the rest of what c sent, as a connection's own reader goroutine
+// would, then hands c back.
+func (l *Loop) offload(c *conn, args [][]byte, err error) {
+	defer l.wg.Done()
+	if err != nil {
+		c.readFailed(err)
+		c.quit = true
+	} else {
+		c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
+	}
+	for !c.quit {
+		n := commandLen(c.in, c.s.cfg.MaxBulk)
+		if n == 0 {
+			break
+		}
+		c.rd.feed(c.in[:n])
+		args, err := c.rd.next()
+		c.in = c.in[n:]
+		if err != nil {
+			c.readFailed(err)
+			c.quit = true
+			break
+		}
+		c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
+	}
+	c.writeOwn()
+	c.compact()
+	l.mu.Lock()
+	if l.closed {
+		// The loop may be gone: end c here.
+		c.stopped = true
+		l.mu.Unlock()
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+		l.finish(c)
+		return
+	}
+	l.resumed = append(l.resumed, c)
+	l.mu.Unlock()
+	l.signal()
+}
+
+// stop ends c: out of the loop's poll at once, closed once its replies
+// are written.
+func (l *Loop) stop(c *conn) {
+	if c.stopped {
+		return
+	}
+	c.stopped, c.paused = true, true
+	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.finish(c)
+	}()
+}
+
+// finish waits for c's replies and closes it: out of conns first, as
+// the next connection accepted may get its descriptor's number.
+func (l *Loop) finish(c *conn) {
+	c.end()
+	l.mu.Lock()
+	if l.conns[c.fd] == c {
+		delete(l.conns, c.fd)
+	}
+	l.mu.Unlock()
+	unix.Close(c.fd)
+}
+
+// readsHere says whether the loop runs args itself: a read answered at
+// once (a node on its own: see Config.Local), after no write in flight
+// (which it would wait for).
+func (c *conn) readsHere(args [][]byte) bool {
+	if !c.s.cfg.Local {
+		return false
+	}
+	cmd, ok := lookup(args[0])
+	if !ok || !cmd.local {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inFlight == 0 && !c.busy && c.rest == nil && c.queued.Load() == 0
+}
+
+// mustWait says whether a write to key must wait for the next round: a
+// write to the same key is in flight (its reply must come first), or the
+// connection holds as many unwritten replies as it may.
+func (c *conn) mustWait(key uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writing[key] > 0 || c.pending >= maxSlots
+}
+
+// compact moves what is left of c's input to the start of its buffer,
+// so that the buffer serves the next reads; a large value's is not kept.
+// The commands run hold copies of their arguments (see reader).
+func (c *conn) compact() {
+	if len(c.in) == 0 {
+		if cap(c.inBuf) > 1<<20 {
+			c.inBuf = nil
+		}
+		c.in = c.inBuf[:0]
+		return
+	}
+	if unsafe.SliceData(c.in) != unsafe.SliceData(c.inBuf) {
+		c.in = append(c.inBuf[:0], c.in...)
+	}
+	c.inBuf = c.in[:0]
+}
+
+// rawConn is a connection of the loop's, written by its writer goroutine
+// and by the goroutines that answer its writes; the loop reads it.
+type rawConn struct {
+	fd            int
+	local, remote net.Addr
+}
+
+func (r *rawConn) Read([]byte) (int, error) { return 0, errors.New("resp: read by the loop") }
+
+// Write writes all of p, waiting for room when the socket is full.
+func (r *rawConn) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Write(r.fd, p[done:])
+		if n > 0 {
+			done += n
+		}
+		switch {
+		case err == unix.EAGAIN:
+			fds := []unix.PollFd{{Fd: int32(r.fd), Events: unix.POLLOUT}}
+			if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+				return done, err
+			}
+			if fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
+				return done, net.ErrClosed
+			}
+		case err == unix.EINTR:
+		case err != nil:
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// TryWrite writes what the socket has room for (see tryWriter).
+func (r *rawConn) TryWrite(p []byte) (int, error) {
+	for {
+		n, err := unix.Write(r.fd, p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return 0, nil
+		case err != nil:
+			return 0, err
+		}
+		return n, nil
+	}
+}
+
+// Close shuts the socket down: the loop sees it end, and closes it once
+// its replies are written.
+func (r *rawConn) Close() error                     { return unix.Shutdown(r.fd, unix.SHUT_RDWR) }
+func (r *rawConn) LocalAddr() net.Addr              { return r.local }
+func (r *rawConn) RemoteAddr() net.Addr             { return r.remote }
+func (r *rawConn) SetDeadline(time.Time) error      { return nil }
+func (r *rawConn) SetReadDeadline(time.Time) error  { return nil }
+func (r *rawConn) SetWriteDeadline(time.Time) error { return nil }

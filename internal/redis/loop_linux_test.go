@@ -1,0 +1,256 @@
+package redis
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqkv/mqkv/internal/gateway"
+)
+
+// serveLoop serves svc's RESP endpoint with a Loop on a loopback port,
+// as a node on its own does, and returns a client connected to it.
+func serveLoop(t *testing.T, svc gateway.Service) (*Server, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Service: svc, Local: true})
+	ep, err := s.ServeLoop(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := net.Dial("tcp", ep.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl.Close()
+		done := make(chan struct{})
+		go func() { ep.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("the loop's Close did not return")
+		}
+	})
+	return s, cl
+}
+
+func expectReplies(t *testing.T, br *bufio.Reader, cl net.Conn, want string) {
+	t.Helper()
+	got := make([]byte, len(want))
+	cl.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
+		t.Fatalf("replies %q, %v; want %q", got, err, want)
+	}
+}
+
+// A pipeline of writes, to one key twice (the second waits for the
+// first, in the next round), reads the loop runs itself, and commands it
+// hands to a goroutine, is answered in command order, over and over.
+func TestLoopAnswersAPipelineInOrder(t *testing.T) {
+	_, cl := serveLoop(t, newAnswerer(t))
+	br := bufio.NewReader(cl)
+	pipe := encode("SET", "a", "1") + encode("SET", "a", "2") + encode("DEL", "a") + encode("PING") +
+		encode("SET", "b", "1") + encode("ECHO", "x") + encode("CLIENT", "SETNAME", "n") + encode("SET", "a", "3")
+	want := "+OK\r\n+OK\r\n:1\r\n+PONG\r\n+OK\r\n$1\r\nx\r\n+OK\r\n+OK\r\n"
+	for range 20 {
+		if _, err := io.WriteString(cl, pipe); err != nil {
+			t.Fatal(err)
+		}
+		expectReplies(t, br, cl, want)
+	}
+}
+
+// A command that arrives a byte at a time, and a value larger than a
+// read, are run once whole.
+func TestLoopCommandsAcrossReads(t *testing.T) {
+	_, cl := serveLoop(t, newAnswerer(t))
+	br := bufio.NewReader(cl)
+	cmd := encode("SET", "k", "v") + "PING\r\n"
+	for i := range len(cmd) {
+		if _, err := io.WriteString(cl, cmd[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectReplies(t, br, cl, "+OK\r\n+PONG\r\n")
+	big := strings.Repeat("v", 3<<20)
+	if _, err := io.WriteString(cl, encode("SET", "big", big)+encode("PING")); err != nil {
+		t.Fatal(err)
+	}
+	expectReplies(t, br, cl, "+OK\r\n+PONG\r\n")
+}
+
+// Input that is not RESP is answered as Redis answers it, after the
+// commands before it, and the connection is closed.
+func TestLoopProtocolErrorEndsTheConnection(t *testing.T) {
+	_, cl := serveLoop(t, newAnswerer(t))
+	br := bufio.NewReader(cl)
+	if _, err := io.WriteString(cl, encode("SET", "k", "v")+"*1\r\n$x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	expectReplies(t, br, cl, "+OK\r\n-ERR Protocol error: invalid bulk length\r\n")
+	cl.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := br.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read %d bytes, %v after the error: want the connection closed", n, err)
+	}
+}
+
+// A client that sends far more than it reads gets every reply, in order,
+// once it reads: the loop does not wait for room in its socket (replies
+// that do not fit go to the connection's writer), and reads no more from
+// it while its replies are unwritten.
+func TestLoopClientThatReadsLate(t *testing.T) {
+	_, cl := serveLoop(t, newAnswerer(t))
+	cl.(*net.TCPConn).SetReadBuffer(4096)
+	const n = 50_000
+	var pipe bytes.Buffer
+	for i := range n {
+		if i%2 == 0 {
+			pipe.WriteString(encode("PING"))
+		} else {
+			pipe.WriteString(encode("SET", "k"+strconv.Itoa(i), "v"))
+		}
+	}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := cl.Write(pipe.Bytes())
+		sent <- err
+	}()
+	br := bufio.NewReaderSize(cl, 4096)
+	cl.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for i := range n {
+		line, err := br.ReadString('\n')
+		want := "+PONG\r\n"
+		if i%2 == 1 {
+			want = "+OK\r\n"
+		}
+		if err != nil || line != want {
+			t.Fatalf("reply %d: %q, %v; want %q", i, line, err, want)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Close ends every connection, after their replies, and returns.
+func TestLoopCloseEndsConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Service: newAnswerer(t), Local: true})
+	ep, err := s.ServeLoop(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []net.Conn
+	for range 8 {
+		cl, err := net.Dial("tcp", ep.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		if _, err := io.WriteString(cl, encode("SET", "k", "v")); err != nil {
+			t.Fatal(err)
+		}
+		expectReplies(t, bufio.NewReader(cl), cl, "+OK\r\n")
+		clients = append(clients, cl)
+	}
+	if err := ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, cl := range clients {
+		cl.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := cl.Read(make([]byte, 1)); err == nil {
+			t.Fatalf("client %d read %d bytes after Close", i, n)
+		}
+	}
+	if c := s.Connected.Load(); c != 0 {
+		t.Fatalf("%d connections counted after Close", c)
+	}
+}
+
+// FuzzCommandLen: what commandLen measures, fed to the reader, reads as
+// the same commands and the same error as the reader reading the bytes
+// as a stream, whether the bytes come at once or in two parts.
+func FuzzCommandLen(f *testing.F) {
+	for _, s := range []string{
+		encode("SET", "k", "v"), "PING\r\n", "*0\r\n", "*-1\r\n", "*1\r\n$x\r\n", "*2\r\n$3\r\nGET\r\n+k\r\n",
+		"*1\r\n$3\r\nabcXY", "SET \"a b\" 'c'\r\n", "*99999999999999999999\r\n", encode("PING") + encode("ECHO", "x"),
+	} {
+		f.Add([]byte(s), 3)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cut int) {
+		stream := func() (cmds []string, last error) {
+			rd := &reader{br: bufio.NewReaderSize(bytes.NewReader(b), readerSize), maxBulk: 1 << 20}
+			for {
+				args, err := rd.next()
+				if err != nil {
+					return cmds, err
+				}
+				cmds = append(cmds, string(bytes.Join(args, []byte{0})))
+			}
+		}
+		wantCmds, wantErr := stream()
+		var pe ProtocolError
+		wantProto := errors.As(wantErr, &pe)
+		// The loop: all of b, or b in two parts.
+		if cut < 0 {
+			cut = -cut
+		}
+		cut %= len(b) + 1
+		rd := &reader{br: bufio.NewReaderSize(nil, readerSize), maxBulk: 1 << 20}
+		var in []byte
+		var got []string
+		for part, chunk := range [][]byte{b[:cut], b[cut:]} {
+			in = append(in, chunk...)
+			for {
+				n := commandLen(in, 1<<20)
+				if n == 0 {
+					break
+				}
+				rd.feed(in[:n])
+				args, err := rd.next()
+				in = in[n:]
+				if err != nil {
+					if !errors.As(err, &pe) || !wantProto || err.Error() != wantErr.Error() {
+						t.Fatalf("part %d: error %v, want %v (stream)", part, err, wantErr)
+					}
+					if !equal(got, wantCmds) {
+						t.Fatalf("commands %q before the error, want %q", got, wantCmds)
+					}
+					return
+				}
+				got = append(got, string(bytes.Join(args, []byte{0})))
+			}
+		}
+		if wantProto {
+			t.Fatalf("no error with %q left, want %v", in, wantErr)
+		}
+		if !equal(got, wantCmds) {
+			t.Fatalf("commands %q, want %q", got, wantCmds)
+		}
+	})
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
