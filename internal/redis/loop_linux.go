@@ -47,8 +47,7 @@ type Loop struct {
 	resumed []*conn       // handed back by their goroutine
 	closed  bool
 
-	carry []*conn // the loop's: connections with commands left for the next round
-	wg    sync.WaitGroup
+	wg sync.WaitGroup
 }
 
 // roundWait bounds how long a round waits for its writes: one forwarded
@@ -178,24 +177,13 @@ func (l *Loop) run() {
 	buf := make([]byte, 64<<10)
 	for {
 		l.round.wait(roundWait)
-		timeout := -1
-		if len(l.carry) > 0 {
-			timeout = 0
-		}
-		n, err := unix.EpollWait(l.ep, events, timeout)
+		n, err := unix.EpollWait(l.ep, events, -1)
 		if err != nil && err != unix.EINTR {
 			l.s.log.Error("resp: the connections' loop failed", "error", err)
 			n = 0
 			l.mu.Lock()
 			l.closed = true
 			l.mu.Unlock()
-		}
-		carry := l.carry
-		l.carry = nil
-		for _, c := range carry {
-			if !c.paused {
-				l.serve(c)
-			}
 		}
 		for _, ev := range events[:max(n, 0)] {
 			fd := int(ev.Fd)
@@ -256,7 +244,8 @@ func (l *Loop) read(c *conn, buf []byte) {
 }
 
 // serve runs the commands c sent whole: writes that may be in flight
-// together here, anything else on a goroutine (see offload).
+// together, and reads answered at once, here; anything else on a
+// goroutine (see offload).
 func (l *Loop) serve(c *conn) {
 	for !c.quit {
 		n := commandLen(c.in, c.s.cfg.MaxBulk)
@@ -270,26 +259,19 @@ func (l *Loop) serve(c *conn) {
 			c.in = c.in[n:]
 			continue
 		}
-		if key, ok := c.asyncWrite(args); ok && err == nil {
-			if c.mustWait(key) {
-				// Its key's write in flight, or its replies unread: the
-				// next round, when they are answered.
-				l.carry = append(l.carry, c)
-				c.compact()
-				return
-			}
-			c.in = c.in[n:]
-			c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
-			continue
-		}
 		c.in = c.in[n:]
-		if err == nil && c.readsHere(args) {
+		key, async := c.asyncWrite(args)
+		if err == nil && (async && !c.mustWait(key) || !async && c.readsHere(args)) {
+			// Replies the loop writes itself (reads', and those before
+			// a write) must not wait for room: see writeOwn.
 			c.inLoop = true
 			c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
 			c.inLoop = false
 			continue
 		}
-		// Anything else, a protocol error's answer too, on a goroutine.
+		// Anything else on a goroutine, which may wait: a write whose
+		// key has a write in flight, or whose connection holds as many
+		// unwritten replies as it may; a protocol error's answer.
 		c.compact() // the goroutine's from here on
 		c.paused = true
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Fd: int32(c.fd)})
@@ -385,9 +367,9 @@ func (c *conn) readsHere(args [][]byte) bool {
 	return c.inFlight == 0 && !c.busy && c.rest == nil && c.queued.Load() == 0
 }
 
-// mustWait says whether a write to key must wait for the next round: a
-// write to the same key is in flight (its reply must come first), or the
-// connection holds as many unwritten replies as it may.
+// mustWait says whether a write to key must wait, which the loop does
+// not: a write to the same key is in flight (its reply must come first),
+// or the connection holds as many unwritten replies as it may.
 func (c *conn) mustWait(key uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -54,7 +54,7 @@ func expectReplies(t *testing.T, br *bufio.Reader, cl net.Conn, want string) {
 }
 
 // A pipeline of writes, to one key twice (the second waits for the
-// first, in the next round), reads the loop runs itself, and commands it
+// first, on a goroutine), reads the loop runs itself, and commands it
 // hands to a goroutine, is answered in command order, over and over.
 func TestLoopAnswersAPipelineInOrder(t *testing.T) {
 	_, cl := serveLoop(t, newAnswerer(t))
