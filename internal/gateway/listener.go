@@ -30,15 +30,24 @@ func Serve(ln net.Listener, serve func(net.Conn)) *Listener {
 // Addr is the listener's address.
 func (l *Listener) Addr() string { return l.ln.Addr().String() }
 
+// Accept waits for ln's next connection, past timeouts: an error it
+// returns ends the listening.
+func Accept(ln net.Listener) (net.Conn, error) {
+	for {
+		c, err := ln.Accept()
+		var ne net.Error
+		if err != nil && errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		return c, err
+	}
+}
+
 func (l *Listener) accept() {
 	defer l.wg.Done()
 	for {
-		c, err := l.ln.Accept()
+		c, err := Accept(l.ln)
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
 			return
 		}
 		l.mu.Lock()
