@@ -210,7 +210,10 @@ func (l *Loop) run() {
 				l.stop(c)
 				continue
 			}
-			unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)})
+			if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)}); err != nil {
+				l.stop(c)
+				continue
+			}
 			l.serve(c)
 		}
 		if closed {
@@ -274,7 +277,10 @@ func (l *Loop) serve(c *conn) {
 		// unwritten replies as it may; a protocol error's answer.
 		c.compact() // the goroutine's from here on
 		c.paused = true
-		unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Fd: int32(c.fd)})
+		// Out of the poll while paused, not only its EPOLLIN: a socket
+		// that hangs up or fails is reported whatever the events asked
+		// for, and would wake the loop over and over meanwhile.
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
 		l.wg.Add(1)
 		go l.offload(c, args, err)
 		return
@@ -315,7 +321,6 @@ func (l *Loop) offload(c *conn, args [][]byte, err error) {
 		// The loop may be gone: end c here.
 		c.stopped = true
 		l.mu.Unlock()
-		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
 		l.finish(c)
 		return
 	}
