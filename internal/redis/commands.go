@@ -20,7 +20,7 @@ type command struct {
 	// open: allowed before AUTH.
 	open bool
 	// local: a read that a node on its own answers at once, without
-	// waiting for anything (see Loop).
+	// waiting for anything (see ServeLoop).
 	local bool
 }
 

@@ -59,7 +59,10 @@ type Loop struct {
 // longer.
 const roundWait = 10 * time.Millisecond
 
-// ServeLoop serves ln's connections with a Loop.
+// ServeLoop serves ln's connections with a Loop. It is for a node on its
+// own, whose service answers every read at once: the loop runs reads
+// itself, and a cluster member's may be forwarded (one serves each
+// connection with Serve instead).
 func (s *Server) ServeLoop(ln net.Listener) (Endpoint, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
@@ -251,26 +254,28 @@ func (l *Loop) read(c *conn, buf []byte) {
 // goroutine (see offload).
 func (l *Loop) serve(c *conn) {
 	for !c.quit {
-		n := commandLen(c.in, c.s.cfg.MaxBulk)
-		if n == 0 {
+		args, ok, err := c.nextIn()
+		if !ok {
 			c.compact()
 			return
 		}
-		c.rd.feed(c.in[:n])
-		args, err := c.rd.next()
 		if err == nil && len(args) == 0 {
-			c.in = c.in[n:]
 			continue
 		}
-		c.in = c.in[n:]
-		key, async := c.asyncWrite(args)
-		if err == nil && (async && !c.mustWait(key) || !async && c.readsHere(args)) {
+		if err == nil {
 			// Replies the loop writes itself (reads', and those before
 			// a write) must not wait for room: see writeOwn.
-			c.inLoop = true
-			c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
-			c.inLoop = false
-			continue
+			if key, async := c.asyncWrite(args); async && !c.mustWait(key) {
+				c.inLoop = true
+				c.runWrite(key, args, c.moreIn())
+				c.inLoop = false
+				continue
+			} else if !async && c.readsHere(args) {
+				c.inLoop = true
+				c.runInTurn(args, c.moreIn())
+				c.inLoop = false
+				continue
+			}
 		}
 		// Anything else on a goroutine, which may wait: a write whose
 		// key has a write in flight, or whose connection holds as many
@@ -293,26 +298,13 @@ func (l *Loop) serve(c *conn) {
 // would, then hands c back.
 func (l *Loop) offload(c *conn, args [][]byte, err error) {
 	defer l.wg.Done()
-	if err != nil {
-		c.readFailed(err)
-		c.quit = true
-	} else {
-		c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
-	}
-	for !c.quit {
-		n := commandLen(c.in, c.s.cfg.MaxBulk)
-		if n == 0 {
-			break
-		}
-		c.rd.feed(c.in[:n])
-		args, err := c.rd.next()
-		c.in = c.in[n:]
+	for ok := true; ok && !c.quit; args, ok, err = c.nextIn() {
 		if err != nil {
 			c.readFailed(err)
 			c.quit = true
 			break
 		}
-		c.run(args, commandLen(c.in, c.s.cfg.MaxBulk) > 0)
+		c.run(args, c.moreIn())
 	}
 	c.writeOwn()
 	c.compact()
@@ -356,13 +348,33 @@ func (l *Loop) finish(c *conn) {
 	unix.Close(c.fd)
 }
 
-// readsHere says whether the loop runs args itself: a read answered at
-// once (a node on its own: see Config.Local), after no write in flight
-// (which it would wait for).
-func (c *conn) readsHere(args [][]byte) bool {
-	if !c.s.cfg.Local {
-		return false
+// nextIn parses the next whole command c sent, if there is one (ok).
+func (c *conn) nextIn() (args [][]byte, ok bool, err error) {
+	n := c.nextLen // measured by moreIn, if it ran since
+	if n == 0 {
+		n = commandLen(c.in, c.s.cfg.MaxBulk)
 	}
+	c.nextLen = 0
+	if n == 0 {
+		return nil, false, nil
+	}
+	c.rd.feed(c.in[:n])
+	args, err = c.rd.next()
+	c.in = c.in[n:]
+	return args, true, err
+}
+
+// moreIn says whether c sent another whole command after the one run;
+// nextIn takes the length it measured.
+func (c *conn) moreIn() bool {
+	c.nextLen = commandLen(c.in, c.s.cfg.MaxBulk)
+	return c.nextLen > 0
+}
+
+// readsHere says whether the loop runs args itself: a read answered at
+// once (see ServeLoop), after no write in flight (which it would wait
+// for).
+func (c *conn) readsHere(args [][]byte) bool {
 	cmd, ok := lookup(args[0])
 	if !ok || !cmd.local {
 		return false

@@ -22,7 +22,7 @@ func serveLoop(t *testing.T, svc gateway.Service) (*Server, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(Config{Service: svc, Local: true})
+	s := New(Config{Service: svc})
 	ep, err := s.ServeLoop(ln)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestLoopCloseEndsConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(Config{Service: newAnswerer(t), Local: true})
+	s := New(Config{Service: newAnswerer(t)})
 	ep, err := s.ServeLoop(ln)
 	if err != nil {
 		t.Fatal(err)

@@ -46,10 +46,7 @@ type Config struct {
 	// MaxBulk bounds one argument (a value) in bytes; 0 is 64 MiB, the
 	// MQTT listener's default packet limit.
 	MaxBulk int
-	// Local says every call is answered on this node, at once (a node
-	// on its own): a read needs no goroutine of its own (see Loop).
-	Local  bool
-	Logger *slog.Logger
+	Logger  *slog.Logger
 }
 
 // Server is a RESP listener.
@@ -96,21 +93,23 @@ type conn struct {
 	nc    net.Conn
 	rd    *reader
 	wrote chan struct{} // closed when writeLoop returns
-	round *round        // the loop's, for a connection it serves (see Loop); else nil
+	c     *gateway.Client
+	w     writer // the reader goroutine's replies
+	name  string
+	since time.Time
+	quit  bool
 
-	// A connection the loop serves: its socket, what it sent not yet
-	// run (in, within inBuf), paused while a goroutine runs its
-	// commands (offload), stopped once it is ending. The loop's, or the
+	// A connection the loop serves (see Loop): the loop's writes in
+	// flight (nil otherwise), its socket, what it sent not yet run (in,
+	// within inBuf), paused while a goroutine runs its commands
+	// (offload), stopped once it is ending. The loop's, or the
 	// goroutine's while paused.
+	round           *round
 	fd              int
 	in, inBuf       []byte
+	nextLen         int // of the next whole command in in, once measured (moreIn); 0 if not
 	paused, stopped bool
 	inLoop          bool // the loop runs its command: its own replies must not wait for room
-	c               *gateway.Client
-	w               writer // the reader goroutine's replies
-	name            string
-	since           time.Time
-	quit            bool
 
 	cursor  cursors
 	getArgs [2][]byte // GET's arguments to the service
@@ -246,12 +245,24 @@ func (c *conn) run(args [][]byte, more bool) {
 	if len(args) == 0 {
 		return
 	}
-	c.s.Commands.Add(1)
 	if key, ok := c.asyncWrite(args); ok {
-		c.writeOwn() // the replies before it go first
-		c.startWrite(key, args, more)
+		c.runWrite(key, args, more)
 		return
 	}
+	c.runInTurn(args, more)
+}
+
+// runWrite runs a write that may be in flight with others (asyncWrite).
+func (c *conn) runWrite(key uint64, args [][]byte, more bool) {
+	c.s.Commands.Add(1)
+	c.writeOwn() // the replies before it go first
+	c.startWrite(key, args, more)
+}
+
+// runInTurn runs any other command, once the writes before it are
+// answered.
+func (c *conn) runInTurn(args [][]byte, more bool) {
+	c.s.Commands.Add(1)
 	c.settle()
 	c.command(args)
 	c.emit(more)
@@ -563,9 +574,14 @@ func (sl *writeSlot) finish(b []byte) {
 type round struct {
 	writes atomic.Int64
 	done   chan struct{} // capacity 1: writes came down to 0
+	timer  *time.Timer   // wait's, made once: it runs every round
 }
 
-func newRound() *round { return &round{done: make(chan struct{}, 1)} }
+func newRound() *round {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &round{done: make(chan struct{}, 1), timer: t}
+}
 
 func (r *round) answered() {
 	if r.writes.Add(-1) == 0 {
@@ -576,17 +592,18 @@ func (r *round) answered() {
 	}
 }
 
-// wait waits until the writes are answered, or max at most.
+// wait waits until the writes are answered, or max at most. One
+// goroutine (the loop) waits.
 func (r *round) wait(max time.Duration) {
 	if r.writes.Load() == 0 {
 		return
 	}
-	t := time.NewTimer(max)
-	defer t.Stop()
+	r.timer.Reset(max)
+	defer r.timer.Stop()
 	for r.writes.Load() > 0 {
 		select {
 		case <-r.done:
-		case <-t.C:
+		case <-r.timer.C:
 			return
 		}
 	}

@@ -112,7 +112,6 @@ func (s *Server) serveRESP(ln net.Listener, started time.Time) {
 		Service: s.service,
 		Guard:   guard{s.broker},
 		MaxBulk: int(s.cfg.Limits.MaxPacketSize),
-		Local:   s.cfg.Cluster.Listen == "",
 		Logger:  s.log,
 		Info: func() redis.Info {
 			t := s.node.Totals()
