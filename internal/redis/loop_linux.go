@@ -390,7 +390,7 @@ func (c *conn) readsHere(args [][]byte) bool {
 func (c *conn) mustWait(key uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.writing[key] > 0 || c.pending >= maxSlots
+	return c.writing.get(key) > 0 || c.pending >= maxSlots
 }
 
 // compact moves what is left of c's input to the start of its buffer,

@@ -115,14 +115,14 @@ type conn struct {
 	getArgs [2][]byte // GET's arguments to the service
 
 	mu       sync.Mutex
-	cond     *sync.Cond     // the reader waits here: a write answered, a reply written
-	waiters  int            // goroutines waiting on cond
-	wcond    *sync.Cond     // writeLoop waits here for replies to write
-	slots    []*slot        // replies not yet written, in command order
-	writing  map[uint64]int // writes in flight by their key's hash (keyHash)
-	free     []*writeSlot   // write slots whose replies were taken, for the next writes
-	inFlight int            // writes not yet answered
-	pending  int            // replies queued and not yet written
+	cond     *sync.Cond   // the reader waits here: a write answered, a reply written
+	waiters  int          // goroutines waiting on cond
+	wcond    *sync.Cond   // writeLoop waits here for replies to write
+	slots    []*slot      // replies not yet written, in command order
+	writing  keyCounts    // writes in flight by their key's hash (keyHash)
+	free     []*writeSlot // write slots whose replies were taken, for the next writes
+	inFlight int          // writes not yet answered
+	pending  int          // replies queued and not yet written
 	ended    bool
 	// more: the reader has more of a pipeline buffered, so the writer
 	// waits for it and writes the replies together (a write each cost
@@ -202,7 +202,7 @@ func (s *Server) newConn(nc net.Conn, br *bufio.Reader) *conn {
 	s.Connected.Add(1)
 	s.Total.Add(1)
 	c := &conn{s: s, nc: nc, c: gateway.NewClient(s.cfg.Service, s.cfg.Guard, "resp"), since: time.Now(),
-		w: writer{proto: 2}, writing: map[uint64]int{}, rd: &reader{br: br, maxBulk: s.cfg.MaxBulk}}
+		w: writer{proto: 2}, rd: &reader{br: br, maxBulk: s.cfg.MaxBulk}}
 	c.cond = sync.NewCond(&c.mu)
 	c.wcond = sync.NewCond(&c.mu)
 	c.tw, _ = nc.(tryWriter)
@@ -450,10 +450,10 @@ var keySeed = maphash.MakeSeed()
 // other write to its key is in flight.
 func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	c.mu.Lock()
-	for c.writing[key] > 0 {
+	for c.writing.get(key) > 0 {
 		c.wait()
 	}
-	c.writing[key]++
+	c.writing.add(key)
 	c.inFlight++
 	if c.round != nil {
 		c.round.writes.Add(1)
@@ -523,9 +523,7 @@ func (sl *writeSlot) finish(b []byte) {
 	}
 	c.mu.Lock()
 	sl.b, sl.done = b, true
-	if c.writing[sl.key]--; c.writing[sl.key] == 0 {
-		delete(c.writing, sl.key)
-	}
+	c.writing.remove(sl.key)
 	c.inFlight--
 	c.wake()
 	if !c.ready() {
