@@ -245,7 +245,14 @@ func (l *Loop) read(c *conn, buf []byte) {
 		}
 		return
 	}
-	c.in = append(c.in, buf[:n]...)
+	in := append(c.in, buf[:n]...)
+	if unsafe.SliceData(in) != unsafe.SliceData(c.inBuf) {
+		// A new array (c.in starts where inBuf does, see compact): kept
+		// for the next reads. Left out, every read of a connection whose
+		// commands all ended in it allocated its bytes anew.
+		c.inBuf = in[:0]
+	}
+	c.in = in
 	l.serve(c)
 }
 
