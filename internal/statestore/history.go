@@ -98,6 +98,9 @@ type history struct {
 	deadBytes  int64    // theirs
 	compactMin int      // dead records held before compact is considered
 
+	touched uint64   // see touch
+	partOf  []uint16 // touch's, reused
+
 	latest hlc.Timestamp // the greatest version added (or start's)
 	gaps   int           // losses of changes not yet bounded (see gap)
 }
@@ -165,22 +168,54 @@ func (h *history) add(events []store.Event, now time.Time) {
 		return
 	}
 	at := now.UnixNano()
+	parts := h.touch(events)
 	for i := range events {
-		h.push(&events[i], at)
+		h.push(&events[i], parts[i], at)
 	}
 	h.trim(at)
 }
 
-// push adds the newest record, for ev, copying its key and value, and
+// touch reads, for each change of a batch, the records its push will
+// read first: its partition's newest (which it links to) and, once the
+// partition holds its due, its oldest (which it forgets). Why: those lie
+// anywhere in the ring, the oldest a whole round of every partition's
+// changes ago (megabytes: out of the caches), and push met them one at a
+// time, each a stall; read here, one after the other with nothing
+// waiting on them, the processor fetches several at once. A change that
+// follows another of its partition's in the batch still waits for its
+// own. The sum goes to h.touched only so that the reads are kept. It
+// returns the changes' partitions, for push.
+func (h *history) touch(events []store.Event) []uint16 {
+	h.partOf = h.partOf[:0]
+	for i := range events {
+		h.partOf = append(h.partOf, store.Partition(events[i].Key))
+	}
+	// A loop of its own, a few instructions a change, so that many of
+	// its reads are under way at once.
+	var sum uint64
+	for _, part := range h.partOf {
+		p := &h.parts[part]
+		if p.n == 0 {
+			continue
+		}
+		sum += h.rec(p.newest).next
+		if p.n >= h.limits.PerPartition {
+			sum += uint64(h.rec(p.oldest).wall)
+		}
+	}
+	h.touched = sum
+	return h.partOf
+}
+
+// push adds the newest record, for ev (of partition part), copying its key and value, and
 // forgets its partition's oldest change if that makes one too many.
-func (h *history) push(ev *store.Event, at int64) {
+func (h *history) push(ev *store.Event, part uint16, at int64) {
 	if h.head-h.tail == uint64(len(h.recs)) {
 		h.resize(2 * len(h.recs))
 	}
 	size := len(ev.Key) + len(ev.Value)
 	chunk, off, b := h.room(size)
 	copy(b[copy(b, ev.Key):], ev.Value)
-	part := store.Partition(ev.Key)
 	seq := h.head
 	h.head++
 	*h.rec(seq) = rec{chunk: chunk, off: off, keyLen: uint32(len(ev.Key)), valLen: uint32(len(ev.Value)),
