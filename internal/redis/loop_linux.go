@@ -154,7 +154,7 @@ func (l *Loop) add(nc net.Conn) {
 		return
 	}
 	c := l.s.newConn(&rawConn{fd: fd, local: local, remote: remote}, bufio.NewReaderSize(nil, readerSize))
-	c.round, c.fd = l.round, fd
+	c.round, c.fd, c.inOrder = l.round, fd, true
 	c.c.Gathered = true
 	l.mu.Lock()
 	if l.closed {
@@ -392,12 +392,13 @@ func (c *conn) readsHere(args [][]byte) bool {
 }
 
 // mustWait says whether a write to key must wait, which the loop does
-// not: a write to the same key is in flight (its reply must come first),
-// or the connection holds as many unwritten replies as it may.
+// not: a write to the same key is in flight (its reply must come first;
+// not on a connection inOrder, see startWrite), or the connection holds
+// as many unwritten replies as it may.
 func (c *conn) mustWait(key uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.writing.get(key) > 0 || c.pending >= maxSlots
+	return !c.inOrder && c.writing.get(key) > 0 || c.pending >= maxSlots
 }
 
 // compact moves what is left of c's input to the start of its buffer,

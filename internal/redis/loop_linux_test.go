@@ -53,9 +53,9 @@ func expectReplies(t *testing.T, br *bufio.Reader, cl net.Conn, want string) {
 	}
 }
 
-// A pipeline of writes, to one key twice (the second waits for the
-// first, on a goroutine), reads the loop runs itself, and commands it
-// hands to a goroutine, is answered in command order, over and over.
+// A pipeline of writes, to one key twice (both in flight: see
+// conn.inOrder), reads the loop runs itself, and commands it hands to a
+// goroutine, is answered in command order, over and over.
 func TestLoopAnswersAPipelineInOrder(t *testing.T) {
 	_, cl := serveLoop(t, newAnswerer(t))
 	br := bufio.NewReader(cl)

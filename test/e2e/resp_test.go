@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/iot-operations-sdks/go/services/statestore"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/mqkv/mqkv/internal/server"
@@ -180,6 +181,62 @@ func TestRESPPipeline(t *testing.T) {
 		}
 		if err != nil || v != fmt.Sprint(i) {
 			t.Fatalf("GET %d after the pipeline's SETs: %q %v", i, v, err)
+		}
+	}
+}
+
+// Pipelined writes to one key, with no read between them, are in flight
+// together (a node on its own takes them into its log in the order sent):
+// they are applied in that order, as the value read after them and the
+// notifications an MQTT observer gets show, and a SET NX among them sees
+// the writes before it.
+func TestRESPPipelinedWritesToOneKey(t *testing.T) {
+	s := startServer(t, withRESP())
+	ctx := ctxFor(t, 30*time.Second)
+	rc := redisClient(t, s, 3, "", "")
+	obs := newSDKClient(t, s)
+	k := uniqueKey(t)
+	notes, done := obs.store.Notify(k)
+	defer done()
+	if err := obs.store.KeyNotify(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	for round := range 3 {
+		pipe := rc.Pipeline()
+		var sets []*goredis.StatusCmd
+		var nx *goredis.BoolCmd
+		for i := range n {
+			sets = append(sets, pipe.Set(ctx, k, fmt.Sprint(round, ":", i), 0))
+			if i == n/2 {
+				nx = pipe.SetNX(ctx, k, "nx", 0)
+			}
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range sets {
+			if err := c.Err(); err != nil {
+				t.Fatalf("round %d, SET %d: %v", round, i, err)
+			}
+		}
+		if ok, err := nx.Result(); err != nil || ok {
+			t.Fatalf("round %d: SET NX after SETs of the key in the same pipeline: %v %v", round, ok, err)
+		}
+		if v, err := rc.Get(ctx, k).Result(); err != nil || v != fmt.Sprint(round, ":", n-1) {
+			t.Fatalf("round %d: GET after the pipeline: %q %v, want the last value", round, v, err)
+		}
+		// The SDK may hand notifications over out of order (it receives
+		// them concurrently): their versions give the order applied.
+		got := make([]statestore.Notify[string, string], n)
+		for i := range got {
+			got[i] = recv(t, notes, 10*time.Second)
+		}
+		slices.SortFunc(got, func(a, b statestore.Notify[string, string]) int { return a.Version.Compare(b.Version) })
+		for i, nt := range got {
+			if want := fmt.Sprint(round, ":", i); nt.Operation != "SET" || nt.Value != want {
+				t.Fatalf("round %d, notification %d in version order: %s %q, want SET %q", round, i, nt.Operation, nt.Value, want)
+			}
 		}
 	}
 }
