@@ -29,11 +29,17 @@
 #
 #   bench/resp.sh [ROUNDS] [REQUESTS]
 #
+# The keys are drawn at random among 10,000 (-r 10000); KEYSPACE=one runs
+# the command line as the issue writes it, without -r: every request to
+# redis-benchmark's one key (a pipeline's 16 SETs all to it).
+#
 # Needs redis-server and redis-tools (apt-get install redis-server
 # redis-tools).
 set -euo pipefail
 rounds=${1:-2}
 n=${2:-200000}
+keys=(-r "${KEYSPACE:-10000}")
+if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 pids=()
@@ -78,7 +84,7 @@ run() {
 	local op before after out
 	for op in ${5:-set get}; do
 		before=$(ticks "$2")
-		out=$(redis-benchmark -h 127.0.0.1 -p "$3" -t "$op" -c 50 -d 256 -r 10000 -n "$n" -P "$4" --csv 2>/dev/null)
+		out=$(redis-benchmark -h 127.0.0.1 -p "$3" -t "$op" -c 50 -d 256 "${keys[@]}" -n "$n" -P "$4" --csv 2>/dev/null)
 		after=$(ticks "$2")
 		# CSV: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
 		echo "$out" | awk -F'","' -v label="$1" -v pl="$4" -v cpu="$(((after - before) * 1000000 / hz))" -v n="$n" '
