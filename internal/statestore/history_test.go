@@ -425,16 +425,21 @@ func TestHistoryBeginsWhereEachPartitionCan(t *testing.T) {
 	}
 }
 
-// BenchmarkHistoryAdd: SETs of 256 bytes to 10,000 keys taken in turn by
-// a new server's history with the default limits (the first 650,000 are
-// what bench/resp.sh's rounds put through one).
-func BenchmarkHistoryAdd(b *testing.B) {
-	h := newHistory(DefaultHistory)
-	value := bytes.Repeat([]byte("v"), 256)
+// benchHistory returns a new history with the default limits, 10,000
+// keys and a 256-byte value, for the benchmarks.
+func benchHistory() (*history, [][]byte, []byte) {
 	keys := make([][]byte, 10000)
 	for i := range keys {
 		keys[i] = fmt.Appendf(nil, "key:%012d", i)
 	}
+	return newHistory(DefaultHistory), keys, bytes.Repeat([]byte("v"), 256)
+}
+
+// BenchmarkHistoryAdd: SETs of 256 bytes to 10,000 keys taken in turn by
+// a new server's history with the default limits (the first 650,000 are
+// what bench/resp.sh's rounds put through one).
+func BenchmarkHistoryAdd(b *testing.B) {
+	h, keys, value := benchHistory()
 	ev := []store.Event{{Kind: store.EventSet, Value: value}}
 	now := time.Now()
 	b.ReportAllocs()
@@ -474,12 +479,7 @@ func TestHistoryNodes(t *testing.T) {
 // (redis-benchmark -P 16 -c 50 -r 10000), with the default limits.
 // Reported per change.
 func BenchmarkHistoryAddRound(b *testing.B) {
-	h := newHistory(DefaultHistory)
-	value := bytes.Repeat([]byte("v"), 256)
-	keys := make([][]byte, 10000)
-	for i := range keys {
-		keys[i] = fmt.Appendf(nil, "key:%012d", i)
-	}
+	h, keys, value := benchHistory()
 	rng := rand.New(rand.NewPCG(1, 2))
 	evs := make([]store.Event, 512)
 	now := time.Now()

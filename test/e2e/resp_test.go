@@ -20,6 +20,23 @@ import (
 	"github.com/mqkv/mqkv/internal/server"
 )
 
+// respObserved connects a RESP 3 client to s, and an MQTT client (the AIO
+// Go SDK) that observes a new key k with KEYNOTIFY, its notifications on
+// notes; ctx bounds the test.
+func respObserved(t *testing.T, s *testServer) (ctx context.Context, rc *goredis.Client, k string, notes <-chan statestore.Notify[string, string]) {
+	t.Helper()
+	ctx = ctxFor(t, 30*time.Second)
+	rc = redisClient(t, s, 3, "", "")
+	obs := newSDKClient(t, s)
+	k = uniqueKey(t)
+	notes, done := obs.store.Notify(k)
+	t.Cleanup(done)
+	if err := obs.store.KeyNotify(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, rc, k, notes
+}
+
 // withRESP turns the Redis protocol endpoint on.
 func withRESP() serverOption { return func(c *server.Config) { c.RESPListen = "127.0.0.1:0" } }
 
@@ -191,16 +208,7 @@ func TestRESPPipeline(t *testing.T) {
 // notifications an MQTT observer gets show, and a SET NX among them sees
 // the writes before it.
 func TestRESPPipelinedWritesToOneKey(t *testing.T) {
-	s := startServer(t, withRESP())
-	ctx := ctxFor(t, 30*time.Second)
-	rc := redisClient(t, s, 3, "", "")
-	obs := newSDKClient(t, s)
-	k := uniqueKey(t)
-	notes, done := obs.store.Notify(k)
-	defer done()
-	if err := obs.store.KeyNotify(ctx, k); err != nil {
-		t.Fatal(err)
-	}
+	ctx, rc, k, notes := respObserved(t, startServer(t, withRESP()))
 	const n = 200
 	for round := range 3 {
 		pipe := rc.Pipeline()
@@ -283,15 +291,8 @@ func TestRESPKeysAndScan(t *testing.T) {
 // to an MQTT KEYNOTIFY observer; one through MQTT is read through RESP.
 func TestRESPAndMQTTShareTheStore(t *testing.T) {
 	s := startServer(t, inMemory(), withRESP())
-	ctx := ctxFor(t, 30*time.Second)
-	rc := redisClient(t, s, 3, "", "")
+	ctx, rc, k, notes := respObserved(t, s)
 	obs := newSDKClient(t, s)
-	k := uniqueKey(t)
-	notes, done := obs.store.Notify(k)
-	defer done()
-	if err := obs.store.KeyNotify(ctx, k); err != nil {
-		t.Fatal(err)
-	}
 	if err := rc.Set(ctx, k, "from-redis", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
