@@ -207,8 +207,9 @@ func (h *history) touch(events []store.Event) []uint16 {
 	return h.partOf
 }
 
-// push adds the newest record, for ev (of partition part), copying its key and value, and
-// forgets its partition's oldest change if that makes one too many.
+// push adds the newest record, for ev (of partition part), copying its
+// key and value, and forgets its partition's oldest change if that makes
+// one too many.
 func (h *history) push(ev *store.Event, part uint16, at int64) {
 	if h.head-h.tail == uint64(len(h.recs)) {
 		h.resize(2 * len(h.recs))
