@@ -206,7 +206,7 @@ func TestRESPPipeline(t *testing.T) {
 // together (a node on its own takes them into its log in the order sent):
 // they are applied in that order, as the value read after them and the
 // notifications an MQTT observer gets show, and a SET NX among them sees
-// the writes before it.
+// the writes before it, as SET ... GET's previous values do.
 func TestRESPPipelinedWritesToOneKey(t *testing.T) {
 	ctx, rc, k, notes := respObserved(t, startServer(t, withRESP()))
 	const n = 200
@@ -244,6 +244,35 @@ func TestRESPPipelinedWritesToOneKey(t *testing.T) {
 		for i, nt := range got {
 			if want := fmt.Sprint(round, ":", i); nt.Operation != "SET" || nt.Value != want {
 				t.Fatalf("round %d, notification %d in version order: %s %q, want SET %q", round, i, nt.Operation, nt.Value, want)
+			}
+		}
+	}
+	// SET ... GET answers with the value each write replaced, a DEL
+	// among them included: each saw exactly the writes sent before it.
+	pipe := rc.Pipeline()
+	var olds []*goredis.Cmd
+	for i := range 50 {
+		if i == 25 {
+			pipe.Del(ctx, k)
+		}
+		olds = append(olds, pipe.Do(ctx, "SET", k, fmt.Sprint("g", i), "GET"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		t.Fatal(err)
+	}
+	for i, c := range olds {
+		v, err := c.Text()
+		switch want := fmt.Sprint("g", i-1); {
+		case i == 0:
+			want = fmt.Sprint(2, ":", n-1)
+			fallthrough
+		case i != 25:
+			if err != nil || v != want {
+				t.Fatalf("SET %d ... GET: %q %v, want %q", i, v, err, want)
+			}
+		default:
+			if !errors.Is(err, goredis.Nil) {
+				t.Fatalf("SET ... GET after a DEL in the pipeline: %q %v, want nil", v, err)
 			}
 		}
 	}
