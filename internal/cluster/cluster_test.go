@@ -16,6 +16,7 @@ import (
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
 	"github.com/mqkv/mqkv/internal/store"
+	"github.com/mqkv/mqkv/internal/testaddr"
 )
 
 // harness runs nodes in this process, on real links over loopback.
@@ -73,9 +74,17 @@ func (h *harness) tryStart(i int, edit func(*Config)) error {
 		h.gaps = append(h.gaps, make(chan hlc.Timestamp, 100))
 	}
 	id := fmt.Sprintf("n%d", i+1)
-	listen := "127.0.0.1:0"
+	var listen string
 	if h.links[i] != nil {
 		listen = h.links[i].Addr() // a restart keeps its address
+	} else {
+		// Not the kernel's choice: a port from its ephemeral range may
+		// be some connection's while the node is stopped (testaddr).
+		addr, err := testaddr.Free()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		listen = addr
 	}
 	link, err := peer.Listen(peer.Config{NodeID: id, Listen: listen, Secret: []byte("test-secret-0123456789"), Logger: quiet()})
 	if err != nil {

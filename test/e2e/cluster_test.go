@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,7 +14,6 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,63 +26,19 @@ import (
 	"github.com/mqkv/mqkv/client"
 	"github.com/mqkv/mqkv/internal/cluster"
 	"github.com/mqkv/mqkv/internal/server"
+	"github.com/mqkv/mqkv/internal/testaddr"
 )
 
-// freePort returns a loopback address nobody listens on now, so that a
-// killed node can come back at the same address. It never returns one it
-// returned before: a port closed at once is free again for the next call,
-// and a node once got the same port for its MQTT listener and its node
-// link (TestClusterLinearizableUnderFaults: "address already in use").
-//
-// The ports are below the kernel's ephemeral range, from a place of this
-// process's own: a port from that range (the kernel's choice for a listen
-// on port 0) was taken by some connection's local end before the node
-// meant for it listened ("admin listener: bind: address already in use",
-// in CI, with the cluster pass running beside the main one).
+// freePort returns a loopback address for a node that may be killed and
+// come back at it (testaddr.Free).
 func freePort(t *testing.T) string {
 	t.Helper()
-	portsOnce.Do(func() {
-		lo := 32768
-		if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-			if f := strings.Fields(string(b)); len(f) == 2 {
-				if v, err := strconv.Atoi(f[0]); err == nil {
-					lo = v
-				}
-			}
-		}
-		portsLow, portsHigh = 10000, lo
-		if portsHigh-portsLow < 1000 { // no room below it: take the kernel's choice
-			portsHigh = 0
-		}
-		nextPort.Store(int64(os.Getpid()*7919) % int64(max(portsHigh-portsLow, 1)))
-	})
-	for range 1000 {
-		addr := "127.0.0.1:0"
-		if portsHigh > 0 {
-			addr = fmt.Sprintf("127.0.0.1:%d", portsLow+int(nextPort.Add(1)%int64(portsHigh-portsLow)))
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		addr = ln.Addr().String()
-		ln.Close()
-		if _, issued := issuedPorts.LoadOrStore(addr, true); !issued {
-			return addr
-		}
+	addr, err := testaddr.Free()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no loopback port not handed out before")
-	return ""
+	return addr
 }
-
-// issuedPorts holds the addresses freePort returned; it hands out ports
-// from [portsLow, portsHigh), from nextPort on.
-var (
-	issuedPorts         sync.Map
-	portsOnce           sync.Once
-	portsLow, portsHigh int
-	nextPort            atomic.Int64
-)
 
 // procCluster is a cluster of real mqkv processes.
 type procCluster struct {
