@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mqkv/mqkv/internal/peer"
+	"github.com/mqkv/mqkv/internal/testaddr"
 )
 
 // A crash while the first node creates the cluster (some groups made,
@@ -32,7 +33,11 @@ func TestCreationInterruptedIsRedone(t *testing.T) {
 				return n, link, err
 			}
 			crashed := false
-			_, link, err := start("127.0.0.1:0", func(g int) error {
+			addr, err := testaddr.Free() // the restart below comes back at it
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, link, err := start(addr, func(g int) error {
 				if g == crashAt {
 					crashed = true
 					return errors.New("simulated crash")

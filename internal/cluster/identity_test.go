@@ -17,6 +17,7 @@ import (
 	"github.com/mqkv/mqkv/internal/meta"
 	"github.com/mqkv/mqkv/internal/peer"
 	"github.com/mqkv/mqkv/internal/replica"
+	"github.com/mqkv/mqkv/internal/testaddr"
 )
 
 // startAt starts node id on dir with a link at listen, joining through
@@ -194,12 +195,10 @@ func TestJoinerStoppedBeforeItLearnedTheMetadata(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 3, 2)
 	leader := h.metaLeader()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := testaddr.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	// The first process kept its incarnation in the directory and its
 	// join was committed; it never heard back.
 	dir := t.TempDir()
