@@ -114,17 +114,12 @@ type conn struct {
 	cursor  cursors
 	getArgs [2][]byte // GET's arguments to the service
 
-	mu      sync.Mutex
-	cond    *sync.Cond // the reader waits here: a write answered, a reply written
-	waiters int        // goroutines waiting on cond
-	wcond   *sync.Cond // writeLoop waits here for replies to write
-	slots   []*slot    // replies not yet written, in command order
-	writing keyCounts  // writes in flight by their key's hash (keyHash), unless inOrder
-	// inOrder says the connection's writes reach the log in the order it
-	// sent them, whatever their keys: a loop's on a node on its own,
-	// whose one group takes each write as it is sent (see startWrite).
-	// Set before it is served.
-	inOrder  bool
+	mu       sync.Mutex
+	cond     *sync.Cond   // the reader waits here: a write answered, a reply written
+	waiters  int          // goroutines waiting on cond
+	wcond    *sync.Cond   // writeLoop waits here for replies to write
+	slots    []*slot      // replies not yet written, in command order
+	writing  keyCounts    // writes in flight by their key's hash (keyHash), unless inOrder
 	free     []*writeSlot // write slots whose replies were taken, for the next writes
 	inFlight int          // writes not yet answered
 	pending  int          // replies queued and not yet written
@@ -464,10 +459,11 @@ var keySeed = maphash.MakeSeed()
 // round's wait of its own (docs/benchmarks.md, issue 32, seventh).
 func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	c.mu.Lock()
-	for !c.inOrder && c.writing.get(key) > 0 {
+	inOrder := c.inOrder()
+	for !inOrder && c.writing.get(key) > 0 {
 		c.wait()
 	}
-	if !c.inOrder {
+	if !inOrder {
 		c.writing.add(key)
 	}
 	c.inFlight++
@@ -539,7 +535,7 @@ func (sl *writeSlot) finish(b []byte) {
 	}
 	c.mu.Lock()
 	sl.b, sl.done = b, true
-	if !c.inOrder {
+	if !c.inOrder() {
 		c.writing.remove(sl.key)
 	}
 	c.inFlight--
@@ -584,6 +580,12 @@ func (sl *writeSlot) finish(b []byte) {
 	}
 	c.mu.Unlock()
 }
+
+// inOrder says the connection's writes reach the log in the order it
+// sent them, whatever their keys: a loop's (it has a round), which serves
+// a node on its own, whose one group takes each write as it is sent (see
+// startWrite).
+func (c *conn) inOrder() bool { return c.round != nil }
 
 // round counts the writes in flight of a loop's connections (see Loop):
 // the loop reads its next round once they are answered.
