@@ -25,16 +25,8 @@ import (
 // notes; ctx bounds the test.
 func respObserved(t *testing.T, s *testServer) (ctx context.Context, rc *goredis.Client, k string, notes <-chan statestore.Notify[string, string]) {
 	t.Helper()
-	ctx = ctxFor(t, 30*time.Second)
-	rc = redisClient(t, s, 3, "", "")
-	obs := newSDKClient(t, s)
-	k = uniqueKey(t)
-	notes, done := obs.store.Notify(k)
-	t.Cleanup(done)
-	if err := obs.store.KeyNotify(ctx, k); err != nil {
-		t.Fatal(err)
-	}
-	return ctx, rc, k, notes
+	_, k, notes, ctx = observeOn(t, s, 30*time.Second)
+	return ctx, redisClient(t, s, 3, "", ""), k, notes
 }
 
 // withRESP turns the Redis protocol endpoint on.

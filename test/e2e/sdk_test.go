@@ -177,8 +177,14 @@ func expectNone(t *testing.T, ch <-chan statestore.Notify[string, string], d tim
 // observing starts a server and a client that observes a fresh key.
 func observing(t *testing.T) (c *sdkClient, key string, ch <-chan statestore.Notify[string, string], ctx context.Context) {
 	t.Helper()
-	c = newSDKClient(t, startServer(t))
-	ctx = ctxFor(t, 20*time.Second)
+	return observeOn(t, startServer(t), 20*time.Second)
+}
+
+// observeOn is observing on s, with a context of d.
+func observeOn(t *testing.T, s *testServer, d time.Duration) (c *sdkClient, key string, ch <-chan statestore.Notify[string, string], ctx context.Context) {
+	t.Helper()
+	c = newSDKClient(t, s)
+	ctx = ctxFor(t, d)
 	key = uniqueKey(t)
 	ch, done := c.store.Notify(key)
 	t.Cleanup(done)
