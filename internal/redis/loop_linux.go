@@ -45,6 +45,7 @@ type Loop struct {
 	ep    int
 	wake  int // an eventfd: connections handed back, Close
 	round *round
+	due   []*conn // connections with replies the loop kept, to write (see flush)
 
 	mu      sync.Mutex
 	conns   map[int]*conn // by descriptor, until it is closed
@@ -219,6 +220,7 @@ func (l *Loop) run() {
 			}
 			l.serve(c)
 		}
+		l.flush()
 		if closed {
 			l.mu.Lock()
 			var open []*conn
@@ -268,6 +270,10 @@ func (l *Loop) serve(c *conn) {
 		args, ok, err := c.nextIn()
 		if !ok {
 			c.compact()
+			if c.due {
+				c.due = false
+				l.due = append(l.due, c)
+			}
 			return
 		}
 		if err == nil && len(args) == 0 {
@@ -302,6 +308,26 @@ func (l *Loop) serve(c *conn) {
 		return
 	}
 	l.stop(c)
+}
+
+// flush writes the replies the loop kept for each connection it read
+// (see emit), once it has read all that were ready, as Redis writes its
+// clients' replies before it waits for events again. Written as each
+// connection's commands ran, every write woke the client (redis-benchmark's
+// one thread, on the other core) for its replies alone, to find nothing
+// else ready and sleep again: a wakeup per connection read, the kernel's
+// time for a pipelined GET twice Redis's (docs/benchmarks.md, issue 32,
+// eighth).
+func (l *Loop) flush() {
+	for i, c := range l.due {
+		if !c.stopped && !c.paused {
+			c.inLoop = true
+			c.writeOwn()
+			c.inLoop = false
+		}
+		l.due[i] = nil
+	}
+	l.due = l.due[:0]
 }
 
 // offload runs a command that may wait (or answers a protocol error),

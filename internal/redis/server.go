@@ -110,6 +110,7 @@ type conn struct {
 	nextLen         int // of the next whole command in in, once measured (moreIn); 0 if not
 	paused, stopped bool
 	inLoop          bool // the loop runs its command: its own replies must not wait for room
+	due             bool // the loop runs its command, and is to write the replies it kept (see Loop.flush)
 
 	cursor  cursors
 	getArgs [2][]byte // GET's arguments to the service
@@ -305,7 +306,12 @@ func (c *conn) wake() {
 func (c *conn) emit(more bool) {
 	if c.queued.Load() == 0 {
 		c.own++
-		if !more || len(c.w.b) >= maxMerged || c.own >= maxSlots {
+		switch {
+		case len(c.w.b) >= maxMerged || c.own >= maxSlots:
+			c.writeOwn()
+		case !more && c.inLoop:
+			c.due = true // the loop writes it once it has read every ready connection
+		case !more:
 			c.writeOwn()
 		}
 		return
