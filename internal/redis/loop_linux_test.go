@@ -70,6 +70,50 @@ func TestLoopAnswersAPipelineInOrder(t *testing.T) {
 	}
 }
 
+// Many connections whose pipelines of reads are ready at once (the loop
+// keeps their replies until it has read every one of them, see
+// Loop.flush) each get all of theirs, in order, round after round; a
+// write among the reads goes out after the replies kept before it.
+func TestLoopConnectionsReadyTogether(t *testing.T) {
+	_, first := serveLoop(t, newAnswerer(t))
+	addr := first.RemoteAddr().String()
+	const clients = 20
+	conns := make([]net.Conn, clients)
+	readers := make([]*bufio.Reader, clients)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i], readers[i] = c, bufio.NewReader(c)
+	}
+	for round := range 30 {
+		wants := make([]string, clients)
+		for i, c := range conns {
+			var pipe, want strings.Builder
+			for j := range 16 {
+				word := "c" + strconv.Itoa(i) + "r" + strconv.Itoa(round) + "n" + strconv.Itoa(j)
+				pipe.WriteString(encode("ECHO", word))
+				want.WriteString("$" + strconv.Itoa(len(word)) + "\r\n" + word + "\r\n")
+				if j == 7 && i%2 == 0 {
+					pipe.WriteString(encode("SET", "k"+strconv.Itoa(i), word))
+					want.WriteString("+OK\r\n")
+				}
+			}
+			pipe.WriteString(encode("PING"))
+			want.WriteString("+PONG\r\n")
+			if _, err := io.WriteString(c, pipe.String()); err != nil {
+				t.Fatal(err)
+			}
+			wants[i] = want.String()
+		}
+		for i := range conns {
+			expectReplies(t, readers[i], conns[i], wants[i])
+		}
+	}
+}
+
 // A command that arrives a byte at a time, and a value larger than a
 // read, are run once whole.
 func TestLoopCommandsAcrossReads(t *testing.T) {
