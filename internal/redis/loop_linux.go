@@ -395,8 +395,7 @@ func (c *conn) nextIn() (args [][]byte, ok bool, err error) {
 	if n == 0 {
 		return nil, false, nil
 	}
-	c.rd.feed(c.in[:n])
-	args, err = c.rd.next()
+	args, err = c.rd.command(c.in[:n])
 	c.in = c.in[n:]
 	return args, true, err
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -231,6 +232,8 @@ func FuzzCommandLen(f *testing.F) {
 	for _, s := range []string{
 		encode("SET", "k", "v"), "PING\r\n", "*0\r\n", "*-1\r\n", "*1\r\n$x\r\n", "*2\r\n$3\r\nGET\r\n+k\r\n",
 		"*1\r\n$3\r\nabcXY", "SET \"a b\" 'c'\r\n", "*99999999999999999999\r\n", encode("PING") + encode("ECHO", "x"),
+		encode("SET", "k", strings.Repeat("v", maxCarved+1)), "*1\r\n$0\r\n\r\n", "*1\n$1\nx\r\n", "*2\r\n$1\r\nx\r\n",
+		"*1\r\n$-1\r\n", "*1\r\n$1\r\nxy\r\n",
 	} {
 		f.Add([]byte(s), 3)
 	}
@@ -242,7 +245,7 @@ func FuzzCommandLen(f *testing.F) {
 				if err != nil {
 					return cmds, err
 				}
-				cmds = append(cmds, string(bytes.Join(args, []byte{0})))
+				cmds = append(cmds, fmt.Sprintf("%q", args))
 			}
 		}
 		wantCmds, wantErr := stream()
@@ -263,8 +266,7 @@ func FuzzCommandLen(f *testing.F) {
 				if n == 0 {
 					break
 				}
-				rd.feed(in[:n])
-				args, err := rd.next()
+				args, err := rd.command(in[:n])
 				in = in[n:]
 				if err != nil {
 					if !errors.As(err, &pe) || !wantProto || err.Error() != wantErr.Error() {
@@ -275,7 +277,7 @@ func FuzzCommandLen(f *testing.F) {
 					}
 					return
 				}
-				got = append(got, string(bytes.Join(args, []byte{0})))
+				got = append(got, fmt.Sprintf("%q", args))
 			}
 		}
 		if wantProto {

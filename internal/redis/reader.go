@@ -174,16 +174,86 @@ func (r *reader) next() ([][]byte, error) {
 	return args, nil
 }
 
+// command parses b, one command whole as commandLen measured it: a RESP
+// array of bulk strings where it lies (array), anything else through the
+// reader, which finds in it the error it would find reading the
+// connection.
+func (r *reader) command(b []byte) ([][]byte, error) {
+	if args, ok := r.array(b); ok {
+		return args, nil
+	}
+	r.feed(b)
+	return r.next()
+}
+
+// array parses b as next parses a RESP array of bulk strings, if b is
+// exactly one, well formed, of at least one element: ok is false for
+// anything else (an inline command, an empty or malformed one), left to
+// next. Why: the loop has the command whole already, and reading it
+// through the reader copied it into the reader's buffer before carving
+// its arguments out of that, with a call into the buffered reader per
+// line and per argument: a sixth of a pipelined GET's CPU.
+func (r *reader) array(b []byte) (args [][]byte, ok bool) {
+	if len(b) == 0 || b[0] != '*' {
+		return nil, false
+	}
+	at := lineEnd(b, 1)
+	if at <= 0 {
+		return nil, false
+	}
+	n, ok := parseNumber(b[1:at])
+	if !ok || n <= 0 || n > maxArgs {
+		return nil, false
+	}
+	args = r.args[:0]
+	for range n {
+		if at >= len(b) || b[at] != '$' {
+			return nil, false
+		}
+		end := lineEnd(b, at+1)
+		if end <= 0 {
+			return nil, false
+		}
+		l, ok := parseNumber(b[at+1 : end])
+		if !ok || l < 0 || l > r.maxBulk || l > len(b)-end-2 {
+			return nil, false
+		}
+		at = end + l + 2
+		if b[at-2] != '\r' || b[at-1] != '\n' {
+			return nil, false
+		}
+		arg := r.room(l)
+		copy(arg, b[end:end+l])
+		args = append(args, arg)
+	}
+	if at != len(b) {
+		return nil, false
+	}
+	if cap(args) <= 64 { // a long command's is not kept
+		r.args = args[:0]
+	}
+	return args, true
+}
+
+// room returns l bytes for an argument: carved out of the slab (see
+// reader) up to maxCarved, else a buffer of its own.
+func (r *reader) room(l int) []byte {
+	if l > maxCarved {
+		return make([]byte, l)
+	}
+	if len(r.slab)+l > cap(r.slab) {
+		r.slab = make([]byte, 0, slabSize)
+	}
+	at := len(r.slab)
+	r.slab = r.slab[:at+l]
+	return r.slab[at : at+l : at+l]
+}
+
 // bulk reads l bytes and their CRLF.
 func (r *reader) bulk(l int) ([]byte, error) {
 	var b []byte
 	if l <= maxCarved {
-		if len(r.slab)+l > cap(r.slab) {
-			r.slab = make([]byte, 0, slabSize)
-		}
-		at := len(r.slab)
-		r.slab = r.slab[:at+l]
-		b = r.slab[at : at+l : at+l]
+		b = r.room(l)
 		if _, err := io.ReadFull(r.br, b); err != nil {
 			return nil, gateway.NoEOF(err)
 		}
