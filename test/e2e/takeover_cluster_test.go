@@ -333,9 +333,15 @@ func watchAcross(t *testing.T, w watchedWrites, fault func(context.Context)) {
 	}()
 	t.Cleanup(func() { stop(); <-written }) // before the clients close
 	seen, prev := map[int]bool{}, 0
+	// writerEnded tells a writer that gave up (a strict SET failed) from
+	// a watch that went quiet: CI once saw "no event after value 23",
+	// which either would give. Nil once the test stops the writer.
+	writerEnded := (<-chan struct{})(written)
 	next := func() {
 		t.Helper()
 		select {
+		case <-writerEnded:
+			t.Fatalf("the writer stopped after value %d was notified: %v", prev, werr)
 		case e := <-watch.Events():
 			n, _ := strconv.Atoi(string(e.Value))
 			if e.Resync {
@@ -358,6 +364,7 @@ func watchAcross(t *testing.T, w watchedWrites, fault func(context.Context)) {
 	}
 	stop()
 	<-written
+	writerEnded = nil
 	if werr != nil {
 		t.Fatal(werr)
 	}
