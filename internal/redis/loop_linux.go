@@ -270,8 +270,7 @@ func (l *Loop) serve(c *conn) {
 		args, ok, err := c.nextIn()
 		if !ok {
 			c.compact()
-			if c.due {
-				c.due = false
+			if c.own > 0 { // replies kept for flush: the last command was a read
 				l.due = append(l.due, c)
 			}
 			return
@@ -320,6 +319,9 @@ func (l *Loop) serve(c *conn) {
 // eighth).
 func (l *Loop) flush() {
 	for i, c := range l.due {
+		// Neither can have happened since serve put c here, in this
+		// turn of the loop; a stopped connection's descriptor may be
+		// closed and reused, so it is checked all the same.
 		if !c.stopped && !c.paused {
 			c.inLoop = true
 			c.writeOwn()

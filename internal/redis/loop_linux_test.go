@@ -115,6 +115,12 @@ func TestLoopConnectionsReadyTogether(t *testing.T) {
 	}
 }
 
+// The loop's connections: see readBeforeAnEmptyCommand.
+func TestLoopReadBeforeAnEmptyCommand(t *testing.T) {
+	_, cl := serveLoop(t, newAnswerer(t))
+	readBeforeAnEmptyCommand(t, cl)
+}
+
 // A command that arrives a byte at a time, and a value larger than a
 // read, are run once whole.
 func TestLoopCommandsAcrossReads(t *testing.T) {

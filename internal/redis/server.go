@@ -110,7 +110,6 @@ type conn struct {
 	nextLen         int // of the next whole command in in, once measured (moreIn); 0 if not
 	paused, stopped bool
 	inLoop          bool // the loop runs its command: its own replies must not wait for room
-	due             bool // the loop runs its command, and is to write the replies it kept (see Loop.flush)
 
 	cursor  cursors
 	getArgs [2][]byte // GET's arguments to the service
@@ -244,6 +243,9 @@ func (c *conn) readFailed(err error) {
 // run runs one command read; more says further ones are read already.
 func (c *conn) run(args [][]byte, more bool) {
 	if len(args) == 0 {
+		if !more {
+			c.writeOwn() // what was kept for the commands after it
+		}
 		return
 	}
 	if key, ok := c.asyncWrite(args); ok {
@@ -306,12 +308,9 @@ func (c *conn) wake() {
 func (c *conn) emit(more bool) {
 	if c.queued.Load() == 0 {
 		c.own++
-		switch {
-		case len(c.w.b) >= maxMerged || c.own >= maxSlots:
-			c.writeOwn()
-		case !more && c.inLoop:
-			c.due = true // the loop writes it once it has read every ready connection
-		case !more:
+		// The loop writes what it kept once it has read every ready
+		// connection (Loop.flush), unless there is too much of it.
+		if len(c.w.b) >= maxMerged || c.own >= maxSlots || !more && !c.inLoop {
 			c.writeOwn()
 		}
 		return

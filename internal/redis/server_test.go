@@ -284,3 +284,29 @@ func TestPipelinedWriteRepliesGoOutTogether(t *testing.T) {
 		}
 	}
 }
+
+// readBeforeAnEmptyCommand sends a read followed by an empty command
+// ("*0", which Redis skips) in one write: the read's reply must go out,
+// though no command came after it. It stayed unwritten (kept for the
+// replies of the commands after it) until the client sent more.
+func readBeforeAnEmptyCommand(t *testing.T, cl net.Conn) {
+	t.Helper()
+	br := bufio.NewReader(cl)
+	for range 3 {
+		if _, err := io.WriteString(cl, encode("ECHO", "x")+"*0\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		want := "$1\r\nx\r\n"
+		got := make([]byte, len(want))
+		cl.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
+			t.Fatalf("reply %q, %v; want %q", got, err, want)
+		}
+	}
+}
+
+// A connection served by its own goroutine: see readBeforeAnEmptyCommand.
+func TestReadBeforeAnEmptyCommand(t *testing.T) {
+	cl, _ := serveOne(t, func(c net.Conn) net.Conn { return c })
+	readBeforeAnEmptyCommand(t, cl)
+}
