@@ -53,13 +53,62 @@ type proposedEntry struct {
 	data   *byte
 	limits store.Limits
 	cmds   []store.Command
+	ans    *answers // nil: the entry is answered once applied (complete)
 }
 
-// propose records an entry about to be given to raft.Apply.
-func (f *fsm) propose(data []byte, limits store.Limits, cmds []store.Command) {
+// propose records an entry about to be given to raft.Apply; ans, if not
+// nil, has its commands answered as they are applied (see answers).
+func (f *fsm) propose(data []byte, limits store.Limits, cmds []store.Command, ans *answers) {
 	f.mu.Lock()
-	f.proposed = append(f.proposed, proposedEntry{unsafe.SliceData(data), store.EncodedLimits(limits), cmds})
+	f.proposed = append(f.proposed, proposedEntry{unsafe.SliceData(data), store.EncodedLimits(limits), cmds, ans})
 	f.mu.Unlock()
+}
+
+// answers hands a big entry's results to their requests while the rest
+// of the entry is still being applied, rather than once all of it is.
+//
+// Why: a pipelined load's entry carries hundreds of writes, whose apply
+// (a cache miss or two each in the store's index) and replies (a write
+// to each client's socket) ran one after the other, and the clients sent
+// nothing more until their replies came. Handed to another goroutine a
+// chunk at a time, the first clients' replies go out while the last
+// writes are applied. A command's result is final once applied (the
+// apply goroutine applies committed entries only), so answering it then
+// is what answering it after the whole entry was, sooner.
+type answers struct {
+	dones   []func(store.Result, error)
+	results []store.Result // the entry's, filled by the apply
+	// handed: dones[:handed] were handed to out. Under fsm.mu, so that
+	// once the entry is forgotten (complete) it is settled: complete
+	// answers the rest.
+	handed  int
+	stopped bool // out was full once: complete answers the rest
+	out     chan<- answer
+}
+
+// answer is a chunk of an entry's applied commands to answer.
+type answer struct {
+	dones   []func(store.Result, error)
+	results []store.Result
+}
+
+// answerEvery is how many applied commands make a chunk: each chunk
+// handed costs a channel send and, when the answering goroutine has
+// caught up, its wake-up.
+const answerEvery = 32
+
+// hand gives dones[handed:n] to the answering goroutine, unless its
+// queue is full (then they wait for the entry, as others do).
+func (a *answers) hand(n int) {
+	if a.stopped || n <= a.handed {
+		return
+	}
+	select {
+	case a.out <- answer{a.dones[a.handed:n], a.results[a.handed:n]}:
+		a.handed = n
+	default:
+		a.stopped = true
+	}
 }
 
 // forget drops a proposed entry once its future is done, if the apply
@@ -69,16 +118,24 @@ func (f *fsm) propose(data []byte, limits store.Limits, cmds []store.Command) {
 // reused), or raft applied another copy of its bytes. Under mu, so that
 // an apply that took the commands has copied what it keeps from them
 // before the requests are answered.
-func (f *fsm) forget(data []byte) {
+//
+// It returns how many of the entry's commands the apply handed to be
+// answered (answers), settled now: complete answers the others.
+func (f *fsm) forget(data []byte, ans *answers) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	handed := 0
+	if ans != nil {
+		handed = ans.handed
+	}
 	p := unsafe.SliceData(data)
 	for i := range f.proposed {
 		if f.proposed[i].data == p {
 			f.proposed = slices.Delete(f.proposed, i, i+1)
-			return
+			break
 		}
 	}
+	return handed
 }
 
 // takeProposed returns the commands of l if this replica proposed it and
@@ -86,19 +143,19 @@ func (f *fsm) forget(data []byte) {
 // goroutine, which every entry waits for, a quarter of its time. The
 // entries proposed before it are dropped: they are applied in log order,
 // so they were not applied as proposed, and will not be.
-func (f *fsm) takeProposed(l *raft.Log) (store.Limits, []store.Command, bool) {
+func (f *fsm) takeProposed(l *raft.Log) (proposedEntry, bool) {
 	if len(l.Data) == 0 {
-		return store.Limits{}, nil, false
+		return proposedEntry{}, false
 	}
 	p := unsafe.SliceData(l.Data)
 	for i := range f.proposed {
 		if f.proposed[i].data == p {
 			e := f.proposed[i]
 			f.proposed = slices.Delete(f.proposed, 0, i+1)
-			return e.limits, e.cmds, true
+			return e, true
 		}
 	}
-	return store.Limits{}, nil, false
+	return proposedEntry{}, false
 }
 
 // checkProposed, where a test sets it, is given every proposed entry the
@@ -127,7 +184,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			out[i] = f.broken
 			continue
 		}
-		limits, cmds, ok := f.takeProposed(l)
+		e, ok := f.takeProposed(l)
+		limits, cmds, ans := e.limits, e.cmds, e.ans
 		var err error
 		switch {
 		case ok && checkProposed != nil:
@@ -145,7 +203,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		// decisions replay identically on every node and every restart.
 		f.st.SetLimits(limits)
 		start := len(events)
-		results := make([]store.Result, len(cmds))
+		var results []store.Result
+		if ans != nil {
+			results = ans.results
+		} else {
+			results = make([]store.Result, len(cmds))
+		}
 		for j := range cmds {
 			c := &cmds[j]
 			results[j], events = f.st.Apply(c, events)
@@ -155,6 +218,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			if c.Op == store.OpSet && c.TTL > 0 {
 				expiring = true
 			}
+			if ans != nil && j+1-ans.handed >= answerEvery {
+				ans.hand(j + 1)
+			}
+		}
+		if ans != nil {
+			ans.hand(len(cmds))
 		}
 		if len(events) > start {
 			marks = append(marks, Mark{Index: l.Index, End: len(events)})

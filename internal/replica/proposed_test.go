@@ -121,22 +121,22 @@ func TestProposedEntriesDropped(t *testing.T) {
 	d1, c1 := entry("1")
 	d2, c2 := entry("2")
 	d3, c3 := entry("3")
-	f.propose(d1, store.Limits{}, c1)
-	f.propose(d2, store.Limits{}, c2)
-	f.propose(d3, store.Limits{}, c3)
-	f.forget(d2)
-	if _, _, ok := f.takeProposed(&raft.Log{Data: d2}); ok {
+	f.propose(d1, store.Limits{}, c1, nil)
+	f.propose(d2, store.Limits{}, c2, nil)
+	f.propose(d3, store.Limits{}, c3, nil)
+	f.forget(d2, nil)
+	if _, ok := f.takeProposed(&raft.Log{Data: d2}); ok {
 		t.Fatal("a forgotten entry was taken")
 	}
-	if _, cmds, ok := f.takeProposed(&raft.Log{Data: d3}); !ok || string(cmds[0].Value) != "3" {
-		t.Fatalf("entry 3: %v %v", cmds, ok)
+	if e, ok := f.takeProposed(&raft.Log{Data: d3}); !ok || string(e.cmds[0].Value) != "3" {
+		t.Fatalf("entry 3: %v %v", e.cmds, ok)
 	}
-	if _, _, ok := f.takeProposed(&raft.Log{Data: d1}); ok {
+	if _, ok := f.takeProposed(&raft.Log{Data: d1}); ok {
 		t.Fatal("an entry proposed before the one applied was taken")
 	}
 	// The same bytes elsewhere (an entry from the network) are not taken.
-	f.propose(d1, store.Limits{}, c1)
-	if _, _, ok := f.takeProposed(&raft.Log{Data: append([]byte(nil), d1...)}); ok {
+	f.propose(d1, store.Limits{}, c1, nil)
+	if _, ok := f.takeProposed(&raft.Log{Data: append([]byte(nil), d1...)}); ok {
 		t.Fatal("a copy of the entry's bytes was taken for it")
 	}
 }

@@ -154,7 +154,7 @@ type Proposal struct {
 	// (statestore.Request.Gathered): an entry it starts is proposed
 	// without holding for more writes (see holdFor).
 	Gathered bool
-	// Done is called exactly once, from the group's own goroutine, with the
+	// Done is called exactly once, from one of the group's goroutines, with the
 	// command's result once it is applied, or with an error if it never
 	// will be. It must not block.
 	Done func(store.Result, error)
@@ -257,6 +257,8 @@ type Group struct {
 	slots    chan struct{} // one token per log entry in flight
 	inflight chan pending
 	spare    chan []store.Command // entries' command slices, done with (see propose)
+	answers  chan answer          // big entries' commands applied, to answer (see answers)
+	answered chan struct{}        // closed when answer returns
 	expiryCh chan struct{}        // wakes the expiry loop when an earlier deadline appears
 
 	// submitMu orders Submit against Close: once closed is set under the
@@ -294,6 +296,7 @@ type pending struct {
 	data   []byte          // the entry's bytes (fsm.propose)
 	cmds   []store.Command // its commands
 	dones  []func(store.Result, error)
+	ans    *answers // nil: answered here once applied
 	start  time.Time
 }
 
@@ -314,6 +317,8 @@ func Open(cfg Config) (*Group, error) {
 		slots:    make(chan struct{}, pipelineDepth),
 		inflight: make(chan pending, pipelineDepth),
 		spare:    make(chan []store.Command, pipelineDepth),
+		answers:  make(chan answer, 2*maxBatch/answerEvery),
+		answered: make(chan struct{}),
 		expiryCh: make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 		Fault:    NewFault(),
@@ -361,6 +366,7 @@ func Open(cfg Config) (*Group, error) {
 	g.wg.Add(3)
 	go g.propose()
 	go g.complete()
+	go g.answer()
 	go g.expireLoop()
 	if g.memLog != nil {
 		g.wg.Add(1)
@@ -1144,6 +1150,9 @@ func (g *Group) Close() error {
 			c.Close()
 		}
 		err = f.Error()
+		// No apply hands out more; what it handed is answered.
+		close(g.answers)
+		<-g.answered
 		if werr := g.closeWAL(); err == nil {
 			err = werr
 		}
@@ -1246,11 +1255,15 @@ func (g *Group) propose() {
 		// pipeline's entry (a few hundred KB) once more.
 		data := store.AppendBatch(make([]byte, 0, size+len(cmds)*overhead+batchHeader), g.cfg.Limits, cmds)
 		overhead = (len(data)-size)/len(cmds) + 1
-		g.fsm.propose(data, g.cfg.Limits, cmds)
+		var ans *answers
+		if len(cmds) >= answerFrom {
+			ans = &answers{dones: dones, results: make([]store.Result, len(cmds)), out: g.answers}
+		}
+		g.fsm.propose(data, g.cfg.Limits, cmds, ans)
 		start := time.Now()
 		f := g.raft.Apply(data, 0)
 		g.entries.Add(1)
-		g.inflight <- pending{future: f, data: data, cmds: cmds, dones: dones, start: start}
+		g.inflight <- pending{future: f, data: data, cmds: cmds, dones: dones, ans: ans, start: start}
 	}
 }
 
@@ -1373,7 +1386,7 @@ func (g *Group) complete() {
 		// Taken when applied; not, if the future failed or the log store
 		// handed raft another copy of the bytes. Forgotten, the commands
 		// are the proposer's again.
-		g.fsm.forget(p.data)
+		handed := g.fsm.forget(p.data, p.ans)
 		select {
 		case g.spare <- p.cmds:
 		default:
@@ -1394,7 +1407,8 @@ func (g *Group) complete() {
 		if len(g.inflight) == 0 {
 			g.armNudge()
 		}
-		for i, done := range p.dones {
+		for i := handed; i < len(p.dones); i++ {
+			done := p.dones[i]
 			if done == nil {
 				continue // a command the proposer added itself
 			}
@@ -1402,6 +1416,24 @@ func (g *Group) complete() {
 				done(store.Result{}, err)
 			} else {
 				done(results[i], nil)
+			}
+		}
+	}
+}
+
+// answerFrom is the fewest commands an entry has for them to be answered
+// as they are applied (see answers): a smaller entry's apply is over
+// before a chunk's hand-off would have paid.
+const answerFrom = 2 * answerEvery
+
+// answer answers the chunks of big entries the apply hands it (see
+// answers), until the group is closed.
+func (g *Group) answer() {
+	defer close(g.answered)
+	for a := range g.answers {
+		for i, done := range a.dones {
+			if done != nil {
+				done(a.results[i], nil)
 			}
 		}
 	}
