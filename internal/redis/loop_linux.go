@@ -17,8 +17,8 @@ import (
 
 // Loop serves the endpoint's connections in Redis's shape: one goroutine,
 // locked to its thread, waits in epoll for every connection (each taken
-// out of Go's network poller), reads each ready one once and runs what it
-// sent. The round's writes go to the store together, and the next round
+// out of Go's network poller), reads each ready one (and those ready by
+// the time it has) and runs what they sent. The round's writes go to the store together, and the next round
 // is read once they are answered (roundWait at most), so that a round is
 // what the clients sent while the last one was being made durable: the
 // cycle Redis's one thread has, as it syncs its log itself.
@@ -189,20 +189,26 @@ func (l *Loop) run() {
 			l.closed = true
 			l.mu.Unlock()
 		}
-		for _, ev := range events[:max(n, 0)] {
-			fd := int(ev.Fd)
-			if fd == l.wake {
-				var b [8]byte
-				unix.Read(l.wake, b[:])
-				continue
+		l.readReady(events[:max(n, 0)], buf)
+		// Clients that sent while the others were read join the round,
+		// rather than start the next one on their own. Why: a round's
+		// replies go out as its writes are applied, and redis-benchmark's
+		// one thread answers the last of them with its next pipeline
+		// after the loop has looked: half the rounds of 50 clients of 16
+		// pipelined SETs carried 464-592 of the 800 in flight, the rest
+		// a round (an entry, a sync) later; looking again, most carry
+		// all 800 (at two Ps, five alternating rounds: median 413,394
+		// SETs a second against 392,619, four of five ahead;
+		// docs/benchmarks.md, issue 32, ninth).
+		for range maxRepoll {
+			if l.round.writes.Load() == 0 {
+				break // no round to join: reads are answered as they come
 			}
-			l.mu.Lock()
-			c := l.conns[fd]
-			l.mu.Unlock()
-			if c == nil || c.paused {
-				continue
+			m, err := unix.EpollWait(l.ep, events, 0)
+			if m <= 0 || err != nil {
+				break
 			}
-			l.read(c, buf)
+			l.readReady(events[:m], buf)
 		}
 		l.mu.Lock()
 		resumed, closed := l.resumed, l.closed
@@ -237,6 +243,29 @@ func (l *Loop) run() {
 		}
 	}
 }
+
+// readReady reads the connections epoll reported ready.
+func (l *Loop) readReady(events []unix.EpollEvent, buf []byte) {
+	for _, ev := range events {
+		fd := int(ev.Fd)
+		if fd == l.wake {
+			var b [8]byte
+			unix.Read(l.wake, b[:])
+			continue
+		}
+		l.mu.Lock()
+		c := l.conns[fd]
+		l.mu.Unlock()
+		if c == nil || c.paused {
+			continue
+		}
+		l.read(c, buf)
+	}
+}
+
+// maxRepoll bounds how many times a round looks again for connections
+// that became ready while the loop read the others (see run).
+const maxRepoll = 4
 
 // read reads what c sent, once, and serves it.
 func (l *Loop) read(c *conn, buf []byte) {
