@@ -18,10 +18,11 @@ import (
 // Loop serves the endpoint's connections in Redis's shape: one goroutine,
 // locked to its thread, waits in epoll for every connection (each taken
 // out of Go's network poller), reads each ready one (and those ready by
-// the time it has) and runs what they sent. The round's writes go to the store together, and the next round
-// is read once they are answered (roundWait at most), so that a round is
-// what the clients sent while the last one was being made durable: the
-// cycle Redis's one thread has, as it syncs its log itself.
+// the time it has) and runs what they sent. The round's writes go to the
+// store together, and the next round is read once they are answered
+// (roundWait at most), so that a round is what the clients sent while the
+// last one was being made durable: the cycle Redis's one thread has, as
+// it syncs its log itself.
 //
 // Why (docs/benchmarks.md, "The RESP endpoint in Redis's shape"): with a
 // goroutine per connection each request woke its goroutine, which read
