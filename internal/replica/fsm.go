@@ -74,7 +74,11 @@ func (f *fsm) propose(data []byte, limits store.Limits, cmds []store.Command, an
 // chunk at a time, the first clients' replies go out while the last
 // writes are applied. A command's result is final once applied (the
 // apply goroutine applies committed entries only), so answering it then
-// is what answering it after the whole entry was, sooner.
+// is what answering it after the whole entry was, sooner. 50 clients of
+// 16 pipelined durable SETs at two Ps, six alternating rounds: median
+// 362,450 SETs a second against 325,733, five of six ahead; at one P the
+// answering waits for the apply to end, as before (docs/benchmarks.md,
+// issue 32, ninth).
 type answers struct {
 	dones   []func(store.Result, error)
 	results []store.Result // the entry's, filled by the apply
