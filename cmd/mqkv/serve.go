@@ -104,6 +104,10 @@ func (n *nodeFlags) run(name string) error {
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
 		go procs.Run(ctx, procs.DefaultPolicy(max), procs.DefaultTick, func(n int, used float64, wait time.Duration) {
+			if used < 0 {
+				logger.Info("Go scheduler resized", "procs", n, "max", max, "asked_by", "a deep pipeline of writes")
+				return
+			}
 			logger.Info("Go scheduler resized", "procs", n, "max", max, "cpu_cores_used", math.Round(used*100)/100, "ready_goroutines_wait", wait.Round(time.Microsecond))
 		})
 	}

@@ -21,6 +21,9 @@
 // With 16 SETs pipelined per client, the ready goroutines waited 520-580
 // µs on average at one P, against 50-77 µs for the one-at-a-time load,
 // and two Ps did 16-21 % more SETs (docs/benchmarks.md, 2026-11-30).
+//
+// The ticks see a load after half a second or more; a part of the server
+// that sees a load needing more Ps directly asks for them at once (Ask).
 package procs
 
 import (
@@ -28,6 +31,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/metrics"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -127,35 +131,91 @@ func (p Policy) Next(s State, used float64, wait time.Duration) State {
 	}
 }
 
+// Asked is the state after a part of the server that sees its load
+// directly said more Ps would run it sooner (Ask): Max at once, as if the
+// ticks had shown it, and a move up soon after a move down counts as one
+// (see Retry).
+func (p Policy) Asked(s State) State {
+	if p.Max <= 1 || s.Procs != 1 {
+		return s
+	}
+	need := max(s.need, p.DownTicks)
+	if s.atOne > 0 && s.atOne <= p.Retry+1 {
+		need = min(2*need, max(p.DownTicksMax, p.DownTicks))
+	}
+	return State{Procs: p.Max, need: need}
+}
+
+// asked carries Ask to Run; running and atMax let Ask cost an atomic
+// load when there is nothing to ask.
+var (
+	asked   = make(chan struct{}, 1)
+	running atomic.Bool
+	atMax   atomic.Bool
+)
+
+// Ask tells the policy, if it runs, that work is waiting which more Ps
+// would do sooner, before its ticks could show it: the RESP endpoint's
+// loop asks when a round carries a deep pipeline's writes. Why: the
+// ticks need half a second or more to see such a load (its ready
+// goroutines' waits, read over 250 ms, overlap a lighter load's at
+// shorter ticks), and a burst of pipelined durable SETs shorter than
+// that ran at one P throughout, 15-20 % slower than at two
+// (docs/benchmarks.md, issue 32, tenth). Redis decides the same way
+// whether its I/O threads run: from the writes pending in each turn of
+// its event loop. The way down is the ticks' as before.
+func Ask() {
+	if !running.Load() || atMax.Load() {
+		return
+	}
+	select {
+	case asked <- struct{}{}:
+	default:
+	}
+}
+
 // Run starts the process at one P and sets runtime.GOMAXPROCS as p
 // decides, every tick, until ctx ends; then it gives back p.Max. changed,
-// if not nil, hears each change with the load that caused it.
+// if not nil, hears each change with the load that caused it (used -1:
+// Ask).
 func Run(ctx context.Context, p Policy, tick time.Duration, changed func(procs int, used float64, wait time.Duration)) {
 	s := State{Procs: 1}
 	runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(p.Max)
+	select {
+	case <-asked: // an earlier Run's, not this one's
+	default:
+	}
+	running.Store(true)
+	defer running.Store(false)
+	defer atMax.Store(false)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	last, lastCPU := time.Now(), CPU()
 	var waits schedWaits
 	waits.mean()
+	set := func(next State, used float64, wait time.Duration) {
+		if next.Procs != s.Procs {
+			runtime.GOMAXPROCS(next.Procs)
+			atMax.Store(next.Procs > 1)
+			if changed != nil {
+				changed(next.Procs, used, wait)
+			}
+		}
+		s = next
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-asked:
+			set(p.Asked(s), -1, 0)
 		case now := <-t.C:
 			c := CPU()
 			used := float64(c-lastCPU) / float64(now.Sub(last))
 			last, lastCPU = now, c
 			wait := waits.mean()
-			next := p.Next(s, used, wait)
-			if next.Procs != s.Procs {
-				runtime.GOMAXPROCS(next.Procs)
-				if changed != nil {
-					changed(next.Procs, used, wait)
-				}
-			}
-			s = next
+			set(p.Next(s, used, wait), used, wait)
 		}
 	}
 }

@@ -143,3 +143,80 @@ func TestRunFollowsLoad(t *testing.T) {
 		t.Fatalf("GOMAXPROCS %d after Run ended, want Max (2)", got)
 	}
 }
+
+// TestAsked: asked, the policy goes to Max at once from one P, and stays
+// at Max; asked again soon after coming down, it stays up longer the next
+// time, as a load the ticks bring back does.
+func TestAsked(t *testing.T) {
+	us := time.Microsecond
+	p := Policy{Max: 2, Up: 0.8, UpWait: 200 * us, UpTicks: 2, Down: 0.5, DownWait: 60 * us, DownFit: 1.1,
+		DownTicks: 2, Retry: 3, DownTicksMax: 8}
+	quiet := func(s State) State { return p.Next(s, 1.0, 20*us) }
+	s := p.Asked(State{Procs: 1})
+	if s.Procs != 2 {
+		t.Fatalf("asked at one P: %d Ps", s.Procs)
+	}
+	if s2 := p.Asked(s); s2 != s {
+		t.Fatalf("asked at Max: %+v, was %+v", s2, s)
+	}
+	for want := 2; want <= 8; want *= 2 {
+		for k := 1; k < want; k++ {
+			if s = quiet(s); s.Procs != 2 {
+				t.Fatalf("down after %d quiet ticks, want %d", k, want)
+			}
+		}
+		if s = quiet(s); s.Procs != 1 {
+			t.Fatalf("still at two after %d quiet ticks", want)
+		}
+		if s = p.Asked(quiet(s)); s.Procs != 2 {
+			t.Fatal("asked again: stayed at one")
+		}
+	}
+	if s := (Policy{Max: 1}).Asked(State{Procs: 1}); s.Procs != 1 {
+		t.Fatalf("Max 1 went to %d Ps", s.Procs)
+	}
+}
+
+// TestAskMovesRunAtOnce: Ask takes a running controller to Max without
+// waiting for a tick, and does nothing when none runs.
+func TestAskMovesRunAtOnce(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: nothing to choose")
+	}
+	prev := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	Ask() // no controller: nothing happens, nothing blocks
+	p := DefaultPolicy(2)
+	changes := make(chan float64, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		// A tick no test waits for: the move can only be Ask's.
+		Run(ctx, p, time.Hour, func(procs int, used float64, _ time.Duration) {
+			if procs == 2 {
+				changes <- used
+			}
+		})
+		close(stopped)
+	}()
+	deadline := time.After(20 * time.Second)
+	for done := false; !done; {
+		Ask() // until Run is up and hears it
+		select {
+		case used := <-changes:
+			if used >= 0 || runtime.GOMAXPROCS(0) != 2 {
+				t.Fatalf("changed with used %v, GOMAXPROCS %d", used, runtime.GOMAXPROCS(0))
+			}
+			done = true
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("Ask did not move the controller to two Ps")
+		}
+	}
+	Ask() // at Max: nothing more
+	cancel()
+	<-stopped
+	if len(changes) != 0 {
+		t.Fatalf("%d more moves up", len(changes))
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mqkv/mqkv/internal/gateway"
+	"github.com/mqkv/mqkv/internal/procs"
 )
 
 // Loop serves the endpoint's connections in Redis's shape: one goroutine,
@@ -211,6 +212,9 @@ func (l *Loop) run() {
 			}
 			l.readReady(events[:m], buf)
 		}
+		if l.round.writes.Load() >= askWrites {
+			procs.Ask()
+		}
 		l.mu.Lock()
 		resumed, closed := l.resumed, l.closed
 		l.resumed = nil
@@ -263,6 +267,12 @@ func (l *Loop) readReady(events []unix.EpollEvent, buf []byte) {
 		l.read(c, buf)
 	}
 }
+
+// askWrites is how many writes in one round ask the scheduler's policy
+// for more Ps at once (procs.Ask): a deep pipeline's (50 clients of 16
+// SETs carry 800), not many clients' one at a time (50 clients, 50),
+// which run better at one P.
+const askWrites = 256
 
 // maxRepoll bounds how many times a round looks again for connections
 // that became ready while the loop read the others (see run).
