@@ -192,6 +192,9 @@ func (l *Loop) run() {
 			l.mu.Unlock()
 		}
 		l.readReady(events[:max(n, 0)], buf)
+		if testHookRead != nil {
+			testHookRead(l, false)
+		}
 		// Clients that sent while the others were read join the round,
 		// rather than start the next one on their own. Why: a round's
 		// replies go out as its writes are applied, and redis-benchmark's
@@ -212,8 +215,11 @@ func (l *Loop) run() {
 			}
 			l.readReady(events[:m], buf)
 		}
+		if testHookRead != nil {
+			testHookRead(l, true)
+		}
 		if l.round.writes.Load() >= askWrites {
-			procs.Ask()
+			askMore()
 		}
 		l.mu.Lock()
 		resumed, closed := l.resumed, l.closed
@@ -267,6 +273,14 @@ func (l *Loop) readReady(events []unix.EpollEvent, buf []byte) {
 		l.read(c, buf)
 	}
 }
+
+// testHookRead, where a test sets it, is called by the loop once it has
+// read what epoll reported (again false) and once it has looked again
+// (again true).
+var testHookRead func(l *Loop, again bool)
+
+// askMore is procs.Ask; a test counts the calls.
+var askMore = procs.Ask
 
 // askWrites is how many writes in one round ask the scheduler's policy
 // for more Ps at once (procs.Ask): a deep pipeline's (50 clients of 16

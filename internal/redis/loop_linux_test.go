@@ -9,10 +9,15 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mqkv/mqkv/internal/gateway"
+	"github.com/mqkv/mqkv/internal/procs"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 // serveLoop serves svc's RESP endpoint with a Loop on a loopback port,
@@ -305,4 +310,109 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// A client that sends while the loop reads the others joins their round:
+// the loop looks again before it waits for the round's writes (see run).
+// Here the second client's SET is sent, and reported by epoll, only once
+// the loop has read the first's.
+func TestLoopRoundTakesLateClients(t *testing.T) {
+	late := make(chan net.Conn, 1)
+	round := make(chan int64, 1)
+	sent := false
+	testHookRead = func(l *Loop, again bool) {
+		if l.round.writes.Load() == 0 {
+			return // a round of reads: not the one this test makes
+		}
+		if again {
+			select {
+			case round <- l.round.writes.Load():
+			default:
+			}
+			return
+		}
+		if sent {
+			return
+		}
+		sent = true
+		b := <-late
+		if _, err := io.WriteString(b, encode("SET", "b", "1")); err != nil {
+			return
+		}
+		// Until epoll reports b's bytes (level-triggered: the loop's
+		// next look sees them too).
+		evs := make([]unix.EpollEvent, 8)
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+			n, _ := unix.EpollWait(l.ep, evs, 100)
+			for _, ev := range evs[:max(n, 0)] {
+				if int(ev.Fd) != l.wake {
+					return
+				}
+			}
+		}
+	}
+	t.Cleanup(func() { testHookRead = nil }) // after the loop is closed
+	h := newHolder()
+	_, a := serveLoop(t, h)
+	t.Cleanup(h.answerRest)
+	b, err := net.Dial("tcp", a.RemoteAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// b is the loop's before the round begins.
+	io.WriteString(b, encode("PING"))
+	bb := bufio.NewReader(b)
+	expectReplies(t, bb, b, "+PONG\r\n")
+	late <- b
+	io.WriteString(a, encode("SET", "a", "1"))
+	select {
+	case n := <-round:
+		if n != 2 {
+			t.Fatalf("the round had %d writes in flight, want 2 (the late client's SET joins it)", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no round of writes")
+	}
+	for _, r := range h.take(t, 2) {
+		h.answer(r)
+	}
+	expectReplies(t, bufio.NewReader(a), a, "+OK\r\n")
+	expectReplies(t, bb, b, "+OK\r\n")
+}
+
+// A round of a deep pipeline's writes asks the scheduler's policy for
+// every P (procs.Ask); a round of 50 does not.
+func TestLoopDeepPipelineAsksForCores(t *testing.T) {
+	var asks atomic.Int64
+	askMore = func() { asks.Add(1) }
+	t.Cleanup(func() { askMore = procs.Ask }) // after the loop is closed
+	h := &holder{reqs: make(chan *statestore.Request, 1024), taken: map[*statestore.Request]bool{}}
+	_, cl := serveLoop(t, h)
+	t.Cleanup(h.answerRest)
+	br := bufio.NewReader(cl)
+	for _, c := range []struct {
+		writes int
+		asks   bool
+	}{{50, false}, {askWrites + 44, true}, {50, false}} {
+		before := asks.Load()
+		var pipe strings.Builder
+		for i := range c.writes {
+			pipe.WriteString(encode("SET", "k"+strconv.Itoa(i), "v"))
+		}
+		if _, err := io.WriteString(cl, pipe.String()); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range h.take(t, c.writes) {
+			h.answer(r)
+		}
+		expectReplies(t, br, cl, strings.Repeat("+OK\r\n", c.writes))
+		// A PING is answered in a later turn of the loop than the one
+		// that read the writes, and asked or not.
+		io.WriteString(cl, encode("PING"))
+		expectReplies(t, br, cl, "+PONG\r\n")
+		if asked := asks.Load() > before; asked != c.asks {
+			t.Fatalf("a round of %d writes: asked %v, want %v", c.writes, asked, c.asks)
+		}
+	}
 }
