@@ -116,10 +116,7 @@ func (p Policy) Next(s State, used float64, wait time.Duration) State {
 		if s.streak+1 < p.UpTicks {
 			return State{Procs: 1, streak: s.streak + 1, need: need, atOne: atOne}
 		}
-		if atOne > 0 { // back within Retry ticks: stay up longer next time
-			need = min(2*need, max(p.DownTicksMax, p.DownTicks))
-		}
-		return State{Procs: p.Max, need: need}
+		return p.up(need, atOne)
 	default:
 		if used >= p.Down && (wait >= p.DownWait || used >= p.DownFit) {
 			return State{Procs: p.Max, need: need}
@@ -139,8 +136,14 @@ func (p Policy) Asked(s State) State {
 	if p.Max <= 1 || s.Procs != 1 {
 		return s
 	}
-	need := max(s.need, p.DownTicks)
-	if s.atOne > 0 && s.atOne <= p.Retry+1 {
+	return p.up(max(s.need, p.DownTicks), s.atOne)
+}
+
+// up is the move to Max from one P, where need quiet ticks took it down
+// and atOne counts the ticks since (0: more than Retry, see Next): back
+// within Retry ticks, it stays up longer next time.
+func (p Policy) up(need, atOne int) State {
+	if atOne > 0 {
 		need = min(2*need, max(p.DownTicksMax, p.DownTicks))
 	}
 	return State{Procs: p.Max, need: need}
