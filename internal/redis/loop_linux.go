@@ -215,11 +215,11 @@ func (l *Loop) run() {
 			}
 			l.readReady(events[:m], buf)
 		}
-		if testHookRead != nil {
-			testHookRead(l, true)
-		}
 		if l.round.writes.Load() >= askWrites {
 			askMore()
+		}
+		if testHookRead != nil {
+			testHookRead(l, true)
 		}
 		l.mu.Lock()
 		resumed, closed := l.resumed, l.closed
@@ -275,8 +275,8 @@ func (l *Loop) readReady(events []unix.EpollEvent, buf []byte) {
 }
 
 // testHookRead, where a test sets it, is called by the loop once it has
-// read what epoll reported (again false) and once it has looked again
-// (again true).
+// read what epoll reported (again false), and once it has looked again
+// and asked for Ps or not (again true).
 var testHookRead func(l *Loop, again bool)
 
 // askMore is procs.Ask; a test counts the calls.

@@ -386,7 +386,15 @@ func TestLoopRoundTakesLateClients(t *testing.T) {
 func TestLoopDeepPipelineAsksForCores(t *testing.T) {
 	var asks atomic.Int64
 	askMore = func() { asks.Add(1) }
-	t.Cleanup(func() { askMore = procs.Ask }) // after the loop is closed
+	// The writes in flight each time the loop has asked or not: answered
+	// before it looks, a round's writes would ask for nothing.
+	inFlight := make(chan int64, 64)
+	testHookRead = func(l *Loop, again bool) {
+		if n := l.round.writes.Load(); again && n > 0 {
+			inFlight <- n
+		}
+	}
+	t.Cleanup(func() { askMore, testHookRead = procs.Ask, nil }) // after the loop is closed
 	h := &holder{reqs: make(chan *statestore.Request, 1024), taken: map[*statestore.Request]bool{}}
 	_, cl := serveLoop(t, h)
 	t.Cleanup(h.answerRest)
@@ -403,7 +411,15 @@ func TestLoopDeepPipelineAsksForCores(t *testing.T) {
 		if _, err := io.WriteString(cl, pipe.String()); err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range h.take(t, c.writes) {
+		reqs := h.take(t, c.writes)
+		for n := int64(0); n < int64(c.writes); {
+			select {
+			case n = <-inFlight:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the loop never had the %d writes in flight", c.writes)
+			}
+		}
+		for _, r := range reqs {
 			h.answer(r)
 		}
 		expectReplies(t, br, cl, strings.Repeat("+OK\r\n", c.writes))
