@@ -445,3 +445,24 @@ func (n *Node) call(ctx context.Context, id string, req callReq, resp *callResp)
 	}
 	return err
 }
+
+// RoundBegun tells this node's groups that a round of gathered writes
+// (replica.Proposal.Gathered) is being read, RoundSent that all of it
+// was sent (statestore.Rounds; replica.Group.RoundBegun). A round's
+// writes may go to any group, so every group is told.
+func (n *Node) RoundBegun() {
+	if m := n.view.Load(); m != nil {
+		for _, g := range *m {
+			g.RoundBegun()
+		}
+	}
+}
+
+// RoundSent: see RoundBegun.
+func (n *Node) RoundSent() {
+	if m := n.view.Load(); m != nil {
+		for _, g := range *m {
+			g.RoundSent()
+		}
+	}
+}

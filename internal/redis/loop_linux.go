@@ -14,6 +14,7 @@ import (
 
 	"github.com/mqkv/mqkv/internal/gateway"
 	"github.com/mqkv/mqkv/internal/procs"
+	"github.com/mqkv/mqkv/internal/statestore"
 )
 
 // Loop serves the endpoint's connections in Redis's shape: one goroutine,
@@ -48,6 +49,9 @@ type Loop struct {
 	wake  int // an eventfd: connections handed back, Close
 	round *round
 	due   []*conn // connections with replies the loop kept, to write (see flush)
+	// rounds, if the service takes them, is told when a round is read
+	// and when all of it was sent (see run).
+	rounds statestore.Rounds
 
 	mu      sync.Mutex
 	conns   map[int]*conn // by descriptor, until it is closed
@@ -82,6 +86,7 @@ func (s *Server) ServeLoop(ln net.Listener) (Endpoint, error) {
 		return nil, err
 	}
 	l := &Loop{s: s, ln: ln, ep: ep, wake: wake, round: newRound(), conns: map[int]*conn{}}
+	l.rounds, _ = s.cfg.Service.(statestore.Rounds)
 	l.wg.Add(2)
 	go l.accept()
 	go l.run()
@@ -191,6 +196,9 @@ func (l *Loop) run() {
 			l.closed = true
 			l.mu.Unlock()
 		}
+		if l.rounds != nil {
+			l.rounds.RoundBegun()
+		}
 		l.readReady(events[:max(n, 0)], buf)
 		if testHookRead != nil {
 			testHookRead(l, false)
@@ -236,6 +244,11 @@ func (l *Loop) run() {
 				continue
 			}
 			l.serve(c)
+		}
+		// The round's writes are all sent: those behind an entry in
+		// flight go into the next at once (replica.Group.RoundBegun).
+		if l.rounds != nil {
+			l.rounds.RoundSent()
 		}
 		l.flush()
 		if closed {

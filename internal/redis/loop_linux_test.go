@@ -432,3 +432,60 @@ func TestLoopDeepPipelineAsksForCores(t *testing.T) {
 		}
 	}
 }
+
+// roundsHolder is a holder that takes rounds (statestore.Rounds): it
+// logs, in order, each round begun ("b"), write sent ("w") and round sent
+// ("s").
+type roundsHolder struct {
+	*holder
+	log chan string
+}
+
+func (h roundsHolder) Do(r *statestore.Request, args [][]byte) { h.log <- "w"; h.holder.Do(r, args) }
+func (h roundsHolder) RoundBegun()                             { h.log <- "b" }
+func (h roundsHolder) RoundSent()                              { h.log <- "s" }
+
+// The loop tells a service that takes rounds when it reads one and once
+// all of it was sent: each write between the two (the rest of a round
+// may then go to the log at once; replica.Group.RoundBegun).
+func TestLoopTellsRounds(t *testing.T) {
+	h := roundsHolder{newHolder(), make(chan string, 4096)}
+	_, cl := serveLoop(t, h)
+	t.Cleanup(h.answerRest)
+	br := bufio.NewReader(cl)
+	const n = 40
+	for range 3 {
+		var pipe strings.Builder
+		for i := range n {
+			pipe.WriteString(encode("SET", "k"+strconv.Itoa(i), "v"))
+		}
+		if _, err := io.WriteString(cl, pipe.String()); err != nil {
+			t.Fatal(err)
+		}
+		// Until the round's last write is followed by its end.
+		var seq []string
+		for writes, open := 0, false; writes < n || open; {
+			var e string
+			select {
+			case e = <-h.log:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("rounds told %v", seq)
+			}
+			seq = append(seq, e)
+			switch {
+			case e == "b" && !open:
+				open = true
+			case e == "s" && open:
+				open = false
+			case e == "w" && open:
+				writes++
+			default:
+				t.Fatalf("rounds told %v: %q out of place", seq, e)
+			}
+		}
+		for _, r := range h.take(t, n) {
+			h.answer(r)
+		}
+		expectReplies(t, br, cl, strings.Repeat("+OK\r\n", n))
+	}
+}

@@ -3,6 +3,7 @@ package replica
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,8 +28,13 @@ type fsm struct {
 	batch      Batch // reused between batches; only the apply goroutine touches it
 	timings    Timings
 
-	expired       atomic.Int64
-	restores      atomic.Int64 // snapshots installed (a replica catching up, or a restart)
+	expired  atomic.Int64
+	restores atomic.Int64 // snapshots installed (a replica catching up, or a restart)
+	// expiresFrom is the store's earliest deadline (unix ms; MaxInt64:
+	// no key has one) as of the last apply or restore, set under mu: a
+	// write proposed before then meets no key expired, and the proposer
+	// need neither look nor take mu (see Group.propose).
+	expiresFrom   atomic.Int64
 	lastSnapshot  atomic.Int64 // unix ns
 	snapshotBytes atomic.Int64
 
@@ -235,6 +241,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		out[i] = results
 	}
 	maxVersion := f.st.MaxVersion()
+	f.noteExpiry()
 	f.mu.Unlock()
 	// A new leader must issue versions above every applied one.
 	f.clock.Observe(maxVersion)
@@ -248,6 +255,20 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	return out
 }
+
+// noteExpiry sets expiresFrom from the store (f.mu held).
+func (f *fsm) noteExpiry() {
+	at, ok := f.st.NextExpiry()
+	if !ok {
+		at = math.MaxInt64
+	}
+	f.expiresFrom.Store(at)
+}
+
+// mayHaveExpired says whether a key may be past its deadline at now
+// (unix ms) and not removed yet, as of the last apply: if not, a write
+// needs no Expire before it (see Group.propose).
+func (f *fsm) mayHaveExpired(now int64) bool { return f.expiresFrom.Load() <= now }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	// Clone marks the tree copy-on-write: a write, however brief.
@@ -264,6 +285,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.st = next
+	f.noteExpiry()
 	f.mu.Unlock()
 	f.restores.Add(1)
 	if f.onEvents != nil {

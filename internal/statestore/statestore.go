@@ -111,6 +111,31 @@ type Router interface {
 	Clock() *hlc.Clock
 }
 
+// Rounds is a Router whose writes may come in rounds (Request.Gathered):
+// their sender says when it begins to read one and when it has sent all
+// of it, so that the round's last writes need not wait behind the entry
+// its first ones went into (replica.Group.RoundBegun).
+type Rounds interface {
+	RoundBegun()
+	RoundSent()
+}
+
+// RoundBegun tells the router, if it takes rounds (Rounds), that a round
+// of gathered writes is being read.
+func (s *Service) RoundBegun() {
+	if r, ok := s.router.(Rounds); ok {
+		r.RoundBegun()
+	}
+}
+
+// RoundSent tells the router, if it takes rounds, that all of the round
+// was sent.
+func (s *Service) RoundSent() {
+	if r, ok := s.router.(Rounds); ok {
+		r.RoundSent()
+	}
+}
+
 // ContentType is the content type of replies and notifications.
 const ContentType = "application/octet-stream"
 
