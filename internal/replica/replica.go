@@ -1491,16 +1491,23 @@ func (g *Group) complete() {
 		if len(g.inflight) == 0 {
 			g.armNudge()
 		}
-		for i := handed; i < len(p.dones); i++ {
-			done := p.dones[i]
-			if done == nil {
-				continue // a command the proposer added itself
-			}
-			if err != nil {
-				done(store.Result{}, err)
-			} else {
-				done(results[i], nil)
-			}
+		if err == nil {
+			results = results[handed:]
+		}
+		answerEach(p.dones[handed:], results, err)
+	}
+}
+
+// answerEach gives each done its command's result, or err if not nil
+// (results may then be nil).
+func answerEach(dones []func(store.Result, error), results []store.Result, err error) {
+	for i, done := range dones {
+		switch {
+		case done == nil: // a command the proposer added itself
+		case err != nil:
+			done(store.Result{}, err)
+		default:
+			done(results[i], nil)
 		}
 	}
 }
@@ -1515,11 +1522,7 @@ const answerFrom = 2 * answerEvery
 func (g *Group) answer() {
 	defer close(g.answered)
 	for a := range g.answers {
-		for i, done := range a.dones {
-			if done != nil {
-				done(a.results[i], nil)
-			}
-		}
+		answerEach(a.dones, a.results, nil)
 	}
 }
 
