@@ -751,10 +751,15 @@ type eventQueue struct {
 	ready   sync.Cond // batches came, or the queue closed
 	room    sync.Cond // batches were delivered
 	batches []queuedEvents
-	bytes   int // of the batches held and the ones being delivered
-	limit   int
-	closed  bool
-	done    chan struct{}
+	// free are slices of batches delivered, cleared, for push to copy
+	// the next batches into (at most maxFree). Why: a pipelined load's
+	// batch is hundreds of events, a new slice of them each entry was a
+	// twentieth of everything a durable SET allocated.
+	free   [][]store.Event
+	bytes  int // of the batches held and the ones being delivered
+	limit  int
+	closed bool
+	done   chan struct{}
 	// pushed and delivered count batches, for flush.
 	pushed, delivered uint64
 }
@@ -767,6 +772,13 @@ type queuedEvents struct {
 
 // eventQueueBytes bounds the queue, as ringBytes bounds a ring.
 const eventQueueBytes = 8 << 20
+
+// maxFree bounds eventQueue.free, and maxFreeCap the slices it keeps:
+// a batch of many more (a restore's) is not held on to.
+const (
+	maxFree    = 4
+	maxFreeCap = 4096
+)
 
 func newEventQueue(limit int) *eventQueue {
 	q := &eventQueue{limit: limit, done: make(chan struct{})}
@@ -797,7 +809,12 @@ func (q *eventQueue) push(evs []store.Event) {
 	if q.closed {
 		return // nothing applies after close (see closeAlone)
 	}
-	q.batches = append(q.batches, queuedEvents{slices.Clone(evs), size})
+	var cp []store.Event
+	if n := len(q.free); n > 0 && cap(q.free[n-1]) >= len(evs) {
+		cp, q.free[n-1] = q.free[n-1], nil
+		q.free = q.free[:n-1]
+	}
+	q.batches = append(q.batches, queuedEvents{append(cp[:0], evs...), size})
 	q.bytes += size
 	q.pushed++
 	q.ready.Signal()
@@ -840,12 +857,18 @@ func (q *eventQueue) run(deliver func([]store.Event)) {
 		taken, q.batches = q.batches, taken[:0]
 		q.mu.Unlock()
 		size := 0
-		for i, b := range taken {
+		for _, b := range taken {
 			deliver(b.evs)
 			size += b.size
-			taken[i] = queuedEvents{}
+			clear(b.evs) // hold no key or value past the batch
 		}
 		q.mu.Lock()
+		for i, b := range taken {
+			if len(q.free) < maxFree && cap(b.evs) <= maxFreeCap {
+				q.free = append(q.free, b.evs[:0])
+			}
+			taken[i] = queuedEvents{}
+		}
 		q.bytes -= size
 		q.delivered += uint64(len(taken))
 		q.room.Broadcast()

@@ -274,6 +274,48 @@ func TestEventQueueKeepsOrderAndBound(t *testing.T) {
 	q.push([]store.Event{ev(10)}) // after close: dropped, not blocked
 }
 
+// TestEventQueueReusesDeliveredSlices: a batch delivered gives its slice
+// back, cleared (it holds no key or value past the delivery), and the
+// next push copies into it rather than into a new one: a pipelined
+// load's batches are hundreds of events each.
+func TestEventQueueReusesDeliveredSlices(t *testing.T) {
+	// Not parallel: AllocsPerRun.
+	q := newEventQueue(1 << 20)
+	delivered := make(chan []store.Event, 1)
+	go q.run(func(evs []store.Event) {
+		if len(evs) != 64 || string(evs[63].Key) != "k63" || string(evs[0].Value) != "v" {
+			t.Errorf("delivered %d events, the last %q", len(evs), evs[len(evs)-1].Key)
+		}
+		delivered <- evs
+	})
+	t.Cleanup(q.close)
+	batch := make([]store.Event, 64)
+	for i := range batch {
+		batch[i] = store.Event{Key: []byte(fmt.Sprint("k", i)), Value: []byte("v")}
+	}
+	q.push(batch)
+	first := <-delivered
+	if err := q.flush(context.Background()); err != nil { // first is back in free
+		t.Fatal(err)
+	}
+	if first[0].Key != nil || first[63].Value != nil {
+		t.Fatalf("a delivered batch still holds %q", first[0].Key)
+	}
+	q.push(batch)
+	if again := <-delivered; &again[0] != &first[0] {
+		t.Fatal("the second batch was copied into a new slice, not the first's")
+	}
+	if raceDetector {
+		return // its instrumentation allocates
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		q.push(batch)
+		<-delivered
+	}); n != 0 {
+		t.Fatalf("%v allocations a batch pushed and delivered, want 0", n)
+	}
+}
+
 // TestEventQueueFlush: flush returns once every batch pushed before it
 // was delivered (not before: the delivery is held until flush waits),
 // at once when nothing is queued, and with the context's error when it

@@ -108,7 +108,9 @@ type Config struct {
 	// single node's store, split over the new cluster's groups.
 	Seed *store.Store
 	// OnEvents receives the change events of the groups this node follows
-	// (see Follow), in log order per group, one goroutine per group.
+	// (see Follow), in log order per group, one goroutine per group. It
+	// must not keep the slice (its events may be kept): the slice is
+	// reused for a later batch.
 	OnEvents func([]store.Event)
 	Timings  replica.Timings
 	Logger   *slog.Logger

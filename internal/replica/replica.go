@@ -263,10 +263,15 @@ type Group struct {
 	roundSent chan struct{}
 	reading   atomic.Bool
 	inflight  chan pending
-	spare     chan []store.Command // entries' command slices, done with (see propose)
-	answers   chan answer          // big entries' commands applied, to answer (see answers)
-	answered  chan struct{}        // closed when answer returns
-	expiryCh  chan struct{}        // wakes the expiry loop when an earlier deadline appears
+	// spare holds entries' command slices, done with (see propose): room
+	// for one of each entry in flight, the extra slot's too. With room
+	// for one, a round's two entries gave back one and dropped the other,
+	// and the proposer made a new one for each round's rest (a thousand
+	// commands, 200 KB zeroed): a tenth of a pipelined SET's allocation.
+	spare    chan []store.Command
+	answers  chan answer   // big entries' commands applied, to answer (see answers)
+	answered chan struct{} // closed when answer returns
+	expiryCh chan struct{} // wakes the expiry loop when an earlier deadline appears
 
 	// submitMu orders Submit against Close: once closed is set under the
 	// write lock, nothing more enters g.in, so draining it fails every
@@ -326,7 +331,7 @@ func Open(cfg Config) (*Group, error) {
 		extra:     make(chan struct{}, 1),
 		roundSent: make(chan struct{}, 1),
 		inflight:  make(chan pending, pipelineDepth+1),
-		spare:     make(chan []store.Command, pipelineDepth),
+		spare:     make(chan []store.Command, pipelineDepth+1),
 		answers:   make(chan answer, 2*maxBatch/answerEvery),
 		answered:  make(chan struct{}),
 		expiryCh:  make(chan struct{}, 1),

@@ -120,6 +120,11 @@ func TestRoundRestTakesTheExtraSlot(t *testing.T) {
 	entry(2) // b and c, with a still in flight
 	free(release)
 	answered("a", "b", "c")
+	// Both entries' command slices came back for reuse (complete gives
+	// an entry's back before it answers it): none is made for the next.
+	if n := len(g.spare); n != 2 {
+		t.Fatalf("%d command slices kept for reuse, want 2", n)
+	}
 
 	release = hold()
 	submit("d", false)
