@@ -809,12 +809,7 @@ func (q *eventQueue) push(evs []store.Event) {
 	if q.closed {
 		return // nothing applies after close (see closeAlone)
 	}
-	var cp []store.Event
-	if n := len(q.free); n > 0 && cap(q.free[n-1]) >= len(evs) {
-		cp, q.free[n-1] = q.free[n-1], nil
-		q.free = q.free[:n-1]
-	}
-	q.batches = append(q.batches, queuedEvents{append(cp[:0], evs...), size})
+	q.batches = append(q.batches, queuedEvents{append(q.takeFree(len(evs)), evs...), size})
 	q.bytes += size
 	q.pushed++
 	q.ready.Signal()
@@ -864,15 +859,55 @@ func (q *eventQueue) run(deliver func([]store.Event)) {
 		}
 		q.mu.Lock()
 		for i, b := range taken {
-			if len(q.free) < maxFree && cap(b.evs) <= maxFreeCap {
-				q.free = append(q.free, b.evs[:0])
-			}
+			q.giveFree(b.evs)
 			taken[i] = queuedEvents{}
 		}
 		q.bytes -= size
 		q.delivered += uint64(len(taken))
 		q.room.Broadcast()
 		q.mu.Unlock()
+	}
+}
+
+// takeFree returns the smallest empty slice of free with room for n
+// events, if one has it (q.mu held): a single write's batch does not take
+// the slice a pipeline's needs.
+func (q *eventQueue) takeFree(n int) []store.Event {
+	best := -1
+	for i, evs := range q.free {
+		if cap(evs) >= n && (best < 0 || cap(evs) < cap(q.free[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	evs, last := q.free[best], len(q.free)-1
+	q.free[best], q.free[last] = q.free[last], nil
+	q.free = q.free[:last]
+	return evs
+}
+
+// giveFree keeps evs, delivered and cleared, for takeFree: in place of
+// the smallest kept when free is full, so that a mix of small batches
+// (single writes) and large ones (a pipeline's) keeps room for the large
+// (q.mu held).
+func (q *eventQueue) giveFree(evs []store.Event) {
+	if cap(evs) == 0 || cap(evs) > maxFreeCap {
+		return
+	}
+	if len(q.free) < maxFree {
+		q.free = append(q.free, evs[:0])
+		return
+	}
+	small := 0
+	for i := range q.free {
+		if cap(q.free[i]) < cap(q.free[small]) {
+			small = i
+		}
+	}
+	if cap(q.free[small]) < cap(evs) {
+		q.free[small] = evs[:0]
 	}
 }
 

@@ -316,6 +316,61 @@ func TestEventQueueReusesDeliveredSlices(t *testing.T) {
 	}
 }
 
+// TestEventQueueKeepsRoomForLargeBatches: with the slices kept for reuse
+// all small (single writes' batches), a large batch's slice, once
+// delivered, takes the place of one of them; a small batch pushed next
+// takes a small one, so that a large batch pushed beside it is copied
+// into the large one.
+func TestEventQueueKeepsRoomForLargeBatches(t *testing.T) {
+	t.Parallel()
+	q := newEventQueue(1 << 20)
+	step := make(chan struct{}) // one delivery each
+	delivered := make(chan []store.Event, 8)
+	go q.run(func(evs []store.Event) {
+		<-step
+		delivered <- evs
+	})
+	t.Cleanup(func() {
+		go func() {
+			for range step {
+			}
+		}()
+		q.close()
+		close(step)
+	})
+	deliver := func(n int) []store.Event {
+		t.Helper()
+		var last []store.Event
+		for range n {
+			step <- struct{}{}
+			last = <-delivered
+		}
+		if err := q.flush(context.Background()); err != nil { // their slices are back
+			t.Fatal(err)
+		}
+		return last
+	}
+	one := []store.Event{{Key: []byte("k")}}
+	for range maxFree + 1 { // each copied into a new slice: none is back yet
+		q.push(one)
+	}
+	deliver(maxFree + 1)
+	large := make([]store.Event, 64)
+	for i := range large {
+		large[i] = store.Event{Key: []byte(fmt.Sprint("k", i))}
+	}
+	q.push(large)
+	first := deliver(1)
+	q.push(one) // held in its delivery
+	q.push(large)
+	step <- struct{}{}
+	<-delivered
+	step <- struct{}{}
+	if again := <-delivered; &again[0] != &first[0] {
+		t.Fatal("a large batch was copied into a new slice, the last large one's taken by a small batch or not kept")
+	}
+}
+
 // TestEventQueueFlush: flush returns once every batch pushed before it
 // was delivered (not before: the delivery is held until flush waits),
 // at once when nothing is queued, and with the context's error when it
