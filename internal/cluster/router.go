@@ -450,19 +450,16 @@ func (n *Node) call(ctx context.Context, id string, req callReq, resp *callResp)
 // (replica.Proposal.Gathered) is being read, RoundSent that all of it
 // was sent (statestore.Rounds; replica.Group.RoundBegun). A round's
 // writes may go to any group, so every group is told.
-func (n *Node) RoundBegun() {
-	if m := n.view.Load(); m != nil {
-		for _, g := range *m {
-			g.RoundBegun()
-		}
-	}
-}
+func (n *Node) RoundBegun() { n.eachLocal((*replica.Group).RoundBegun) }
 
 // RoundSent: see RoundBegun.
-func (n *Node) RoundSent() {
+func (n *Node) RoundSent() { n.eachLocal((*replica.Group).RoundSent) }
+
+// eachLocal runs fn on each of this node's replicas (see local).
+func (n *Node) eachLocal(fn func(*replica.Group)) {
 	if m := n.view.Load(); m != nil {
 		for _, g := range *m {
-			g.RoundSent()
+			fn(g)
 		}
 	}
 }
