@@ -8,10 +8,10 @@
 # of it) or "." for the working tree (the default). Every round runs each
 # build and Redis once, in a shuffled order, each on a server started
 # afresh (an empty data directory) and stopped after its run:
-# redis-benchmark -t set -c CLIENTS -d 256 -r KEYS -n REQUESTS -P PIPELINE
-# (CLIENTS from the environment, 50 by default: the issue's; KEYS too,
+# redis-benchmark -t set -c CLIENTS -d 256 -r KEYSPACE -n REQUESTS -P PIPELINE
+# (CLIENTS from the environment, 50 by default: the issue's; KEYSPACE too,
 # 10000 by default, or "one" for redis-benchmark's own single key, as the
-# issue's command is written, with no -r). It prints
+# issue's command is written, with no -r: as bench/resp.sh). It prints
 # each run, then for each server the median of its throughput, of its CPU
 # per request (/proc/PID/stat around the run) and of its ratio to Redis in
 # the same round. Why this shape: the machine is shared and noisy (Redis's
@@ -30,8 +30,8 @@ shift $(($# < 3 ? $# : 3))
 revs=("$@")
 [ ${#revs[@]} -gt 0 ] || revs=(.)
 clients=${CLIENTS:-50}
-keys=(-r "${KEYS:-10000}")
-[ "${KEYS:-}" = one ] && keys=()
+keys=(-r "${KEYSPACE:-10000}")
+if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 pid=
