@@ -57,25 +57,51 @@ freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
+# start CONFIG: starts its server afresh on free ports and waits until it
+# answers; sets pid and port. A server may not come up (a port taken
+# between freeport and its bind, for one: the server exits); one that
+# does not answer is started again on other ports, three times at most.
+# Why: a scratch script of this shape once went on with a server that
+# was gone before its load, and redis-benchmark, sent to a closed port,
+# spun for ten minutes.
+start() {
+	local try mport data="$work/data"
+	for try in 1 2 3; do
+		port=$(freeport)
+		rm -rf "$data" && mkdir -p "$data"
+		if [ "$1" -eq "${#revs[@]}" ]; then
+			redis-server --port "$port" --bind 127.0.0.1 --dir "$data" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning >/dev/null &
+		else
+			mport=$(freeport)
+			"$work/mqkv-$1" serve --data-dir "$data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 &
+		fi
+		pid=$!
+		for _ in $(seq 100); do
+			redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+		pid=
+	done
+	echo "alternate.sh: ${labels[$1]} did not start (three tries)" >&2
+	exit 1
+}
+
 # one CONFIG: starts its server afresh, runs the load, stops it; prints
 # "ops/s cpu-µs/op".
 one() {
-	local port mport data before after out
-	port=$(freeport) data="$work/data"
-	rm -rf "$data" && mkdir -p "$data"
-	if [ "$1" -eq "${#revs[@]}" ]; then
-		redis-server --port "$port" --bind 127.0.0.1 --dir "$data" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning >/dev/null &
-	else
-		mport=$(freeport)
-		"$work/mqkv-$1" serve --data-dir "$data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 &
-	fi
-	pid=$!
-	for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+	local port before after out
+	start "$1"
 	before=$(ticks "$pid")
-	out=$(redis-benchmark -h 127.0.0.1 -p "$port" -t set -c "$clients" -d 256 "${keys[@]}" -n "$n" -P "$pipeline" --csv 2>/dev/null)
-	after=$(ticks "$pid")
+	out=$(timeout 600 redis-benchmark -h 127.0.0.1 -p "$port" -t set -c "$clients" -d 256 "${keys[@]}" -n "$n" -P "$pipeline" --csv 2>/dev/null || true)
+	after=$(ticks "$pid" 2>/dev/null || echo -)
 	kill "$pid" && wait "$pid" 2>/dev/null || true
 	pid=
+	if [ "$after" = - ] || ! echo "$out" | grep -q '^"SET"'; then
+		echo "alternate.sh: ${labels[$1]}'s run failed (its server gone, or redis-benchmark timed out)" >&2
+		exit 1
+	fi
 	echo "$out" | awk -F'","' -v cpu="$(((after - before) * 1000000 / hz))" -v n="$n" '/^"SET"/ { printf "%.0f %.2f\n", $2, cpu / n }'
 }
 
