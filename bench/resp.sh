@@ -70,8 +70,15 @@ pids+=($!); loop_pid=$!
 pids+=($!); raft_committer_pid=$!
 "$work/respfloor" -raft "$work/floor-raft-loop" -handoff loop "127.0.0.1:$rlport" &
 pids+=($!); raft_loop_pid=$!
+# A server that does not answer (a port taken between freeport and its
+# bind, for one) ends the run here: redis-benchmark, sent to a closed
+# port, spins rather than fails.
 for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport" "$lport" "$rcport" "$rlport"; do
 	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
+	if ! redis-cli -p "$p" ping >/dev/null 2>&1; then
+		echo "resp.sh: the server on port $p did not start" >&2
+		exit 1
+	fi
 done
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
@@ -84,7 +91,7 @@ run() {
 	local op before after out
 	for op in ${5:-set get}; do
 		before=$(ticks "$2")
-		out=$(redis-benchmark -h 127.0.0.1 -p "$3" -t "$op" -c 50 -d 256 "${keys[@]}" -n "$n" -P "$4" --csv 2>/dev/null)
+		out=$(timeout 600 redis-benchmark -h 127.0.0.1 -p "$3" -t "$op" -c 50 -d 256 "${keys[@]}" -n "$n" -P "$4" --csv 2>/dev/null || true)
 		after=$(ticks "$2")
 		# CSV: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
 		echo "$out" | awk -F'","' -v label="$1" -v pl="$4" -v cpu="$(((after - before) * 1000000 / hz))" -v n="$n" '
