@@ -873,12 +873,7 @@ func (q *eventQueue) run(deliver func([]store.Event)) {
 // events, if one has it (q.mu held): a single write's batch does not take
 // the slice a pipeline's needs.
 func (q *eventQueue) takeFree(n int) []store.Event {
-	best := -1
-	for i, evs := range q.free {
-		if cap(evs) >= n && (best < 0 || cap(evs) < cap(q.free[best])) {
-			best = i
-		}
-	}
+	best := q.smallestFree(n)
 	if best < 0 {
 		return nil
 	}
@@ -900,15 +895,21 @@ func (q *eventQueue) giveFree(evs []store.Event) {
 		q.free = append(q.free, evs[:0])
 		return
 	}
-	small := 0
-	for i := range q.free {
-		if cap(q.free[i]) < cap(q.free[small]) {
-			small = i
-		}
-	}
-	if cap(q.free[small]) < cap(evs) {
+	if small := q.smallestFree(0); cap(q.free[small]) < cap(evs) {
 		q.free[small] = evs[:0]
 	}
+}
+
+// smallestFree returns the place in free of the smallest slice with room
+// for n events, or -1 if none has it (q.mu held).
+func (q *eventQueue) smallestFree(n int) int {
+	best := -1
+	for i, evs := range q.free {
+		if cap(evs) >= n && (best < 0 || cap(evs) < cap(q.free[best])) {
+			best = i
+		}
+	}
+	return best
 }
 
 // close ends the queue once what it holds is delivered.
