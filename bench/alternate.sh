@@ -53,8 +53,7 @@ for i in "${!revs[@]}"; do
 done
 labels+=(redis)
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+. bench/lib.sh
 hz=$(getconf CLK_TCK)
 
 # start CONFIG: starts its server afresh on free ports and waits until it
@@ -62,8 +61,7 @@ hz=$(getconf CLK_TCK)
 # between freeport and its bind, for one: the server exits); one that
 # does not answer is started again on other ports, three times at most.
 # Why: a scratch script of this shape once went on with a server that
-# was gone before its load, and redis-benchmark, sent to a closed port,
-# spun for ten minutes.
+# was gone before its load, and redis-benchmark spun for ten minutes.
 start() {
 	local try mport data="$work/data"
 	for try in 1 2 3; do
@@ -76,11 +74,7 @@ start() {
 			"$work/mqkv-$1" serve --data-dir "$data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 &
 		fi
 		pid=$!
-		for _ in $(seq 100); do
-			redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
+		answers "$port" "$pid" && return 0
 		kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
 		pid=
 	done

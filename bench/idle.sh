@@ -9,15 +9,15 @@ set -euo pipefail
 settle=${1:-90}
 measure=${2:-20}
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/bench/lib.sh"
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 go build -o "$work/mqkv" "$root/cmd/mqkv"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 first=""
 pids=()
 for i in 1 2 3; do
-	link=127.0.0.1:$(port)
-	args=(serve --node-id "i$i" --data-dir "$work/n$i" --listen "127.0.0.1:$(port)" --admin-listen "127.0.0.1:$(port)" --cluster-listen "$link")
+	link=127.0.0.1:$(freeport)
+	args=(serve --node-id "i$i" --data-dir "$work/n$i" --listen "127.0.0.1:$(freeport)" --admin-listen "127.0.0.1:$(freeport)" --cluster-listen "$link")
 	[ -n "$first" ] && args+=(--join "$first")
 	[ -z "$first" ] && first=$link
 	"$work/mqkv" "${args[@]}" >"$work/n$i.log" 2>&1 &
@@ -25,9 +25,9 @@ for i in 1 2 3; do
 	sleep 2
 done
 sleep "$settle"
-ticks() { local t=0; for p in "${pids[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+all_ticks() { local t=0; for p in "${pids[@]}"; do t=$((t + $(ticks "$p"))); done; echo $t; }
 hz=$(getconf CLK_TCK)
-a=$(ticks)
+a=$(all_ticks)
 sleep "$measure"
-b=$(ticks)
+b=$(all_ticks)
 echo "three idle nodes: $(( (b - a) * 1000 / hz / measure )) ms of CPU a second in all (over ${measure} s, after ${settle} s)"

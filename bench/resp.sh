@@ -47,7 +47,7 @@ trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$
 go build -o "$work/mqkv" ./cmd/mqkv
 go build -o "$work/respfloor" ./bench/respfloor
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/lib.sh
 mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport) fport=$(freeport)
 cport=$(freeport) wport=$(freeport) lport=$(freeport)
 rcport=$(freeport) rlport=$(freeport)
@@ -70,18 +70,14 @@ pids+=($!); loop_pid=$!
 pids+=($!); raft_committer_pid=$!
 "$work/respfloor" -raft "$work/floor-raft-loop" -handoff loop "127.0.0.1:$rlport" &
 pids+=($!); raft_loop_pid=$!
-# A server that does not answer (a port taken between freeport and its
-# bind, for one) ends the run here: redis-benchmark, sent to a closed
-# port, spins rather than fails.
+# A server that does not answer ends the run here (see answers).
 for p in "$rport" "$aport" "$dport" "$fport" "$cport" "$wport" "$lport" "$rcport" "$rlport"; do
-	for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
-	if ! redis-cli -p "$p" ping >/dev/null 2>&1; then
+	if ! answers "$p"; then
 		echo "resp.sh: the server on port $p did not start" >&2
 		exit 1
 	fi
 done
 
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 # run LABEL PID PORT PIPELINE [OPS]: redis-benchmark's SET, then its GET
