@@ -268,10 +268,15 @@ type Group struct {
 	// for one, a round's two entries gave back one and dropped the other,
 	// and the proposer made a new one for each round's rest (a thousand
 	// commands, 200 KB zeroed): a tenth of a pipelined SET's allocation.
-	spare    chan []store.Command
-	answers  chan answer   // big entries' commands applied, to answer (see answers)
-	answered chan struct{} // closed when answer returns
-	expiryCh chan struct{} // wakes the expiry loop when an earlier deadline appears
+	spare chan []store.Command
+	// spareData holds entries' bytes that nothing reads any more (see
+	// complete), for the proposer to encode the next entries into; nil
+	// where the log store keeps the bytes raft hands it (the journal's
+	// cache, the in-memory log).
+	spareData chan []byte
+	answers   chan answer   // big entries' commands applied, to answer (see answers)
+	answered  chan struct{} // closed when answer returns
+	expiryCh  chan struct{} // wakes the expiry loop when an earlier deadline appears
 
 	// submitMu orders Submit against Close: once closed is set under the
 	// write lock, nothing more enters g.in, so draining it fails every
@@ -508,6 +513,7 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 			return nil, nil, nil, err
 		}
 		g.wal = w
+		g.spareData = make(chan []byte, pipelineDepth+1)
 		logs, stable = &wedgeCheck{WAL: w, fail: g.Fail, dir: where}, w
 	}
 	fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, retainSnapshots, rc.Logger)
@@ -1269,11 +1275,12 @@ func (g *Group) propose() {
 		if g.cfg.Timings.Entry != nil {
 			g.cfg.Timings.Entry(len(cmds))
 		}
-		// Encoded straight into the slice raft keeps until applied, a
-		// new one for each entry, sized from the last entry's encoding:
-		// encoding into a reused buffer and copying it out copied a
-		// pipeline's entry (a few hundred KB) once more.
-		data := store.AppendBatch(make([]byte, 0, size+len(cmds)*overhead+batchHeader), g.cfg.Limits, cmds)
+		// Encoded straight into the slice raft keeps until applied, sized
+		// from the last entry's encoding: encoding into a buffer of the
+		// proposer's and copying it out copied a pipeline's entry (a few
+		// hundred KB) once more. The slice is an applied entry's where
+		// nothing reads that any more (spareData), else a new one.
+		data := store.AppendBatch(g.entryBuffer(size+len(cmds)*overhead+batchHeader), g.cfg.Limits, cmds)
 		overhead = (len(data)-size)/len(cmds) + 1
 		var ans *answers
 		if len(cmds) >= answerFrom {
@@ -1285,6 +1292,19 @@ func (g *Group) propose() {
 		g.entries.Add(1)
 		g.inflight <- pending{future: f, data: data, cmds: cmds, dones: dones, ans: ans, start: start, extra: extra}
 	}
+}
+
+// entryBuffer returns an empty slice with room for n bytes, for an
+// entry's encoding.
+func (g *Group) entryBuffer(n int) []byte {
+	select {
+	case b := <-g.spareData:
+		if cap(b) >= n {
+			return b
+		}
+	default:
+	}
+	return make([]byte, 0, n)
 }
 
 // lookAt runs fn, with g.fsm.mu read-locked if look (see propose).
@@ -1475,6 +1495,21 @@ func (g *Group) complete() {
 		select {
 		case g.spare <- p.cmds:
 		default:
+		}
+		// Applied, the entry's bytes are read by nobody where the log
+		// store copied them (raft-wal encodes each entry anew; raft
+		// replicates and re-applies what the store gives back): the
+		// apply took them from raft's future, answered now. Where the
+		// store keeps them (spareData nil), they are the log's. Why: a
+		// pipelined SET's entry bytes were a quarter of all it allocated
+		// (1.19 GB for 1,000,000 SETs, 0.90 GB with them reused), which
+		// the collector pays for in cycles (docs/benchmarks.md, issue
+		// 32, fourteenth).
+		if err == nil && g.spareData != nil {
+			select {
+			case g.spareData <- p.data[:0]:
+			default:
+			}
 		}
 		var results []store.Result
 		if err == nil {
