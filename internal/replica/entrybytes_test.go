@@ -31,6 +31,18 @@ func TestEntryBytesReusedOnceApplied(t *testing.T) {
 	for i := range writes {
 		write(t, g, store.Command{Op: store.OpSet, Key: fmt.Appendf(nil, "k%02d", i), Value: fmt.Appendf(nil, "value %02d", i)}, hlc.Timestamp{})
 	}
+	// An entry of one big value is not kept for the next.
+	big := write(t, g, store.Command{Op: store.OpSet, Key: []byte("big"), Value: make([]byte, maxSpareData)}, hlc.Timestamp{})
+	if big.Outcome != store.Applied {
+		t.Fatalf("the big write: %v", big.Outcome)
+	}
+	for range len(g.spareData) {
+		b := <-g.spareData
+		if cap(b) > maxSpareData {
+			t.Fatalf("a slice of %d bytes kept for the next entry", cap(b))
+		}
+		g.spareData <- b
+	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}

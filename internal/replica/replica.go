@@ -1294,6 +1294,11 @@ func (g *Group) propose() {
 	}
 }
 
+// maxSpareData is the most bytes an entry's slice may hold to be used
+// again: a pipeline's entries are a few hundred KB, and an entry of one
+// big value is not kept alive, held for the next, by spareData.
+const maxSpareData = 1 << 20
+
 // entryBuffer returns an empty slice with room for n bytes, for an
 // entry's encoding.
 func (g *Group) entryBuffer(n int) []byte {
@@ -1505,7 +1510,7 @@ func (g *Group) complete() {
 		// (1.19 GB for 1,000,000 SETs, 0.90 GB with them reused), which
 		// the collector pays for in cycles (docs/benchmarks.md, issue
 		// 32, fourteenth).
-		if err == nil && g.spareData != nil {
+		if err == nil && g.spareData != nil && cap(p.data) <= maxSpareData {
 			select {
 			case g.spareData <- p.data[:0]:
 			default:
