@@ -268,12 +268,12 @@ type Group struct {
 	// for one, a round's two entries gave back one and dropped the other,
 	// and the proposer made a new one for each round's rest (a thousand
 	// commands, 200 KB zeroed): a tenth of a pipelined SET's allocation.
-	spare chan []store.Command
+	spare spares[store.Command]
 	// spareData holds entries' bytes that nothing reads any more (see
 	// complete), for the proposer to encode the next entries into; nil
-	// where the log store keeps the bytes raft hands it (the journal's
-	// cache, the in-memory log).
-	spareData chan []byte
+	// (keeping nothing) where the log store keeps the bytes raft hands it
+	// (the journal's cache, the in-memory log).
+	spareData spares[byte]
 	answers   chan answer   // big entries' commands applied, to answer (see answers)
 	answered  chan struct{} // closed when answer returns
 	expiryCh  chan struct{} // wakes the expiry loop when an earlier deadline appears
@@ -336,7 +336,7 @@ func Open(cfg Config) (*Group, error) {
 		extra:     make(chan struct{}, 1),
 		roundSent: make(chan struct{}, 1),
 		inflight:  make(chan pending, pipelineDepth+1),
-		spare:     make(chan []store.Command, pipelineDepth+1),
+		spare:     make(spares[store.Command], pipelineDepth+1),
 		answers:   make(chan answer, 2*maxBatch/answerEvery),
 		answered:  make(chan struct{}),
 		expiryCh:  make(chan struct{}, 1),
@@ -513,7 +513,7 @@ func (g *Group) openStores(cfg Config, rc *raft.Config) (raft.LogStore, raft.Sta
 			return nil, nil, nil, err
 		}
 		g.wal = w
-		g.spareData = make(chan []byte, pipelineDepth+1)
+		g.spareData = make(spares[byte], pipelineDepth+1)
 		logs, stable = &wedgeCheck{WAL: w, fail: g.Fail, dir: where}, w
 	}
 	fss, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, retainSnapshots, rc.Logger)
@@ -1214,12 +1214,7 @@ func (g *Group) propose() {
 		extra := g.takeSlot(first) // released by complete
 		// The apply goroutine takes the commands as they are
 		// (fsm.takeProposed): a slice of an entry that is done, or a new one.
-		select {
-		case cmds = <-g.spare:
-			cmds = cmds[:0]
-		default:
-			cmds = make([]store.Command, 0, cap(cmds))
-		}
+		cmds = g.spare.take(cap(cmds))
 		// Sized for the last entry's count: appended one by one, a
 		// pipeline's entry of hundreds grew it ten times over.
 		dones = make([]func(store.Result, error), 0, max(prev, 1))
@@ -1280,7 +1275,7 @@ func (g *Group) propose() {
 		// proposer's and copying it out copied a pipeline's entry (a few
 		// hundred KB) once more. The slice is an applied entry's where
 		// nothing reads that any more (spareData), else a new one.
-		data := store.AppendBatch(g.entryBuffer(size+len(cmds)*overhead+batchHeader), g.cfg.Limits, cmds)
+		data := store.AppendBatch(g.spareData.take(size+len(cmds)*overhead+batchHeader), g.cfg.Limits, cmds)
 		overhead = (len(data)-size)/len(cmds) + 1
 		var ans *answers
 		if len(cmds) >= answerFrom {
@@ -1299,17 +1294,29 @@ func (g *Group) propose() {
 // big value is not kept alive, held for the next, by spareData.
 const maxSpareData = 1 << 20
 
-// entryBuffer returns an empty slice with room for n bytes, for an
-// entry's encoding.
-func (g *Group) entryBuffer(n int) []byte {
+// spares keeps slices done with for the next to use; a nil one keeps
+// none.
+type spares[T any] chan []T
+
+// take returns an empty slice with room for n: a kept one if it has the
+// room, else a new one.
+func (s spares[T]) take(n int) []T {
 	select {
-	case b := <-g.spareData:
+	case b := <-s:
 		if cap(b) >= n {
-			return b
+			return b[:0]
 		}
 	default:
 	}
-	return make([]byte, 0, n)
+	return make([]T, 0, n)
+}
+
+// give keeps b for the next take, if there is room.
+func (s spares[T]) give(b []T) {
+	select {
+	case s <- b:
+	default:
+	}
 }
 
 // lookAt runs fn, with g.fsm.mu read-locked if look (see propose).
@@ -1497,10 +1504,7 @@ func (g *Group) complete() {
 		// handed raft another copy of the bytes. Forgotten, the commands
 		// are the proposer's again.
 		handed := g.fsm.forget(p.data, p.ans)
-		select {
-		case g.spare <- p.cmds:
-		default:
-		}
+		g.spare.give(p.cmds)
 		// Applied, the entry's bytes are read by nobody where the log
 		// store copied them (raft-wal encodes each entry anew; raft
 		// replicates and re-applies what the store gives back): the
@@ -1510,11 +1514,8 @@ func (g *Group) complete() {
 		// (1.19 GB for 1,000,000 SETs, 0.90 GB with them reused), which
 		// the collector pays for in cycles (docs/benchmarks.md, issue
 		// 32, fourteenth).
-		if err == nil && g.spareData != nil && cap(p.data) <= maxSpareData {
-			select {
-			case g.spareData <- p.data[:0]:
-			default:
-			}
+		if err == nil && cap(p.data) <= maxSpareData {
+			g.spareData.give(p.data)
 		}
 		var results []store.Result
 		if err == nil {
