@@ -264,7 +264,12 @@ func stringProp(b []byte, id byte) (string, bool) {
 func TestWatchMovesWithTheServerReference(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
-	nodes := startNodes(t, "wr", 3, nil)
+	// The history a member replays a resumed watch from must reach back
+	// over the move: at a SET every 5 ms the default's 64 changes a
+	// partition last about half a second, and CI once stopped the member
+	// for longer than that (a resync event after 67 changes: the bound
+	// working, not the move failing). 4,096 last half a minute.
+	nodes := startNodes(t, "wr", 3, func(c *server.Config) { c.History.PerPartition = 4096 })
 	awaitSettled(t, nodes[0])
 	watchAcross(t, watchedWrites{
 		watcher: "mqtt://" + nodes[2].Addr(), writer: "mqtt://" + nodes[1].Addr(), key: "moving/watched",
