@@ -431,13 +431,15 @@ func TestRestartedMemberReplaysFromBeforeItsRestart(t *testing.T) {
 func TestWatchGoesOnThroughAnotherMember(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
-	nodes := startNodes(t, "wg", 3, nil)
+	// The members' history reaches back over the move (as in
+	// TestWatchMovesWithTheServerReference): the default's 64 changes a
+	// partition would last 6 s at this pace, three moves' worth.
+	nodes := startNodes(t, "wg", 3, func(c *server.Config) { c.History.PerPartition = 4096 })
 	watchAcross(t, watchedWrites{
 		watcher: "mqtt://" + nodes[2].Addr() + ",mqtt://" + nodes[0].Addr(), writer: "mqtt://" + nodes[1].Addr(), key: "going/on",
-		// Slow enough that the changes made while the client moves (about
-		// 2 s: the member's sessions are taken over from a node that did
-		// not hand them over) fit the history's 64 per partition. A SET
-		// may fail meanwhile: the closed node led some groups.
+		// The client moves in about 2 s (the member's sessions are taken
+		// over from a node that did not hand them over). A SET may fail
+		// meanwhile: the closed node led some groups.
 		every: 100 * time.Millisecond, before: 10, after: 15,
 	}, func(context.Context) {
 		nodes[2].Close() // no Server Reference: the client's list decides
