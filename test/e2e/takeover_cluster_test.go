@@ -431,9 +431,10 @@ func TestRestartedMemberReplaysFromBeforeItsRestart(t *testing.T) {
 func TestWatchGoesOnThroughAnotherMember(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
-	// The members' history reaches back over the move (as in
-	// TestWatchMovesWithTheServerReference): the default's 64 changes a
-	// partition would last 6 s at this pace, three moves' worth.
+	// The members' history must reach back over the move (as in
+	// TestWatchMovesWithTheServerReference): a move took 24 changes
+	// (2.4 s at this pace) of the default's 64 a partition, little room
+	// on a loaded CI machine; 4,096 last almost seven minutes.
 	nodes := startNodes(t, "wg", 3, func(c *server.Config) { c.History.PerPartition = 4096 })
 	watchAcross(t, watchedWrites{
 		watcher: "mqtt://" + nodes[2].Addr() + ",mqtt://" + nodes[0].Addr(), writer: "mqtt://" + nodes[1].Addr(), key: "going/on",
