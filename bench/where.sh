@@ -20,7 +20,8 @@
 # perf, attached, adds its own cost to each system call the server makes:
 # compare the servers within a run, not with figures taken without it.
 #
-# Needs redis-server, redis-tools and python3; perf is optional.
+# Needs redis-server, redis-tools, python3 and /usr/bin/time (Debian's
+# time); perf is optional.
 set -euo pipefail
 rounds=${1:-3}
 n=${2:-1000000}
