@@ -56,30 +56,23 @@ labels+=(redis)
 . bench/lib.sh
 hz=$(getconf CLK_TCK)
 
-# start CONFIG: starts its server afresh on free ports and waits until it
-# answers; sets pid and port. A server may not come up (a port taken
-# between freeport and its bind, for one: the server exits); one that
-# does not answer is started again on other ports, three times at most.
-# Why: a scratch script of this shape once went on with a server that
-# was gone before its load, and redis-benchmark spun for ten minutes.
+# launch CONFIG starts its server in the background on $port, its data
+# in $work/data (see fresh).
+launch() {
+	if [ "$1" -eq "${#revs[@]}" ]; then
+		redis-server --port "$port" --bind 127.0.0.1 --dir "$work/data" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning >/dev/null &
+	else
+		"$work/mqkv-$1" serve --data-dir "$work/data" --listen "127.0.0.1:$(freeport)" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 &
+	fi
+}
+
+# start CONFIG: starts its server afresh and waits until it answers; sets
+# pid and port.
 start() {
-	local try mport data="$work/data"
-	for try in 1 2 3; do
-		port=$(freeport)
-		rm -rf "$data" && mkdir -p "$data"
-		if [ "$1" -eq "${#revs[@]}" ]; then
-			redis-server --port "$port" --bind 127.0.0.1 --dir "$data" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning >/dev/null &
-		else
-			mport=$(freeport)
-			"$work/mqkv-$1" serve --data-dir "$data" --listen "127.0.0.1:$mport" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 &
-		fi
-		pid=$!
-		answers "$port" "$pid" && return 0
-		kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-		pid=
-	done
-	echo "alternate.sh: ${labels[$1]} did not start (three tries)" >&2
-	exit 1
+	fresh "$work/data" launch "$1" || {
+		echo "alternate.sh: ${labels[$1]} did not start (three tries)" >&2
+		exit 1
+	}
 }
 
 # one CONFIG: starts its server afresh, runs the load, stops it; prints

@@ -22,3 +22,27 @@ answers() {
 	done
 	return 1
 }
+
+# fresh DATA LAUNCH [ARG...] starts a server afresh and waits until it
+# answers: DATA emptied, port set to a free port, then LAUNCH ARG... run,
+# which starts the server in the background on them (its $! is the pid).
+# Sets pid and port. A server may not come up (the port taken between
+# freeport and its bind, for one: the server exits); one that does not
+# answer is started again on other ports, three times at most, after
+# which fresh returns 1. Why: a scratch script of this shape once went on
+# with a server that was gone before its load, and redis-benchmark spun
+# for ten minutes.
+fresh() {
+	local data=$1 try
+	shift
+	for try in 1 2 3; do
+		port=$(freeport)
+		rm -rf "$data" && mkdir -p "$data"
+		"$@"
+		pid=$!
+		answers "$port" "$pid" && return 0
+		kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+		pid=
+	done
+	return 1
+}

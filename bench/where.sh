@@ -42,25 +42,23 @@ if command -v perf >/dev/null 2>&1 && perf stat -e syscalls:sys_enter_read true 
 	events="$events,context-switches"
 fi
 
-# start NAME: starts that server afresh on a free port, waits until it
-# answers; sets pid and port (three tries, as bench/alternate.sh).
+# launch NAME starts that server in the background on $port, its data in
+# $work/data (see fresh).
+launch() {
+	case $1 in
+	mqkv) "$work/mqkv" serve --data-dir "$work/data" --listen "127.0.0.1:$(freeport)" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 & ;;
+	redis) redis-server --port "$port" --bind 127.0.0.1 --dir "$work/data" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning >/dev/null & ;;
+	floor) "$work/respfloor" -raft "$work/data/raft" -handoff loop "127.0.0.1:$port" >/dev/null 2>&1 & ;;
+	esac
+}
+
+# start NAME: starts that server afresh and waits until it answers; sets
+# pid and port.
 start() {
-	local try data="$work/data"
-	for try in 1 2 3; do
-		port=$(freeport)
-		rm -rf "$data" && mkdir -p "$data"
-		case $1 in
-		mqkv) "$work/mqkv" serve --data-dir "$data" --listen "127.0.0.1:$(freeport)" --resp-listen "127.0.0.1:$port" --log-level error >/dev/null 2>&1 & ;;
-		redis) redis-server --port "$port" --bind 127.0.0.1 --dir "$data" --appendonly yes --appendfsync always --save '' --daemonize no --loglevel warning >/dev/null & ;;
-		floor) "$work/respfloor" -raft "$data/raft" -handoff loop "127.0.0.1:$port" >/dev/null 2>&1 & ;;
-		esac
-		pid=$!
-		answers "$port" "$pid" && return 0
-		kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-		pid=
-	done
-	echo "where.sh: $1 did not start (three tries)" >&2
-	exit 1
+	fresh "$work/data" launch "$1" || {
+		echo "where.sh: $1 did not start (three tries)" >&2
+		exit 1
+	}
 }
 
 # idle prints the machine's idle and all clock ticks so far (/proc/stat).
