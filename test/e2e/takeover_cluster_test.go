@@ -264,12 +264,10 @@ func stringProp(b []byte, id byte) (string, bool) {
 func TestWatchMovesWithTheServerReference(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
-	// The history a member replays a resumed watch from must reach back
-	// over the move: at a SET every 5 ms the default's 64 changes a
-	// partition last about half a second, and CI once stopped the member
-	// for longer than that (a resync event after 67 changes: the bound
-	// working, not the move failing). 4,096 last half a minute.
-	nodes := startNodes(t, "wr", 3, func(c *server.Config) { c.History.PerPartition = 4096 })
+	// At a SET every 5 ms the default history's 64 changes a partition
+	// last about half a second, and CI once stopped the member for longer
+	// (see longHistory).
+	nodes := startNodes(t, "wr", 3, longHistory)
 	awaitSettled(t, nodes[0])
 	watchAcross(t, watchedWrites{
 		watcher: "mqtt://" + nodes[2].Addr(), writer: "mqtt://" + nodes[1].Addr(), key: "moving/watched",
@@ -285,6 +283,14 @@ func TestWatchMovesWithTheServerReference(t *testing.T) {
 		t.Fatalf("%d clients on the members that stayed, want the writer and the watcher", n)
 	}
 }
+
+// longHistory has members keep 4,096 changes a partition (the default
+// 64), so that the history a member replays a resumed watch from reaches
+// back over the watcher's move to it even on a loaded machine. Past the
+// history a watch gets a resync event: the bound working, which CI once
+// saw in TestWatchMovesWithTheServerReference (after 67 changes), not the
+// move failing.
+func longHistory(c *server.Config) { c.History.PerPartition = 4096 }
 
 // watchedWrites is a watch across a fault (see watchAcross).
 type watchedWrites struct {
@@ -431,11 +437,10 @@ func TestRestartedMemberReplaysFromBeforeItsRestart(t *testing.T) {
 func TestWatchGoesOnThroughAnotherMember(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
-	// The members' history must reach back over the move (as in
-	// TestWatchMovesWithTheServerReference): a move took 24 changes
-	// (2.4 s at this pace) of the default's 64 a partition, little room
-	// on a loaded CI machine; 4,096 last almost seven minutes.
-	nodes := startNodes(t, "wg", 3, func(c *server.Config) { c.History.PerPartition = 4096 })
+	// A move took 24 changes (2.4 s at this pace) of the default
+	// history's 64 a partition: little room on a loaded CI machine (see
+	// longHistory).
+	nodes := startNodes(t, "wg", 3, longHistory)
 	watchAcross(t, watchedWrites{
 		watcher: "mqtt://" + nodes[2].Addr() + ",mqtt://" + nodes[0].Addr(), writer: "mqtt://" + nodes[1].Addr(), key: "going/on",
 		// The client moves in about 2 s (the member's sessions are taken
