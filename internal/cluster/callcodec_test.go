@@ -74,7 +74,7 @@ func TestCallCodecKnowsEveryField(t *testing.T) {
 	}
 	check(callReq{}, []string{"Op", "Group", "Cmd", "After", "Key", "Relay"},
 		[]string{"From", "Prefix", "Limit", "Meta", "Since", "FromStart", "AnyReplica", "Copy"})
-	check(store.Command{}, []string{"Op", "Cond", "Key", "Value", "Version", "Now", "TTL", "Fence", "Expected", "Request", "Keep"}, nil)
+	check(store.Command{}, []string{"Op", "Cond", "Key", "Value", "Version", "Now", "TTL", "Fence", "Expected", "Request", "Keep", "Delta"}, nil)
 	check(hlc.Timestamp{}, []string{"Wall", "Counter", "Node"}, nil)
 	check(callResp{}, []string{"Kind", "Err", "Leader", "Result", "Entry", "Found", "DiskFull"},
 		[]string{"LeaderAddr", "Entries", "Exhausted", "Applied", "Servers", "Committed", "Status", "Events", "Last",

@@ -75,15 +75,21 @@ const (
 // Protocol 3: raft's AppendEntries in a binary form on the call streams
 // (appendcodec.go). Protocol 4: writes that carry their request's id, so
 // that a request is executed once (store.Command.Request; log entries of
-// batch format 4, snapshots of format 2).
+// batch format 4, snapshots of format 2). Protocol 5: the arithmetic
+// writes (store.OpAdd, OpIncr, OpDecr: INCR and memcached's incr, applied
+// by the log).
 const (
 	ProtocolMin = 1
-	ProtocolMax = 4
+	ProtocolMax = 5
 )
 
 // protocolRequests is the cluster protocol from which writes carry their
 // request's id.
 const protocolRequests = 4
+
+// protocolArithmetic is the cluster protocol from which a write may be
+// an arithmetic op.
+const protocolArithmetic = 5
 
 // metaGroup is the stream layer id of the metadata group (replica groups
 // are numbered from 0).
@@ -844,6 +850,12 @@ func (n *Node) Protocol() int {
 // request (store.Command.Request), to be executed once: on a node on its
 // own, which alone reads its logs, or once every member reads them.
 func (n *Node) RemembersRequests() bool { return n.link == nil || n.Protocol() >= protocolRequests }
+
+// Arithmetic reports whether a write may be an arithmetic op (store.OpAdd,
+// OpIncr, OpDecr): on a node on its own, or once every member applies
+// them. A member of an earlier release finds none in the logs or on the
+// node link, which it could not read.
+func (n *Node) Arithmetic() bool { return n.link == nil || n.Protocol() >= protocolArithmetic }
 
 func randomID() string {
 	var b [16]byte

@@ -49,6 +49,10 @@ func init() {
 		"TTL":       {run: (*conn).ttl, arity: 2, local: true},
 		"KEYS":      {run: (*conn).keys, arity: 2},
 		"SCAN":      {run: (*conn).scan, arity: -2},
+		"INCR":      {run: (*conn).incr, arity: 2},
+		"DECR":      {run: (*conn).incr, arity: 2},
+		"INCRBY":    {run: (*conn).incr, arity: 3},
+		"DECRBY":    {run: (*conn).incr, arity: 3},
 		"MQKV.GETV": {run: (*conn).getv, arity: 2, local: true},
 		"MQKV.SETV": {run: (*conn).setv, arity: -3},
 		"MQKV.DELV": {run: (*conn).delv, arity: -2},
@@ -445,6 +449,38 @@ func (c *conn) del(args [][]byte) {
 	}
 	c.w.integer(n)
 }
+
+// incr serves INCR, DECR, INCRBY and DECRBY where they are not in flight
+// with other writes (asyncWrite): as the store's INCRBY and DECRBY, which
+// the log applies to whatever the key holds then, Redis's atomic counter,
+// concurrent increments each counted.
+func (c *conn) incr(args [][]byte) {
+	v, _ := c.call(counterCommand(nil, args)...)
+	c.w.value(v)
+}
+
+// counterCommand appends to dst the store's command for args if it is
+// INCR k, DECR k, INCRBY k n or DECRBY k n, and returns nil for anything
+// else.
+func counterCommand(dst, args [][]byte) [][]byte {
+	if len(args) < 2 || len(args) > 3 {
+		return nil
+	}
+	name := args[0]
+	switch {
+	case len(args) == 2 && strings.EqualFold(string(name), "INCR"):
+		return append(dst, verbINCRBY, args[1], one)
+	case len(args) == 2 && strings.EqualFold(string(name), "DECR"):
+		return append(dst, verbDECRBY, args[1], one)
+	case len(args) == 3 && strings.EqualFold(string(name), "INCRBY"):
+		return append(dst, verbINCRBY, args[1], args[2])
+	case len(args) == 3 && strings.EqualFold(string(name), "DECRBY"):
+		return append(dst, verbDECRBY, args[1], args[2])
+	}
+	return nil
+}
+
+var verbINCRBY, verbDECRBY, one = []byte("INCRBY"), []byte("DECRBY"), []byte("1")
 
 func (c *conn) exists(args [][]byte) {
 	var n int64

@@ -168,8 +168,8 @@ type writeSlot struct {
 	c     *conn
 	key   uint64 // keyHash
 	proto int
-	del   bool
-	small [16]byte // room for a write's reply ("+OK", a null, ":1")
+	plain bool     // the reply is the store's as it is (DEL's count, a counter's number), not SET's
+	small [24]byte // room for a write's reply ("+OK", a null, ":1", a counter's number)
 	req   statestore.Request
 	args  [7][]byte // the command sent (SET's longest: setCommand)
 }
@@ -418,14 +418,16 @@ func (c *conn) signalWriter() {
 }
 
 // asyncWrite says whether args is a write that may be in flight with
-// others (a SET with no XX and no NX GET, a DEL of one key), and its
-// key's hash.
+// others (a SET with no XX and no NX GET, a DEL of one key, a counter's
+// INCR, DECR, INCRBY or DECRBY), and its key's hash.
 func (c *conn) asyncWrite(args [][]byte) (uint64, bool) {
 	if !c.c.Authenticated() || len(args) < 2 {
 		return 0, false
 	}
 	switch name := string(args[0]); {
 	case len(args) == 2 && strings.EqualFold(name, "DEL"):
+		return keyHash(args[1]), true
+	case counterCommand(nil, args) != nil:
 		return keyHash(args[1]), true
 	case len(args) >= 3 && strings.EqualFold(name, "SET"):
 		var nx, get bool
@@ -486,12 +488,19 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	// Its request is made anew by SendIn, its command by setCommand.
 	sl.slot = slot{n: 1, write: sl}
 	// HELLO, which changes the protocol, waits for writes in flight.
-	sl.c, sl.key, sl.proto, sl.del = c, key, c.w.proto, strings.EqualFold(string(args[0]), "DEL")
+	sl.c, sl.key, sl.proto = c, key, c.w.proto
 	c.push(&sl.slot, more)
-	if sl.del {
+	if strings.EqualFold(string(args[0]), "DEL") {
+		sl.plain = true
 		c.c.SendIn(&sl.req, "", append(sl.args[:0], verbDEL, args[1]), sl)
 		return
 	}
+	if cmd := counterCommand(sl.args[:0], args); cmd != nil {
+		sl.plain = true
+		c.c.SendIn(&sl.req, "", cmd, sl)
+		return
+	}
+	sl.plain = false
 	cmd, errText := setCommand(sl.args[:0], args)
 	if errText != "" {
 		w := writer{proto: sl.proto}
@@ -507,8 +516,8 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 func (sl *writeSlot) Reply(_ *statestore.Request, payload []byte, _ hlc.Timestamp) {
 	v := gateway.Parse(payload)
 	w := writer{b: sl.small[:0], proto: sl.proto}
-	if sl.del {
-		w.value(v) // :1 deleted, :0 absent: DEL's count for one key
+	if sl.plain {
+		w.value(v) // DEL's count for one key (:1 deleted, :0 absent), a counter's number
 	} else {
 		setReply(&w, v)
 	}

@@ -814,7 +814,7 @@ func (g *Group) TrySubmit(p Proposal) error {
 	if g.raft.State() != raft.Leader {
 		return g.notLeader()
 	}
-	if p.Cmd.Op == store.OpSet {
+	if p.Cmd.Op.Stores() {
 		if err := g.cfg.Disk.Check(); err != nil {
 			return err
 		}

@@ -28,6 +28,9 @@ const (
 	ErrTimestampMissing         Error = "missing timestamp"
 	ErrTimestampMalformed       Error = "malformed timestamp"
 	ErrKeyLengthZero            Error = "the key length is zero"
+	// Redis's own, for the arithmetic extensions (INCRBY, DECRBY).
+	ErrNotInteger Error = "value is not an integer or out of range"
+	ErrOverflow   Error = "increment or decrement would overflow"
 )
 
 // MaxArgs bounds the number of elements of a request array. No command has

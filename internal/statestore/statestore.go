@@ -182,12 +182,15 @@ type Request struct {
 	key      []byte    // the key it names, if any, for activity figures
 	deadline deadline  // its time limit, once it reads or writes
 
-	// The write it makes (see write): its op, whether it is a SET ... GET,
-	// and the Done its proposal carries, made once for the request's life,
-	// not once a write: a gateway's requests are reused.
-	writeOp   store.Op
-	writeGet  bool
-	writeDone func(store.Result, error)
+	// The write it makes (see write): its op, whether it is a SET ... GET
+	// (or an arithmetic write, which answers with the number too), the
+	// length of the arithmetic write's PREFIX, and the Done its proposal
+	// carries, made once for the request's life, not once a write: a
+	// gateway's requests are reused.
+	writeOp     store.Op
+	writeGet    bool
+	writePrefix int
+	writeDone   func(store.Result, error)
 }
 
 // Renew empties r for another request, keeping what it made for its
@@ -444,6 +447,8 @@ func (s *Service) serve(r *Request, args [][]byte) {
 		s.scan(r, args)
 	case "ROUTES":
 		s.routes(r, args)
+	case "INCRBY", "DECRBY":
+		s.add(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
 	}
@@ -479,6 +484,9 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 		res := resultOf(payload)
 		if r.command == "PTTL" && res == "not_applied" {
 			res = "ok" // -1: a key without expiry
+		}
+		if r.writeOp == store.OpAdd && payload[0] == ':' {
+			res = "ok" // the number, whatever it is
 		}
 		s.observe(r, res)
 	}
@@ -523,7 +531,7 @@ type Reply struct {
 	Key             []byte
 }
 
-var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN", "ROUTES"}
+var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN", "ROUTES", "INCRBY", "DECRBY"}
 
 // commandName names a verb, for dispatch and metrics, from a fixed set so
 // that labels stay bounded.
@@ -713,6 +721,81 @@ func (s *Service) set(r *Request, args [][]byte) {
 	s.write(r, cmd, get)
 }
 
+// add serves INCRBY key delta [UNSIGNED [PREFIX p]] and DECRBY (the same,
+// taking delta away), mqkv's extensions (docs/extensions.md): Redis's
+// INCRBY and DECRBY on a signed 64-bit number, or with UNSIGNED
+// memcached's incr and decr, on the number that follows p in the value.
+// The log applies them (store.OpAdd, OpIncr, OpDecr), so that concurrent
+// ones all succeed, each on the number the one before it left: a gateway
+// that read the number and wrote it back on condition (VER) failed most
+// of 50 clients' increments of one key (issue 32).
+func (s *Service) add(r *Request, args [][]byte) {
+	if len(args) < 3 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	cmd := store.Command{Op: store.OpAdd, Key: args[1]}
+	unsigned, prefixed := false, false
+	for i := 3; i < len(args); i++ {
+		switch {
+		case equalFold(args[i], "UNSIGNED") && !unsigned:
+			unsigned = true
+		case equalFold(args[i], "PREFIX") && unsigned && !prefixed && i+1 < len(args):
+			cmd.Value, prefixed = args[i+1], true
+			i++
+		default:
+			s.fail(r, resp.ErrSyntax)
+			return
+		}
+	}
+	down := r.command == "DECRBY"
+	if unsigned {
+		d, err := strconv.ParseUint(string(args[2]), 10, 64)
+		if err != nil {
+			s.fail(r, resp.ErrNotInteger)
+			return
+		}
+		cmd.Op, cmd.Delta = store.OpIncr, int64(d)
+		if down {
+			cmd.Op = store.OpDecr
+		}
+	} else {
+		d, ok := store.ParseInteger(args[2])
+		if !ok {
+			s.fail(r, resp.ErrNotInteger)
+			return
+		}
+		if down {
+			if d == math.MinInt64 {
+				s.fail(r, errDecrementOverflow) // Redis's words for it
+				return
+			}
+			d = -d
+		}
+		cmd.Delta = d
+	}
+	if !s.arithmetic() {
+		s.fail(r, errArithmeticProtocol)
+		return
+	}
+	r.writePrefix = len(cmd.Value)
+	s.write(r, cmd, true) // its answer is the number: a read too
+}
+
+const errDecrementOverflow resp.Error = "decrement would overflow"
+
+// errArithmeticProtocol answers an arithmetic write in a cluster that
+// some member of an earlier release keeps below the protocol that has
+// them (cluster.Node.Arithmetic).
+const errArithmeticProtocol resp.Error = "INCRBY and DECRBY need every member of the cluster on a release that has them (cluster protocol 5): upgrade the others"
+
+// arithmetic reports whether writes may be arithmetic ops: on a node on
+// its own, or in a cluster once every member applies them.
+func (s *Service) arithmetic() bool {
+	m, ok := s.router.(interface{ Arithmetic() bool })
+	return !ok || m.Arithmetic()
+}
+
 // parseVer reads the argument of VER: a version, or 0 for "absent".
 func (s *Service) parseVer(b []byte) (hlc.Timestamp, resp.Error) {
 	if string(b) == "0" {
@@ -839,8 +922,16 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		s.fail(r, resp.ErrFencingTokenLowerVersion)
 	case store.QuotaExceeded:
 		s.fail(r, resp.ErrQuotaExceeded)
+	case store.NotANumber:
+		s.fail(r, resp.ErrNotInteger)
+	case store.Overflow:
+		s.fail(r, resp.ErrOverflow)
 	case store.Applied:
 		switch {
+		case op == store.OpAdd:
+			s.reply(r, append(append([]byte{':'}, res.Previous...), '\r', '\n'), res.Version)
+		case op == store.OpIncr || op == store.OpDecr:
+			s.replyBulk(r, res.Previous[r.writePrefix:], res.Version)
 		case op == store.OpSet && get && res.HadPrevious:
 			s.replyBulk(r, res.Previous, res.Version)
 		case op == store.OpSet && get:
@@ -858,6 +949,10 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		}
 		s.reply(r, resp.MinusOne, res.Version)
 	case store.Missing:
+		if op == store.OpIncr || op == store.OpDecr {
+			s.reply(r, resp.Nil, hlc.Timestamp{}) // no number: memcached's NOT_FOUND
+			return
+		}
 		s.reply(r, resp.Zero, hlc.Timestamp{})
 	}
 }

@@ -505,3 +505,92 @@ func TestAnsweredRequestIsNotTouchedAgain(t *testing.T) {
 		t.Fatalf("%d answers, observed %q; want 3, %q", o.answers, seen, want)
 	}
 }
+
+// storeRouter applies each write to a store at once.
+type storeRouter struct {
+	pagedRouter
+	st         *store.Store
+	clock      *hlc.Clock
+	submitted  int
+	noArith    bool // a cluster some member keeps below the arithmetic ops' protocol
+	arithAsked bool
+}
+
+func newStoreRouter() *storeRouter {
+	c, _ := hlc.New("n1", nil)
+	return &storeRouter{st: store.New(store.Limits{}), clock: c}
+}
+
+func (r *storeRouter) Clock() *hlc.Clock { return r.clock }
+func (r *storeRouter) Submit(_ context.Context, p replica.Proposal) {
+	r.submitted++
+	p.Cmd.Version, p.Cmd.Now = r.clock.Now(), time.Now().UnixMilli()
+	res, _ := r.st.Apply(&p.Cmd, nil)
+	p.Done(res, nil)
+}
+func (r *storeRouter) Arithmetic() bool { r.arithAsked = true; return !r.noArith }
+
+// TestIncrByAndDecrBy: the arithmetic extensions, their answers, their
+// syntax, the read their answer is, and the cluster protocol they wait for.
+func TestIncrByAndDecrBy(t *testing.T) {
+	rt := newStoreRouter()
+	rp := &replies{}
+	s := New(rt, rp, Limits{}, nil)
+	do := func(grant *policy.Grant, args ...string) string {
+		var b [][]byte
+		for _, a := range args {
+			b = append(b, []byte(a))
+		}
+		s.Do(&Request{ClientID: "c", QoS: 1, Origin: rp, StampWrites: true, Grant: grant}, b)
+		return string(rp.last)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"INCRBY", "k", "5"}, ":5\r\n"},
+		{[]string{"DECRBY", "k", "7"}, ":-2\r\n"},
+		{[]string{"decrby", "k", "-2"}, ":0\r\n"},
+		{[]string{"INCRBY", "k", "x"}, "-ERR value is not an integer or out of range\r\n"},
+		{[]string{"DECRBY", "k", "-9223372036854775808"}, "-ERR decrement would overflow\r\n"},
+		{[]string{"INCRBY", "k"}, "-ERR wrong number of arguments\r\n"},
+		{[]string{"INCRBY", "k", "1", "PREFIX", "p"}, "-ERR syntax error\r\n"},
+		{[]string{"INCRBY", "k", "1", "UNSIGNED", "UNSIGNED"}, "-ERR syntax error\r\n"},
+		{[]string{"INCRBY", "u", "1", "UNSIGNED"}, "$-1\r\n"},
+		{[]string{"SET", "u", "hdr7"}, "+OK\r\n"},
+		{[]string{"INCRBY", "u", "3", "UNSIGNED", "PREFIX", "hdr"}, "$2\r\n10\r\n"},
+		{[]string{"DECRBY", "u", "20", "unsigned", "prefix", "hdr"}, "$1\r\n0\r\n"},
+		{[]string{"INCRBY", "u", "18446744073709551615", "UNSIGNED", "PREFIX", "hdr"}, "$20\r\n18446744073709551615\r\n"},
+		{[]string{"INCRBY", "u", "1", "UNSIGNED", "PREFIX", "xyz"}, ":-1\r\n"},
+		{[]string{"INCRBY", "u", "-1", "UNSIGNED", "PREFIX", "hdr"}, "-ERR value is not an integer or out of range\r\n"},
+	} {
+		if got := do(nil, c.args...); got != c.want {
+			t.Fatalf("%q: %q, want %q", c.args, got, c.want)
+		}
+	}
+	if e, ok := rt.st.Get([]byte("u"), time.Now().UnixMilli()); !ok || string(e.Value) != "hdr18446744073709551615" {
+		t.Fatalf("u holds %+v", e)
+	}
+
+	// The answer is the number: a client that may write the key but not
+	// read it is refused.
+	pol, err := policy.Parse([]byte(`rules:
+  - principals: {clientIds: ["c"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources: [{method: Write, keys: ["*"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := rt.submitted
+	if got := do(pol.Grant(policy.Principal{ClientID: "c"}), "INCRBY", "k", "1"); got != "-ERR not authorized\r\n" || rt.submitted != before {
+		t.Fatalf("INCRBY without read access: %q, %d writes", got, rt.submitted-before)
+	}
+
+	// In a cluster a member of an earlier release keeps below protocol 5:
+	// refused, nothing written.
+	rt.noArith, rt.arithAsked = true, false
+	if got := do(nil, "INCRBY", "k", "1"); !strings.Contains(got, "cluster protocol 5") || rt.submitted != before || !rt.arithAsked {
+		t.Fatalf("INCRBY below the protocol: %q, %d writes", got, rt.submitted-before)
+	}
+}

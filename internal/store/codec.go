@@ -87,7 +87,11 @@ func appendCommand(b []byte, c *Command) []byte {
 	b = appendBytes(b, c.Value)
 	b = AppendTimestamp(b, c.Version)
 	b = binary.AppendVarint(b, c.Now)
-	b = binary.AppendVarint(b, c.TTL)
+	if c.Op.arithmetic() {
+		b = binary.AppendVarint(b, c.Delta) // in the TTL's place: they take none
+	} else {
+		b = binary.AppendVarint(b, c.TTL)
+	}
 	b = AppendTimestamp(b, c.Fence)
 	return AppendTimestamp(b, c.Expected)
 }
@@ -121,7 +125,10 @@ func (d *decoder) command(c *Command) {
 	c.TTL = d.varint()
 	c.Fence = d.timestamp()
 	c.Expected = d.timestamp()
-	if c.Op < OpSet || c.Op > OpExpire || c.Cond > IfVersion {
+	if c.Op.arithmetic() {
+		c.Delta, c.TTL = c.TTL, 0
+	}
+	if c.Op < OpSet || c.Op > OpDecr || c.Cond > IfVersion || c.Op.arithmetic() && c.Cond != Always {
 		d.err = ErrCorrupt
 	}
 }
@@ -481,7 +488,7 @@ func (s *Store) ReadSnapshot(r io.Reader) error {
 		}
 		switch {
 		case sr.err != nil:
-		case r.id == "" || r.res.Outcome > QuotaExceeded || flags > 1 || flags == 0 && len(prev) > 0:
+		case r.id == "" || r.res.Outcome > Overflow || flags > 1 || flags == 0 && len(prev) > 0:
 			sr.err = errors.New("bad remembered request")
 		case requests.index()[r.id] != nil:
 			sr.err = errors.New("duplicate remembered request")

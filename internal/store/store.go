@@ -8,6 +8,8 @@ package store
 import (
 	"bytes"
 	"hash/crc32"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -56,7 +58,28 @@ const (
 	OpDel                  // delete Key (subject to fencing)
 	OpVDel                 // delete Key if its value equals Value (subject to fencing)
 	OpExpire               // delete Key if its version is still Expected
+	// OpAdd adds Delta to the signed 64-bit decimal integer Key holds, as
+	// Redis's INCRBY: a key that does not exist counts as 0 and is
+	// created. The number is written as Redis writes one ("-12", no sign
+	// for a positive one, no leading zero), and only such a value is a
+	// number (NotANumber otherwise); a sum beyond 64 bits is Overflow.
+	OpAdd
+	// OpIncr and OpDecr add Delta, read as an unsigned 64-bit number, to
+	// the unsigned decimal number that follows Value in the key's value,
+	// or take it away, as memcached's incr and decr do: the sum wraps
+	// around at 2^64, the difference stops at 0, a key that does not
+	// exist is Missing, and one whose value does not begin with Value is
+	// NotApplied (Value is what a gateway keeps before the number: the
+	// memcached endpoint's flags).
+	OpIncr
+	OpDecr
 )
+
+// Stores reports whether the op writes a value (SET and the arithmetic
+// ops), which a full disk refuses; deletes it lets through.
+func (o Op) Stores() bool { return o == OpSet || o.arithmetic() }
+
+func (o Op) arithmetic() bool { return o == OpAdd || o == OpIncr || o == OpDecr }
 
 // Cond is the condition of a SET.
 type Cond uint8
@@ -83,6 +106,11 @@ type Command struct {
 	TTL      int64         // SET: milliseconds to live from Now; 0 for no expiry
 	Fence    hlc.Timestamp // the request's fencing token; zero if it carried none
 	Expected hlc.Timestamp // OpExpire: the version the key must still hold
+	// Delta is what OpAdd, OpIncr and OpDecr add or take away (for OpIncr
+	// and OpDecr, an unsigned number's bits). The arithmetic ops keep the
+	// key's expiry and take no TTL: a batch holds Delta where it holds a
+	// SET's TTL.
+	Delta int64
 	// Request, if set, identifies the request the command serves; the
 	// store remembers its result for Keep milliseconds from Now, and a
 	// command of the same request meanwhile is answered with it, not
@@ -101,6 +129,8 @@ const (
 	FenceRequired                // the key is fenced and the command carried no token
 	FenceLower                   // the command's token is lower than the key's
 	QuotaExceeded                // storing the key would exceed a limit
+	NotANumber                   // an arithmetic op found a value that is not its kind of number
+	Overflow                     // OpAdd's sum does not fit in 64 bits
 )
 
 // Result is the outcome of one command.
@@ -110,7 +140,9 @@ type Result struct {
 	// deleted entry's version after a delete. Zero when there is no key.
 	Version hlc.Timestamp
 	// Previous is the value an applied SET replaced; HadPrevious is false
-	// when the key did not exist (for SET ... GET).
+	// when the key did not exist (for SET ... GET). After an applied
+	// arithmetic op, Previous is the value it stored instead (HadPrevious
+	// true): what its caller answers with.
 	Previous    []byte
 	HadPrevious bool
 	// Repeated says the command's request had been executed already:
@@ -351,6 +383,8 @@ func (s *Store) apply(c *Command, events []Event) (Result, []Event) {
 	switch c.Op {
 	case OpSet:
 		return s.set(c, stored, cur, events)
+	case OpAdd, OpIncr, OpDecr:
+		return s.add(c, stored, cur, events)
 	case OpDel, OpVDel:
 		if cur == nil {
 			if c.Cond == IfVersion && !c.Expected.IsZero() {
@@ -466,6 +500,93 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		s.replace(stored, e)
 	}
 	return res, append(events, Event{Kind: EventSet, Key: e.Key, Value: e.Value, Version: e.Version})
+}
+
+// add applies an arithmetic op: the new number is stored as a SET of it
+// would be (fencing, limits, events), the key's expiry kept, and is the
+// result's Previous.
+func (s *Store) add(c *Command, stored, cur *Entry, events []Event) (Result, []Event) {
+	var number []byte
+	switch {
+	case cur != nil:
+		if !bytes.HasPrefix(cur.Value, c.Value) {
+			return Result{Outcome: NotApplied, Version: cur.Version}, events
+		}
+		number = cur.Value[len(c.Value):]
+	case c.Op != OpAdd:
+		return Result{Outcome: Missing}, events
+	}
+	sum, o := arithmetic(c.Op, c.Delta, number, cur != nil)
+	if o != Applied {
+		res := Result{Outcome: o}
+		if cur != nil {
+			res.Version = cur.Version
+		}
+		return res, events
+	}
+	set := *c
+	set.Op, set.Cond, set.Delta = OpSet, Always, 0
+	set.Value = append(append(make([]byte, 0, len(c.Value)+len(sum)), c.Value...), sum...)
+	set.TTL = 0
+	if cur != nil && cur.ExpiresAt != 0 {
+		set.TTL = cur.ExpiresAt - c.Now // > 0: cur is live at c.Now
+	}
+	res, events := s.set(&set, stored, cur, events)
+	if res.Outcome == Applied {
+		res.Previous, res.HadPrevious = events[len(events)-1].Value, true
+	}
+	return res, events
+}
+
+// arithmetic is op's number after it, in decimal, from number (the digits
+// a key holds; exists false for a key that does not exist, which OpAdd
+// counts as 0).
+func arithmetic(op Op, delta int64, number []byte, exists bool) ([]byte, Outcome) {
+	if op == OpAdd {
+		var n int64
+		if exists {
+			v, ok := ParseInteger(number)
+			if !ok {
+				return nil, NotANumber
+			}
+			n = v
+		}
+		if delta > 0 && n > math.MaxInt64-delta || delta < 0 && n < math.MinInt64-delta {
+			return nil, Overflow
+		}
+		return strconv.AppendInt(nil, n+delta, 10), Applied
+	}
+	n, err := strconv.ParseUint(string(number), 10, 64)
+	if err != nil {
+		return nil, NotANumber
+	}
+	d := uint64(delta)
+	if op == OpIncr {
+		n += d // wraps, as memcached's does
+	} else {
+		n -= min(n, d)
+	}
+	return strconv.AppendUint(nil, n, 10), Applied
+}
+
+// ParseInteger parses b as a signed 64-bit integer written as Redis writes
+// and reads one: an optional minus sign, then digits without a leading
+// zero ("0" itself aside); no plus sign, no spaces, no "-0".
+func ParseInteger(b []byte) (int64, bool) {
+	digits := b
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 19 || digits[0] == '0' && (len(digits) > 1 || len(b) > 1) {
+		return 0, false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	return n, err == nil
 }
 
 // expiredAt is the version of the DELETE of a value of version old that a

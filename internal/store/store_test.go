@@ -659,6 +659,8 @@ func TestPartitionIsFixed(t *testing.T) {
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add(AppendBatch(nil, Limits{MaxKeys: 3}, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1)}}))
 	f.Add(AppendBatch(nil, Limits{}, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1), Request: []byte("c\x00r"), Keep: 5}}))
+	f.Add(AppendBatch(nil, Limits{}, []Command{{Op: OpSet, Key: []byte("n"), Value: []byte("hdr7")}, {Op: OpAdd, Key: []byte("k"), Delta: -3},
+		{Op: OpIncr, Key: []byte("n"), Value: []byte("hdr"), Delta: -1}, {Op: OpDecr, Key: []byte("n"), Delta: 9}}))
 	f.Add([]byte{2, 0, 0, 255, 255, 255, 255, 15})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -928,5 +930,144 @@ func TestSnapshotCorruptLengthAllocatesLittle(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
 		t.Fatalf("reading 1 KB with a 1 GiB length allocated %d MiB", got>>20)
+	}
+}
+
+const noKey = "\x00no key"
+
+// TestArithmetic: OpAdd is Redis's INCRBY, OpIncr and OpDecr memcached's
+// incr and decr, each applied to what the key holds when the log gets to
+// it, stored as a SET of the number would be.
+func TestArithmetic(t *testing.T) {
+	type step struct {
+		op      Op
+		prefix  string
+		delta   int64
+		outcome Outcome
+		value   string // what the key holds after
+	}
+	cases := []struct {
+		name  string
+		start string // noKey for none
+		steps []step
+	}{
+		{"INCRBY creates from 0", noKey, []step{{OpAdd, "", 5, Applied, "5"}, {OpAdd, "", -7, Applied, "-2"}, {OpAdd, "", 2, Applied, "0"}}},
+		{"INCRBY overflows", "9223372036854775806", []step{{OpAdd, "", 1, Applied, "9223372036854775807"}, {OpAdd, "", 1, Overflow, "9223372036854775807"}}},
+		{"DECRBY overflows", "-9223372036854775807", []step{{OpAdd, "", -1, Applied, "-9223372036854775808"}, {OpAdd, "", -1, Overflow, "-9223372036854775808"}}},
+		{"INCRBY of text", "abc", []step{{OpAdd, "", 1, NotANumber, "abc"}}},
+		{"INCRBY of a padded number", "007", []step{{OpAdd, "", 1, NotANumber, "007"}}},
+		{"INCRBY of a plus sign", "+7", []step{{OpAdd, "", 1, NotANumber, "+7"}}},
+		{"INCRBY of minus zero", "-0", []step{{OpAdd, "", 1, NotANumber, "-0"}}},
+		{"INCRBY of an empty value", "", []step{{OpAdd, "", 1, NotANumber, ""}}},
+		{"incr wraps", "18446744073709551615", []step{{OpIncr, "", 2, Applied, "1"}}},
+		{"incr reads leading zeros", "007", []step{{OpIncr, "", 1, Applied, "8"}}},
+		{"decr stops at 0", "5", []step{{OpDecr, "", 3, Applied, "2"}, {OpDecr, "", 3, Applied, "0"}}},
+		{"incr of a missing key", noKey, []step{{OpIncr, "", 1, Missing, ""}, {OpDecr, "", 1, Missing, ""}}},
+		{"incr of a negative number", "-1", []step{{OpIncr, "", 1, NotANumber, "-1"}}},
+		{"incr keeps the prefix", "hdr:41", []step{{OpIncr, "hdr:", 1, Applied, "hdr:42"}, {OpDecr, "hdr:", 50, Applied, "hdr:0"}}},
+		{"incr with another prefix", "hdr:41", []step{{OpIncr, "xyz:", 1, NotApplied, "hdr:41"}, {OpIncr, "", 1, NotANumber, "hdr:41"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			if c.start != noKey {
+				h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte(c.start)})
+			}
+			for i, s := range c.steps {
+				before, had := h.s.Get([]byte("k"), h.now)
+				var was hlc.Timestamp
+				if had {
+					was = before.Version
+				}
+				res, ev := h.apply(Command{Op: s.op, Key: []byte("k"), Value: []byte(s.prefix), Delta: s.delta})
+				if res.Outcome != s.outcome {
+					t.Fatalf("step %d: outcome %v, want %v", i, res.Outcome, s.outcome)
+				}
+				e, ok := h.s.Get([]byte("k"), h.now)
+				if ok != (s.value != "" || had) || ok && string(e.Value) != s.value {
+					t.Fatalf("step %d: the key holds %+v (%v), want %q", i, e, ok, s.value)
+				}
+				if s.outcome != Applied {
+					if len(ev) != 0 || ok && e.Version != was {
+						t.Fatalf("step %d: a refused op changed the key: %+v", i, ev)
+					}
+					continue
+				}
+				if string(res.Previous) != s.value || !res.HadPrevious || res.Version != e.Version {
+					t.Fatalf("step %d: result %+v for %q", i, res, s.value)
+				}
+				if len(ev) != 1 || ev[0].Kind != EventSet || string(ev[0].Value) != s.value || ev[0].Version != e.Version {
+					t.Fatalf("step %d: events %+v", i, ev)
+				}
+			}
+		})
+	}
+}
+
+// An arithmetic op keeps the key's expiry, its fence, and the quota's
+// rule, as a SET of the number would.
+func TestArithmeticKeepsExpiryAndFence(t *testing.T) {
+	h := newHarness(t)
+	h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("1"), TTL: 5000})
+	deadline, _ := h.s.Get([]byte("k"), h.now)
+	h.now += 1000
+	if res, _ := h.apply(Command{Op: OpAdd, Key: []byte("k"), Delta: 1}); res.Outcome != Applied {
+		t.Fatal(res.Outcome)
+	}
+	if e, _ := h.s.Get([]byte("k"), h.now); e.ExpiresAt != deadline.ExpiresAt || e.ExpiresAt == 0 {
+		t.Fatalf("expiry %d after INCRBY, was %d", e.ExpiresAt, deadline.ExpiresAt)
+	}
+	h.now += 5000
+	if res, _ := h.apply(Command{Op: OpAdd, Key: []byte("k"), Delta: 1}); res.Outcome != Applied || string(res.Previous) != "1" {
+		t.Fatalf("INCRBY of an expired key: %+v (counts from 0)", res)
+	}
+	if e, _ := h.s.Get([]byte("k"), h.now); e.ExpiresAt != 0 {
+		t.Fatalf("a key created by INCRBY expires at %d", e.ExpiresAt)
+	}
+
+	h.apply(Command{Op: OpSet, Key: []byte("f"), Value: []byte("1"), Fence: ts(10)})
+	for _, c := range []struct {
+		fence   hlc.Timestamp
+		outcome Outcome
+	}{{hlc.Timestamp{}, FenceRequired}, {ts(9), FenceLower}, {ts(10), Applied}} {
+		if res, _ := h.apply(Command{Op: OpIncr, Key: []byte("f"), Delta: 1, Fence: c.fence}); res.Outcome != c.outcome {
+			t.Fatalf("incr with fence %v: %v, want %v", c.fence, res.Outcome, c.outcome)
+		}
+	}
+	if e, _ := h.s.Get([]byte("f"), h.now); e.Fence != ts(10) || string(e.Value) != "2" {
+		t.Fatalf("fenced key after incr: %+v", e)
+	}
+
+	q := &harness{t: t, s: New(Limits{MaxBytes: 2}), now: 1}
+	q.apply(Command{Op: OpSet, Key: []byte("q"), Value: []byte("9")})
+	if res, _ := q.apply(Command{Op: OpAdd, Key: []byte("q"), Delta: 1}); res.Outcome != QuotaExceeded {
+		t.Fatalf("INCRBY past the quota: %v", res.Outcome)
+	}
+}
+
+// The arithmetic ops go through a log entry with their delta where a
+// SET's TTL goes, and only without a condition.
+func TestArithmeticBatchRoundTrip(t *testing.T) {
+	cmds := []Command{
+		{Op: OpAdd, Key: []byte("a"), Delta: -3, Version: ts(1), Now: 1},
+		{Op: OpIncr, Key: []byte("b"), Value: []byte("p"), Delta: -1, Version: ts(2), Now: 2}, // 2^64-1
+		{Op: OpDecr, Key: []byte("c"), Delta: 7, Version: ts(3), Now: 3, Fence: ts(1)},
+	}
+	_, got, err := DecodeBatch(AppendBatch(nil, Limits{}, cmds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range cmds {
+		if fmt.Sprint(got[i]) != fmt.Sprint(cmds[i]) {
+			t.Fatalf("command %d: got %+v, want %+v", i, got[i], cmds[i])
+		}
+		one, err := DecodeCommand(AppendCommand(nil, &cmds[i]))
+		if err != nil || fmt.Sprint(one) != fmt.Sprint(cmds[i]) {
+			t.Fatalf("command %d forwarded: %+v %v", i, one, err)
+		}
+	}
+	bad := Command{Op: OpAdd, Cond: NX, Key: []byte("a"), Delta: 1}
+	if _, err := DecodeCommand(AppendCommand(nil, &bad)); err == nil {
+		t.Fatal("an arithmetic op with a condition decoded")
 	}
 }
