@@ -273,6 +273,45 @@ func TestExtensions(t *testing.T) {
 	}
 }
 
+// TestAdd: a counter over MQTT, concurrent Adds each counted once, the
+// errors named.
+func TestAdd(t *testing.T) {
+	s := start(t, "", "")
+	c := dial(t, s.Addr())
+	ctx := ctx(t)
+	n, v, err := c.Add(ctx, []byte("hits"), 5)
+	if err != nil || n != 5 || v.IsZero() {
+		t.Fatalf("Add to a missing key: %d %v %v", n, v, err)
+	}
+	if n, _, err := c.Add(ctx, []byte("hits"), -7); err != nil || n != -2 {
+		t.Fatalf("Add of a negative delta: %d %v", n, err)
+	}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if _, _, err := c.Add(ctx, []byte("hits"), 1); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got, _ := c.Get(ctx, []byte("hits")); string(got.Value) != "98" {
+		t.Fatalf("after 100 concurrent Adds: %q", got.Value)
+	}
+	c.Set(ctx, []byte("name"), []byte("x"))
+	if _, _, err := c.Add(ctx, []byte("name"), 1); !errors.Is(err, client.ErrNotInteger) {
+		t.Fatalf("Add to text: %v", err)
+	}
+	c.Set(ctx, []byte("max"), []byte("9223372036854775807"))
+	if _, _, err := c.Add(ctx, []byte("max"), 1); !errors.Is(err, client.ErrOverflow) {
+		t.Fatalf("Add past the top: %v", err)
+	}
+}
+
 // TestCloseEndsPendingRequests: a request waiting for a connection that
 // will not come back ends with ErrClosed when the client is closed.
 func TestCloseEndsPendingRequests(t *testing.T) {

@@ -96,7 +96,7 @@ func keyed(args [][]byte) bool {
 }
 
 // keyedVerbs are the commands on one key that may go direct.
-var keyedVerbs = [][]byte{[]byte("GET"), []byte("SET"), []byte("DEL"), []byte("VDEL"), []byte("PTTL")}
+var keyedVerbs = [][]byte{[]byte("GET"), []byte("SET"), []byte("DEL"), []byte("VDEL"), []byte("PTTL"), []byte("INCRBY")}
 
 // pick returns the direct connection for key, nil if the request should
 // take the first connection.

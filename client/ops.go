@@ -29,6 +29,10 @@ const (
 	ErrTimestampMissing         = resp.ErrTimestampMissing
 	ErrTimestampMalformed       = resp.ErrTimestampMalformed
 	ErrKeyLengthZero            = resp.ErrKeyLengthZero
+	// mqkv's INCRBY (Add): the key holds no integer, or the sum does not
+	// fit in 64 bits.
+	ErrNotInteger = resp.ErrNotInteger
+	ErrOverflow   = resp.ErrOverflow
 )
 
 // Condition restricts when a SET applies.
@@ -248,6 +252,25 @@ func (c *Client) Scan(ctx context.Context, pattern []byte, count int, fn func(ke
 		}
 		token = r.Elems[1].Str
 	}
+}
+
+// Add adds delta (negative: takes it away) to the signed 64-bit integer
+// key holds, a key that does not exist counting as 0, and returns the new
+// number and the key's new version: the mqkv extension INCRBY, which the
+// log applies to whatever the key holds then, so that concurrent Adds
+// never conflict and each counts once. The key keeps its expiry. A key
+// that holds something else than an integer in decimal is ErrNotInteger,
+// a sum beyond 64 bits ErrOverflow. WithFencingToken applies.
+func (c *Client) Add(ctx context.Context, key []byte, delta int64, opts ...Option) (int64, Version, error) {
+	o := apply(opts)
+	r, err := c.request(ctx, [][]byte{[]byte("INCRBY"), key, strconv.AppendInt(nil, delta, 10)}, o.props()...)
+	if err != nil {
+		return 0, Version{}, err
+	}
+	if r.Kind != resp.Integer {
+		return 0, Version{}, unexpected("INCRBY", r.Value)
+	}
+	return r.Int, r.version, nil
 }
 
 // Ping asks the server to answer (an mqkv extension).
