@@ -8,8 +8,9 @@
 # of it) or "." for the working tree (the default). Every round runs each
 # build and Redis once, in a shuffled order, each on a server started
 # afresh (an empty data directory) and stopped after its run:
-# redis-benchmark -t set -c CLIENTS -d 256 -r KEYSPACE -n REQUESTS -P PIPELINE
-# (CLIENTS from the environment, 50 by default: the issue's; KEYSPACE too,
+# redis-benchmark -t TEST -c CLIENTS -d 256 -r KEYSPACE -n REQUESTS -P PIPELINE
+# (TEST from the environment, set by default, or incr for the counters;
+# CLIENTS from the environment, 50 by default: the issue's; KEYSPACE too,
 # 10000 by default, or "one" for redis-benchmark's own single key, as the
 # issue's command is written, with no -r: as bench/resp.sh). It prints
 # each run, then for each server the median of its throughput, of its CPU
@@ -30,6 +31,8 @@ shift $(($# < 3 ? $# : 3))
 revs=("$@")
 [ ${#revs[@]} -gt 0 ] || revs=(.)
 clients=${CLIENTS:-50}
+test=${TEST:-set}
+name=$(echo "$test" | tr a-z A-Z) # its row in redis-benchmark's CSV
 keys=(-r "${KEYSPACE:-10000}")
 if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
 cd "$(dirname "$0")/.."
@@ -81,15 +84,15 @@ one() {
 	local port before after out
 	start "$1"
 	before=$(ticks "$pid")
-	out=$(timeout 600 redis-benchmark -h 127.0.0.1 -p "$port" -t set -c "$clients" -d 256 "${keys[@]}" -n "$n" -P "$pipeline" --csv 2>/dev/null || true)
+	out=$(timeout 600 redis-benchmark -h 127.0.0.1 -p "$port" -t "$test" -c "$clients" -d 256 "${keys[@]}" -n "$n" -P "$pipeline" --csv 2>/dev/null || true)
 	after=$(ticks "$pid" 2>/dev/null || echo -)
 	kill "$pid" && wait "$pid" 2>/dev/null || true
 	pid=
-	if [ "$after" = - ] || ! echo "$out" | grep -q '^"SET"'; then
+	if [ "$after" = - ] || ! echo "$out" | grep -q "^\"$name\""; then
 		echo "alternate.sh: ${labels[$1]}'s run failed (its server gone, or redis-benchmark timed out)" >&2
 		exit 1
 	fi
-	echo "$out" | awk -F'","' -v cpu="$(((after - before) * 1000000 / hz))" -v n="$n" '/^"SET"/ { printf "%.0f %.2f\n", $2, cpu / n }'
+	echo "$out" | awk -F'","' -v cpu="$(((after - before) * 1000000 / hz))" -v n="$n" -v row="\"$name\"" 'index($0, row) == 1 { printf "%.0f %.2f\n", $2, cpu / n }'
 }
 
 results="$work/results"
@@ -98,13 +101,13 @@ for ((r = 1; r <= rounds; r++)); do
 	for c in $(seq 0 "${#revs[@]}" | shuf); do
 		one "$c" >"$work/run"
 		read -r ops cpu <"$work/run"
-		printf 'round %d %-14s %9s SETs/s %6s µs/op\n' "$r" "${labels[$c]}" "$ops" "$cpu"
+		printf 'round %d %-14s %9s %ss/s %6s µs/op\n' "$r" "${labels[$c]}" "$ops" "$name" "$cpu"
 		echo "$r $c $ops $cpu" >>"$results"
 	done
 done
 
-echo "# medians over $rounds rounds (-c $clients -P $pipeline -n $n ${keys[*]:-one key}); ratio: to Redis in the same round"
-awk -v redis="${#revs[@]}" -v labels="${labels[*]}" '
+echo "# $test: medians over $rounds rounds (-c $clients -P $pipeline -n $n ${keys[*]:-one key}); ratio: to Redis in the same round"
+awk -v redis="${#revs[@]}" -v labels="${labels[*]}" -v what="$name" '
 	function median(a, k,   i, j, t) {
 		for (i = 2; i <= k; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
 		return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
@@ -115,6 +118,6 @@ awk -v redis="${#revs[@]}" -v labels="${labels[*]}" '
 		for (c = 0; c <= redis; c++) {
 			k = 0
 			for (r = 1; r <= rounds; r++) { k++; o[k] = ops[r, c]; p[k] = cpu[r, c]; q[k] = ops[r, c] / ops[r, redis] }
-			printf "%-14s %9.0f SETs/s %6.2f µs/op  %.3fx Redis\n", name[c + 1], median(o, k), median(p, k), median(q, k)
+			printf "%-14s %9.0f %ss/s %6.2f µs/op  %.3fx Redis\n", name[c + 1], median(o, k), what, median(p, k), median(q, k)
 		}
 	}' "$results"
