@@ -425,10 +425,6 @@ func (c *conn) asyncWrite(args [][]byte) (uint64, bool) {
 		return 0, false
 	}
 	switch name := string(args[0]); {
-	case len(args) == 2 && strings.EqualFold(name, "DEL"):
-		return keyHash(args[1]), true
-	case counterCommand(nil, args) != nil:
-		return keyHash(args[1]), true
 	case len(args) >= 3 && strings.EqualFold(name, "SET"):
 		var nx, get bool
 		for _, a := range args[3:] {
@@ -442,6 +438,8 @@ func (c *conn) asyncWrite(args [][]byte) (uint64, bool) {
 			}
 		}
 		return keyHash(args[1]), !(nx && get)
+	case len(args) == 2 && strings.EqualFold(name, "DEL"), counterCommand(nil, args) != nil:
+		return keyHash(args[1]), true
 	}
 	return 0, false
 }
@@ -490,17 +488,16 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	// HELLO, which changes the protocol, waits for writes in flight.
 	sl.c, sl.key, sl.proto = c, key, c.w.proto
 	c.push(&sl.slot, more)
-	if strings.EqualFold(string(args[0]), "DEL") {
-		sl.plain = true
-		c.c.SendIn(&sl.req, "", append(sl.args[:0], verbDEL, args[1]), sl)
-		return
-	}
-	if cmd := counterCommand(sl.args[:0], args); cmd != nil {
-		sl.plain = true
+	// SET first: the one a pipelined load sends.
+	sl.plain = !strings.EqualFold(string(args[0]), "SET")
+	if sl.plain {
+		cmd := counterCommand(sl.args[:0], args)
+		if cmd == nil {
+			cmd = append(sl.args[:0], verbDEL, args[1])
+		}
 		c.c.SendIn(&sl.req, "", cmd, sl)
 		return
 	}
-	sl.plain = false
 	cmd, errText := setCommand(sl.args[:0], args)
 	if errText != "" {
 		w := writer{proto: sl.proto}
