@@ -246,6 +246,21 @@ func (c *conn) update(r *request) {
 			reply = "STORED"
 		case "touch":
 			px, reply = pxOf(r.exptime), "TOUCHED"
+		case "incr", "decr": // a cluster not yet at the counters' protocol (see count)
+			n, err := strconv.ParseUint(string(data), 10, 64)
+			if err != nil {
+				if !r.noreply {
+					c.line("CLIENT_ERROR cannot increment or decrement non-numeric value")
+				}
+				return
+			}
+			if r.name == "incr" {
+				n += r.delta // wraps at 2^64, as memcached's
+			} else {
+				n -= min(n, r.delta) // stops at 0
+			}
+			data = strconv.AppendUint(nil, n, 10)
+			reply = string(data)
 		}
 		cmd := [][]byte{[]byte("SET"), key, encodeValue(flags, data), []byte("VER"), cur.version.Append(nil)}
 		if px > 0 {
@@ -279,7 +294,8 @@ func (c *conn) update(r *request) {
 // of 50 clients' increments of one key failed, answered "the key changed
 // too often" (issue 32). The key is read first for its flags only, which
 // the value holds before the number (PREFIX); flags changed in between
-// are read again.
+// are read again. In a cluster whose members do not all apply counters
+// yet (a rolling upgrade), it counts as update does.
 func (c *conn) count(r *request) {
 	verb := []byte("INCRBY")
 	if r.name == "decr" {
@@ -309,10 +325,15 @@ func (c *conn) count(r *request) {
 			cmd = append(cmd, []byte("PREFIX"), encodeValue(f, nil))
 		}
 		n, _ := c.call(cmd...)
+		if isErr(n) && string(n.Str) == string(resp.ErrArithmeticProtocol) {
+			c.update(r)
+			return
+		}
 		if isErr(n) && string(n.Str) == string(resp.ErrNotInteger) {
-			// Not a number, or flags set since they were read.
+			// Not a number, or flags set (or the key gone) since they
+			// were read.
 			was := f
-			if f, found, errv = flags(); errv == nil && found && f != was {
+			if f, found, errv = flags(); errv != nil || !found || f != was {
 				continue
 			}
 			if !r.noreply {

@@ -455,29 +455,25 @@ func (c *conn) del(args [][]byte) {
 // the log applies to whatever the key holds then, Redis's atomic counter,
 // concurrent increments each counted.
 func (c *conn) incr(args [][]byte) {
-	v, _ := c.call(counterCommand(nil, args)...)
+	verb, delta := counter(args)
+	v, _ := c.call(verb, args[1], delta)
 	c.w.value(v)
 }
 
-// counterCommand appends to dst the store's command for args if it is
-// INCR k, DECR k, INCRBY k n or DECRBY k n, and returns nil for anything
-// else.
-func counterCommand(dst, args [][]byte) [][]byte {
-	if len(args) < 2 || len(args) > 3 {
-		return nil
+// counter says what the store is sent for args if it is INCR k, DECR k,
+// INCRBY k n or DECRBY k n: its verb (nil for anything else) and delta.
+func counter(args [][]byte) (verb, delta []byte) {
+	switch name := string(args[0]); {
+	case len(args) == 2 && strings.EqualFold(name, "INCR"):
+		return verbINCRBY, one
+	case len(args) == 2 && strings.EqualFold(name, "DECR"):
+		return verbDECRBY, one
+	case len(args) == 3 && strings.EqualFold(name, "INCRBY"):
+		return verbINCRBY, args[2]
+	case len(args) == 3 && strings.EqualFold(name, "DECRBY"):
+		return verbDECRBY, args[2]
 	}
-	name := args[0]
-	switch {
-	case len(args) == 2 && strings.EqualFold(string(name), "INCR"):
-		return append(dst, verbINCRBY, args[1], one)
-	case len(args) == 2 && strings.EqualFold(string(name), "DECR"):
-		return append(dst, verbDECRBY, args[1], one)
-	case len(args) == 3 && strings.EqualFold(string(name), "INCRBY"):
-		return append(dst, verbINCRBY, args[1], args[2])
-	case len(args) == 3 && strings.EqualFold(string(name), "DECRBY"):
-		return append(dst, verbDECRBY, args[1], args[2])
-	}
-	return nil
+	return nil, nil
 }
 
 var verbINCRBY, verbDECRBY, one = []byte("INCRBY"), []byte("DECRBY"), []byte("1")

@@ -438,11 +438,13 @@ func (c *conn) asyncWrite(args [][]byte) (uint64, bool) {
 			}
 		}
 		return keyHash(args[1]), !(nx && get)
-	case len(args) == 2 && strings.EqualFold(name, "DEL"), counterCommand(nil, args) != nil:
+	case len(args) == 2 && strings.EqualFold(name, "DEL"), isCounter(args):
 		return keyHash(args[1]), true
 	}
 	return 0, false
 }
+
+func isCounter(args [][]byte) bool { verb, _ := counter(args); return verb != nil }
 
 // keyHash stands for a key in a connection's writes in flight: a hash,
 // not the key, so that a write costs no copy of its key into a string.
@@ -491,9 +493,9 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	// SET first: the one a pipelined load sends.
 	sl.plain = !strings.EqualFold(string(args[0]), "SET")
 	if sl.plain {
-		cmd := counterCommand(sl.args[:0], args)
-		if cmd == nil {
-			cmd = append(sl.args[:0], verbDEL, args[1])
+		cmd := append(sl.args[:0], verbDEL, args[1])
+		if verb, delta := counter(args); verb != nil {
+			cmd = append(sl.args[:0], verb, args[1], delta)
 		}
 		c.c.SendIn(&sl.req, "", cmd, sl)
 		return

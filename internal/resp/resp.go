@@ -31,6 +31,10 @@ const (
 	// Redis's own, for the arithmetic extensions (INCRBY, DECRBY).
 	ErrNotInteger Error = "value is not an integer or out of range"
 	ErrOverflow   Error = "increment or decrement would overflow"
+	// An arithmetic write in a cluster that a member of an earlier
+	// release keeps below the protocol that has them (cluster protocol
+	// 5): the memcached endpoint counts the old way then.
+	ErrArithmeticProtocol Error = "INCRBY and DECRBY need every member of the cluster on a release that has them (cluster protocol 5): upgrade the others"
 )
 
 // MaxArgs bounds the number of elements of a request array. No command has

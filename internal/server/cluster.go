@@ -46,6 +46,9 @@ type ClusterConfig struct {
 	// Insecure allows a link without secret or TLS on a non-loopback
 	// address.
 	Insecure bool
+	// Protocols, if not zero, is the range of cluster protocols the node
+	// claims to speak (tests: a member of an earlier release).
+	Protocols [2]int
 }
 
 // startLink starts the node link, or returns nil for a node on its own.

@@ -345,6 +345,7 @@ func Start(cfg Config) (*Server, error) {
 		OnEventsGap:     onEventsGap,
 		DeadNodeTimeout: cfg.Cluster.DeadNodeTimeout,
 		QuorumReads:     cfg.Cluster.QuorumReads,
+		Protocols:       cfg.Cluster.Protocols,
 		MQTT: func() cluster.MQTTFigures {
 			var f cluster.MQTTFigures
 			if b := toBroker.Load(); b != nil {

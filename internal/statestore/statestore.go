@@ -775,7 +775,7 @@ func (s *Service) add(r *Request, args [][]byte) {
 		cmd.Delta = d
 	}
 	if !s.arithmetic() {
-		s.fail(r, errArithmeticProtocol)
+		s.fail(r, resp.ErrArithmeticProtocol)
 		return
 	}
 	r.writePrefix = len(cmd.Value)
@@ -784,16 +784,11 @@ func (s *Service) add(r *Request, args [][]byte) {
 
 const errDecrementOverflow resp.Error = "decrement would overflow"
 
-// errArithmeticProtocol answers an arithmetic write in a cluster that
-// some member of an earlier release keeps below the protocol that has
-// them (cluster.Node.Arithmetic).
-const errArithmeticProtocol resp.Error = "INCRBY and DECRBY need every member of the cluster on a release that has them (cluster protocol 5): upgrade the others"
-
 // arithmetic reports whether writes may be arithmetic ops: on a node on
 // its own, or in a cluster once every member applies them.
 func (s *Service) arithmetic() bool {
 	m, ok := s.router.(interface{ Arithmetic() bool })
-	return !ok || m.Arithmetic()
+	return ok && m.Arithmetic()
 }
 
 // parseVer reads the argument of VER: a version, or 0 for "absent".
@@ -928,10 +923,8 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		s.fail(r, resp.ErrOverflow)
 	case store.Applied:
 		switch {
-		case op == store.OpAdd:
-			s.reply(r, append(append([]byte{':'}, res.Previous...), '\r', '\n'), res.Version)
-		case op == store.OpIncr || op == store.OpDecr:
-			s.replyBulk(r, res.Previous[r.writePrefix:], res.Version)
+		case op == store.OpAdd || op == store.OpIncr || op == store.OpDecr:
+			s.answerNumber(r, op, res)
 		case op == store.OpSet && get && res.HadPrevious:
 			s.replyBulk(r, res.Previous, res.Version)
 		case op == store.OpSet && get:
@@ -956,6 +949,36 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		s.reply(r, resp.Zero, hlc.Timestamp{})
 	}
 }
+
+// answerNumber answers an applied arithmetic write with the number it
+// stored. A result remembered for the request's id (attach mode: client
+// id and correlation data) may be another request's, a SET's, if a
+// client used the id twice: that is refused rather than answered as a
+// number it is not.
+func (s *Service) answerNumber(r *Request, op store.Op, res store.Result) {
+	if !res.HadPrevious || len(res.Previous) < r.writePrefix {
+		s.fail(r, errRequestReused)
+		return
+	}
+	n := res.Previous[r.writePrefix:]
+	if op == store.OpAdd {
+		if _, ok := store.ParseInteger(n); !ok {
+			s.fail(r, errRequestReused)
+			return
+		}
+		s.reply(r, append(append([]byte{':'}, n...), '\r', '\n'), res.Version)
+		return
+	}
+	if _, err := strconv.ParseUint(string(n), 10, 64); err != nil {
+		s.fail(r, errRequestReused)
+		return
+	}
+	s.replyBulk(r, n, res.Version)
+}
+
+// errRequestReused answers a request whose id an earlier request of
+// another kind used.
+const errRequestReused resp.Error = "this request's id (client id and correlation data) was used by an earlier request of another kind"
 
 // keyNotify serves KEYNOTIFY key [PATTERN] [STOP | SINCE version]:
 // register for (or stop) notifications about a key, or with PATTERN about

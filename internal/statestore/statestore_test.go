@@ -514,6 +514,7 @@ type storeRouter struct {
 	submitted  int
 	noArith    bool // a cluster some member keeps below the arithmetic ops' protocol
 	arithAsked bool
+	remembered *store.Result // if set, every write's result, as a remembered request's
 }
 
 func newStoreRouter() *storeRouter {
@@ -524,6 +525,10 @@ func newStoreRouter() *storeRouter {
 func (r *storeRouter) Clock() *hlc.Clock { return r.clock }
 func (r *storeRouter) Submit(_ context.Context, p replica.Proposal) {
 	r.submitted++
+	if r.remembered != nil {
+		p.Done(*r.remembered, nil)
+		return
+	}
 	p.Cmd.Version, p.Cmd.Now = r.clock.Now(), time.Now().UnixMilli()
 	res, _ := r.st.Apply(&p.Cmd, nil)
 	p.Done(res, nil)
@@ -586,6 +591,18 @@ func TestIncrByAndDecrBy(t *testing.T) {
 	if got := do(pol.Grant(policy.Principal{ClientID: "c"}), "INCRBY", "k", "1"); got != "-ERR not authorized\r\n" || rt.submitted != before {
 		t.Fatalf("INCRBY without read access: %q, %d writes", got, rt.submitted-before)
 	}
+
+	// A result remembered for the request's id that is not a number (a
+	// client used the id of a SET again, attach mode): refused, not
+	// answered as one, however short.
+	rt.remembered = &store.Result{Outcome: store.Applied, Repeated: true}
+	for _, args := range [][]string{{"INCRBY", "k", "1"}, {"INCRBY", "u", "1", "UNSIGNED", "PREFIX", "a-long-prefix"}} {
+		if got := do(nil, args...); !strings.Contains(got, "used by an earlier request of another kind") {
+			t.Fatalf("%q answered with a remembered SET's result: %q", args, got)
+		}
+	}
+	rt.remembered = nil
+	before = rt.submitted
 
 	// In a cluster a member of an earlier release keeps below protocol 5:
 	// refused, nothing written.

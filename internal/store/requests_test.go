@@ -202,3 +202,34 @@ func TestSnapshotCountsServerKeys(t *testing.T) {
 		t.Fatalf("server keys %d restored, %d before", restored.ServerKeys(), h.s.ServerKeys())
 	}
 }
+
+// TestArithmeticRequestsRemembered: an arithmetic op of a request is
+// executed once, its repeat answered with the first execution's number,
+// and the results (a number, a refusal) survive a snapshot.
+func TestArithmeticRequestsRemembered(t *testing.T) {
+	h := newHarness(t)
+	first, _ := h.applyReq("c\x00r1", 60_000, Command{Op: OpAdd, Key: []byte("n"), Delta: 5})
+	h.apply(Command{Op: OpAdd, Key: []byte("n"), Delta: 1})
+	h.apply(Command{Op: OpSet, Key: []byte("t"), Value: []byte("text")})
+	refused, _ := h.applyReq("c\x00r2", 60_000, Command{Op: OpAdd, Key: []byte("t"), Delta: 1})
+	if first.Outcome != Applied || string(first.Previous) != "5" || refused.Outcome != NotANumber {
+		t.Fatalf("first %+v, refused %+v", first, refused)
+	}
+	restored := New(Limits{})
+	if err := restored.ReadSnapshot(bytes.NewReader(snapshotBytes(t, h.s))); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Store{h.s, restored} {
+		again, ev := s.Apply(&Command{Op: OpAdd, Key: []byte("n"), Delta: 5, Request: []byte("c\x00r1"), Keep: 60_000, Version: h.version(), Now: h.now}, nil)
+		if !again.Repeated || string(again.Previous) != "5" || !again.HadPrevious || len(ev) != 0 {
+			t.Fatalf("repeat: %+v, %d events", again, len(ev))
+		}
+		if e, _ := s.Get([]byte("n"), h.now); string(e.Value) != "6" {
+			t.Fatalf("a repeat counted: %q", e.Value)
+		}
+		again, _ = s.Apply(&Command{Op: OpAdd, Key: []byte("t"), Delta: 1, Request: []byte("c\x00r2"), Keep: 60_000, Version: h.version(), Now: h.now}, nil)
+		if !again.Repeated || again.Outcome != NotANumber {
+			t.Fatalf("refusal repeated: %+v", again)
+		}
+	}
+}

@@ -509,6 +509,11 @@ func (s *Store) add(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	var number []byte
 	switch {
 	case cur != nil:
+		// The fence first, as for a SET: a client it keeps out learns
+		// nothing of the value.
+		if o, ok := checkFence(cur, c.Fence); !ok {
+			return Result{Outcome: o}, events
+		}
 		if !bytes.HasPrefix(cur.Value, c.Value) {
 			return Result{Outcome: NotApplied, Version: cur.Version}, events
 		}

@@ -1037,6 +1037,17 @@ func TestArithmeticKeepsExpiryAndFence(t *testing.T) {
 	if e, _ := h.s.Get([]byte("f"), h.now); e.Fence != ts(10) || string(e.Value) != "2" {
 		t.Fatalf("fenced key after incr: %+v", e)
 	}
+	// The fence before the value: a client it keeps out is not told
+	// whether the key holds a number.
+	h.apply(Command{Op: OpSet, Key: []byte("f"), Value: []byte("text"), Fence: ts(10)})
+	for _, op := range []Op{OpAdd, OpIncr, OpDecr} {
+		if res, _ := h.apply(Command{Op: op, Key: []byte("f"), Delta: 1}); res.Outcome != FenceRequired || !res.Version.IsZero() {
+			t.Fatalf("op %d on a fenced key of text without a token: %+v", op, res)
+		}
+		if res, _ := h.apply(Command{Op: op, Key: []byte("f"), Value: []byte("x"), Delta: 1, Fence: ts(9)}); res.Outcome != FenceLower {
+			t.Fatalf("op %d with a lower token and another prefix: %v", op, res.Outcome)
+		}
+	}
 
 	q := &harness{t: t, s: New(Limits{MaxBytes: 2}), now: 1}
 	q.apply(Command{Op: OpSet, Key: []byte("q"), Value: []byte("9")})

@@ -10,6 +10,8 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/mqkv/mqkv/internal/server"
 )
 
 // counted runs clients goroutines of each increments of one counter
@@ -158,5 +160,40 @@ func TestRESPCounters(t *testing.T) {
 	})
 	if v, err := rc.Get(ctx, k+"-hot").Result(); err != nil || v != "2000" {
 		t.Fatalf("after 2,000 INCRs: %q %v", v, err)
+	}
+}
+
+// In a cluster that a member of an earlier release keeps at protocol 4,
+// the counters are refused over RESP (a member could not read them) and
+// memcached's incr counts as before, reading and writing on condition.
+func TestCountersWaitForTheirProtocol(t *testing.T) {
+	skipInCluster(t, "starts its own cluster")
+	t.Parallel()
+	gateways := func(c *server.Config) { c.RESPListen, c.MemcacheListen = "127.0.0.1:0", "127.0.0.1:0" }
+	// The cluster starts at its creator's protocol, and stays there while
+	// the creator speaks no higher.
+	old := startNode(t, "cp1", nil, func(c *server.Config) { c.Cluster.Protocols = [2]int{1, 4} })
+	first := startNode(t, "cp2", []string{old.ClusterAddr()}, gateways)
+	startNode(t, "cp3", []string{old.ClusterAddr()}, nil)
+	awaitSettled(t, first)
+	if p := first.Node().Status().Protocol; p != 4 || first.Node().Arithmetic() {
+		t.Fatalf("protocol %d, counters %v", p, first.Node().Arithmetic())
+	}
+	ctx := ctxFor(t, 30*time.Second)
+	rc := goredis.NewClient(&goredis.Options{Addr: first.RESPAddr(), MaxRetries: -1})
+	defer rc.Close()
+	if err := rc.Incr(ctx, "cp/n").Err(); err == nil || !strings.Contains(err.Error(), "cluster protocol 5") {
+		t.Fatalf("INCR at protocol 4: %v", err)
+	}
+	mc := memcache.New(first.MemcacheAddr())
+	mc.Timeout = 10 * time.Second
+	if err := mc.Set(&memcache.Item{Key: "cp:n", Value: []byte("41"), Flags: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := mc.Increment("cp:n", 1); err != nil || n != 42 {
+		t.Fatalf("incr at protocol 4: %d %v", n, err)
+	}
+	if it, err := mc.Get("cp:n"); err != nil || string(it.Value) != "42" || it.Flags != 3 {
+		t.Fatalf("after incr at protocol 4: %+v %v", it, err)
 	}
 }
