@@ -217,12 +217,7 @@ func (c *conn) update(r *request) {
 	}
 	for range 16 {
 		cur, found, errv := c.read(key)
-		if errv != nil {
-			c.fail(r, *errv)
-			return
-		}
-		if !found {
-			c.missing(r)
+		if c.answered(r, found, errv) {
 			return
 		}
 		flags, data := decodeValue(cur.value)
@@ -312,12 +307,7 @@ func (c *conn) count(r *request) {
 	}
 	f, found, errv := flags()
 	for range 16 {
-		if errv != nil {
-			c.fail(r, *errv)
-			return
-		}
-		if !found {
-			c.missing(r)
+		if c.answered(r, found, errv) {
 			return
 		}
 		cmd := [][]byte{verb, r.keys[0], delta, []byte("UNSIGNED")}
@@ -359,6 +349,20 @@ func (c *conn) count(r *request) {
 	if !r.noreply {
 		c.line("SERVER_ERROR the key changed too often; try again")
 	}
+}
+
+// answered answers an update whose read of the key failed (errv) or
+// found none, and says whether it did.
+func (c *conn) answered(r *request, found bool, errv *resp.Value) bool {
+	switch {
+	case errv != nil:
+		c.fail(r, *errv)
+	case !found:
+		c.missing(r)
+	default:
+		return false
+	}
+	return true
 }
 
 // missing answers an update of a key that does not exist.

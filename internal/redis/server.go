@@ -495,7 +495,7 @@ func (c *conn) startWrite(key uint64, args [][]byte, more bool) {
 	if sl.plain {
 		cmd := append(sl.args[:0], verbDEL, args[1])
 		if verb, delta := counter(args); verb != nil {
-			cmd = append(sl.args[:0], verb, args[1], delta)
+			cmd = append(cmd[:0], verb, args[1], delta)
 		}
 		c.c.SendIn(&sl.req, "", cmd, sl)
 		return

@@ -923,7 +923,7 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		s.fail(r, resp.ErrOverflow)
 	case store.Applied:
 		switch {
-		case op == store.OpAdd || op == store.OpIncr || op == store.OpDecr:
+		case op.Arithmetic():
 			s.answerNumber(r, op, res)
 		case op == store.OpSet && get && res.HadPrevious:
 			s.replyBulk(r, res.Previous, res.Version)

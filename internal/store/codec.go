@@ -87,7 +87,7 @@ func appendCommand(b []byte, c *Command) []byte {
 	b = appendBytes(b, c.Value)
 	b = AppendTimestamp(b, c.Version)
 	b = binary.AppendVarint(b, c.Now)
-	if c.Op.arithmetic() {
+	if c.Op.Arithmetic() {
 		b = binary.AppendVarint(b, c.Delta) // in the TTL's place: they take none
 	} else {
 		b = binary.AppendVarint(b, c.TTL)
@@ -125,10 +125,10 @@ func (d *decoder) command(c *Command) {
 	c.TTL = d.varint()
 	c.Fence = d.timestamp()
 	c.Expected = d.timestamp()
-	if c.Op.arithmetic() {
+	if c.Op.Arithmetic() {
 		c.Delta, c.TTL = c.TTL, 0
 	}
-	if c.Op < OpSet || c.Op > OpDecr || c.Cond > IfVersion || c.Op.arithmetic() && c.Cond != Always {
+	if c.Op < OpSet || c.Op > OpDecr || c.Cond > IfVersion || c.Op.Arithmetic() && c.Cond != Always {
 		d.err = ErrCorrupt
 	}
 }

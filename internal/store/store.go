@@ -77,9 +77,10 @@ const (
 
 // Stores reports whether the op writes a value (SET and the arithmetic
 // ops), which a full disk refuses; deletes it lets through.
-func (o Op) Stores() bool { return o == OpSet || o.arithmetic() }
+func (o Op) Stores() bool { return o == OpSet || o.Arithmetic() }
 
-func (o Op) arithmetic() bool { return o == OpAdd || o == OpIncr || o == OpDecr }
+// Arithmetic reports whether the op is OpAdd, OpIncr or OpDecr.
+func (o Op) Arithmetic() bool { return o == OpAdd || o == OpIncr || o == OpDecr }
 
 // Cond is the condition of a SET.
 type Cond uint8
