@@ -77,10 +77,12 @@ const (
 // that a request is executed once (store.Command.Request; log entries of
 // batch format 4, snapshots of format 2). Protocol 5: the arithmetic
 // writes (store.OpAdd, OpIncr, OpDecr: INCR and memcached's incr, applied
-// by the log).
+// by the log). Protocol 6: the value ops (store.OpAppend, OpPrepend,
+// OpTouch) and SET's IfExists (memcached's replace, append, prepend and
+// touch, Redis's SET XX and APPEND, applied by the log).
 const (
 	ProtocolMin = 1
-	ProtocolMax = 5
+	ProtocolMax = 6
 )
 
 // protocolRequests is the cluster protocol from which writes carry their
@@ -90,6 +92,10 @@ const protocolRequests = 4
 // protocolArithmetic is the cluster protocol from which a write may be
 // an arithmetic op.
 const protocolArithmetic = 5
+
+// protocolValueOps is the cluster protocol from which a write may be a
+// value op or a SET on condition that the key exists.
+const protocolValueOps = 6
 
 // metaGroup is the stream layer id of the metadata group (replica groups
 // are numbered from 0).
@@ -860,6 +866,11 @@ func (n *Node) RemembersRequests() bool { return n.link == nil || n.Protocol() >
 // them. A member of an earlier release finds none in the logs or on the
 // node link, which it could not read.
 func (n *Node) Arithmetic() bool { return n.link == nil || n.Protocol() >= protocolArithmetic }
+
+// ValueOps reports whether a write may be a value op (store.OpAppend,
+// OpPrepend, OpTouch) or a SET on condition that the key exists
+// (store.IfExists), as Arithmetic does for the arithmetic ops.
+func (n *Node) ValueOps() bool { return n.link == nil || n.Protocol() >= protocolValueOps }
 
 func randomID() string {
 	var b [16]byte

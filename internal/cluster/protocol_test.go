@@ -154,6 +154,9 @@ func TestAppendsGoBinaryAtProtocol3(t *testing.T) {
 		if node.Arithmetic() {
 			t.Fatalf("n%d: arithmetic writes at protocol 3, which the members do not all read", i+1)
 		}
+		if node.ValueOps() {
+			t.Fatalf("n%d: value ops at protocol 3, which the members do not all read", i+1)
+		}
 	}
 	write()
 	eventuallyT(t, 10*time.Second, "binary AppendEntries", func() bool { return served() > 0 })

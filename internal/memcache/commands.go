@@ -101,7 +101,10 @@ func (c *conn) run(r *request) {
 		c.get(r)
 	case "set", "add":
 		c.store(r)
-	case "replace", "append", "prepend", "cas", "touch":
+	case "replace", "append", "prepend", "touch":
+		c.change(r)
+	case "cas":
+		c.s.stats.sets.Add(1)
 		c.update(r)
 	case "incr", "decr":
 		c.count(r)
@@ -204,17 +207,13 @@ func (c *conn) read(key []byte) (cur current, found bool, errv *resp.Value) {
 	return cur, false, &e
 }
 
-// update serves the commands that change what a key holds: each reads the
-// key and writes on condition that its version is still the one read
-// (VER), again if another write came between.
+// update serves cas, and the other commands that change what a key holds
+// in a cluster whose members do not all apply them (see change, count):
+// each reads the key and writes on condition that its version is still
+// the one read (VER), again if another write came between. Its caller
+// counts it in the stats.
 func (c *conn) update(r *request) {
 	key := r.keys[0]
-	switch r.name {
-	case "cas", "replace", "append", "prepend":
-		c.s.stats.sets.Add(1)
-	case "touch":
-		c.s.stats.touches.Add(1)
-	}
 	for range 16 {
 		cur, found, errv := c.read(key)
 		if c.answered(r, found, errv) {
@@ -276,6 +275,91 @@ func (c *conn) update(r *request) {
 		}
 		c.hit(r)
 		c.reply(r, reply)
+		return
+	}
+	if !r.noreply {
+		c.line("SERVER_ERROR the key changed too often; try again")
+	}
+}
+
+// change serves replace, append, prepend and touch each as one write
+// that the log applies to whatever the key holds then (SET ... XX, APPEND
+// ... XX, PREPEND, PEXPIRE or PERSIST), so that concurrent ones all take
+// effect, as they do in memcached: read and written back on condition
+// (VER), as update does, the many clients' changes of one key failed
+// "the key changed too often" (as its incr did, issue 32). prepend reads
+// the key's flags first, its data going after them (PREPEND ... PREFIX),
+// or first where there are none (UNLESS: the value must not begin with
+// flags); flags changed in between are read again. In a cluster whose
+// members do not all apply these yet (a rolling upgrade), it goes as
+// update does.
+func (c *conn) change(r *request) {
+	key := r.keys[0]
+	if r.name == "touch" {
+		c.s.stats.touches.Add(1)
+	} else {
+		c.s.stats.sets.Add(1)
+	}
+	flags := func() (uint32, bool, *resp.Value) {
+		v, _ := c.call([]byte("GET"), key)
+		if isErr(v) {
+			return 0, false, &v
+		}
+		f, _ := decodeValue(v.Str)
+		return f, !v.Null, nil
+	}
+	var f uint32
+	if r.name == "prepend" {
+		var found bool
+		var errv *resp.Value
+		if f, found, errv = flags(); c.answered(r, found, errv) {
+			return
+		}
+	}
+	for range 16 {
+		var cmd [][]byte
+		reply := "STORED"
+		switch r.name {
+		case "replace":
+			cmd = [][]byte{[]byte("SET"), key, encodeValue(r.flags, r.data), []byte("XX")}
+			if px := pxOf(r.exptime); px > 0 {
+				cmd = append(cmd, []byte("PX"), strconv.AppendInt(nil, px, 10))
+			}
+		case "append":
+			cmd = [][]byte{[]byte("APPEND"), key, r.data, []byte("XX")}
+		case "prepend":
+			if f != 0 {
+				cmd = [][]byte{[]byte("PREPEND"), key, r.data, []byte("PREFIX"), encodeValue(f, nil)}
+			} else {
+				cmd = [][]byte{[]byte("PREPEND"), key, r.data, []byte("UNLESS"), flagsMagic}
+			}
+		case "touch":
+			reply = "TOUCHED"
+			if px := pxOf(r.exptime); px > 0 {
+				cmd = [][]byte{[]byte("PEXPIRE"), key, strconv.AppendInt(nil, px, 10)}
+			} else {
+				cmd = [][]byte{[]byte("PERSIST"), key}
+			}
+		}
+		v, _ := c.call(cmd...)
+		switch {
+		case isErr(v) && string(v.Str) == string(resp.ErrValueOpsProtocol):
+			c.update(r) // counted above
+		case isErr(v):
+			c.fail(r, v)
+		case v.Null || v.Kind == resp.Integer && v.Int == 0 || r.name == "replace" && notApplied(v):
+			c.missing(r) // no key (touch: 0; replace: not set)
+		case notApplied(v): // prepend: other flags than read
+			var found bool
+			var errv *resp.Value
+			if f, found, errv = flags(); c.answered(r, found, errv) {
+				return
+			}
+			continue
+		default:
+			c.hit(r)
+			c.reply(r, reply)
+		}
 		return
 	}
 	if !r.noreply {

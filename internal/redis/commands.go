@@ -53,6 +53,7 @@ func init() {
 		"DECR":      {run: (*conn).incr, arity: 2},
 		"INCRBY":    {run: (*conn).incr, arity: 3},
 		"DECRBY":    {run: (*conn).incr, arity: 3},
+		"APPEND":    {run: (*conn).appendCmd, arity: 3},
 		"MQKV.GETV": {run: (*conn).getv, arity: 2, local: true},
 		"MQKV.SETV": {run: (*conn).setv, arity: -3},
 		"MQKV.DELV": {run: (*conn).delv, arity: -2},
@@ -334,11 +335,16 @@ func (c *conn) set(args [][]byte) {
 		return
 	}
 	if has(args[3:], "XX") {
-		c.setIfExists(cmd)
-		return
+		cmd = append(cmd, optXX)
 	}
 	v, _ := c.call(cmd...)
-	if v.Kind == resp.Integer && v.Int == -1 && has(args[3:], "GET") {
+	if v.Kind == resp.ErrorReply && string(v.Str) == string(resp.ErrValueOpsProtocol) {
+		// A cluster not yet at the protocol of SET ... XX: on condition
+		// of the version read, as before it.
+		c.setIfExists(cmd[:len(cmd)-1])
+		return
+	}
+	if v.Kind == resp.Integer && v.Int == -1 && has(args[3:], "GET") && !has(args[3:], "XX") {
 		c.get(args[:2]) // SET NX GET not applied answers with the value held
 		return
 	}
@@ -411,7 +417,7 @@ func setCommand(dst, args [][]byte) (cmd [][]byte, errText string) {
 
 // The words of the commands the endpoint sends on, shared by all: the
 // service reads its arguments and never writes them.
-var verbSET, verbGET, verbDEL, optNX, optPX = []byte("SET"), []byte("GET"), []byte("DEL"), []byte("NX"), []byte("PX")
+var verbSET, verbGET, verbDEL, optNX, optXX, optPX = []byte("SET"), []byte("GET"), []byte("DEL"), []byte("NX"), []byte("XX"), []byte("PX")
 
 // setReply writes the store's answer to a SET as Redis gives it: a
 // condition not met is a null.
@@ -423,8 +429,10 @@ func setReply(w *writer, v resp.Value) {
 	w.value(v)
 }
 
-// setIfExists serves SET ... XX: the key is set on condition that it
-// still holds the version read (gateway.SetIfUnchanged).
+// setIfExists serves SET ... XX in a cluster below the protocol of the
+// store's own (store.IfExists, which the log applies to whatever the key
+// holds then): the key is set on condition that it still holds the
+// version read (gateway.SetIfUnchanged), tried again if it changed.
 func (c *conn) setIfExists(cmd [][]byte) {
 	v, found := c.c.SetIfUnchanged("", cmd[1], func([]byte) ([]byte, [][]byte) { return cmd[2], cmd[3:] })
 	if !found {
@@ -433,6 +441,16 @@ func (c *conn) setIfExists(cmd [][]byte) {
 	}
 	c.w.value(v)
 }
+
+// appendCmd serves APPEND key value: the store's APPEND, which the log
+// applies to whatever the key holds then (concurrent ones all take
+// effect), answered with the value's length after, as Redis's.
+func (c *conn) appendCmd(args [][]byte) {
+	v, _ := c.call(verbAPPEND, args[1], args[2])
+	c.w.value(v)
+}
+
+var verbAPPEND = []byte("APPEND")
 
 // del serves DEL and UNLINK: one write per key (not one atomic write).
 func (c *conn) del(args [][]byte) {

@@ -35,6 +35,10 @@ const (
 	// release keeps below the protocol that has them (cluster protocol
 	// 5): the memcached endpoint counts the old way then.
 	ErrArithmeticProtocol Error = "INCRBY and DECRBY need every member of the cluster on a release that has them (cluster protocol 5): upgrade the others"
+	// The same for the value ops (APPEND, PREPEND, PEXPIRE, PERSIST) and
+	// SET ... XX (cluster protocol 6): the memcached endpoint reads and
+	// writes on condition then, as before them.
+	ErrValueOpsProtocol Error = "APPEND, PREPEND, PEXPIRE, PERSIST and SET XX need every member of the cluster on a release that has them (cluster protocol 6): upgrade the others"
 )
 
 // MaxArgs bounds the number of elements of a request array. No command has

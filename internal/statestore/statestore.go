@@ -449,6 +449,10 @@ func (s *Service) serve(r *Request, args [][]byte) {
 		s.routes(r, args)
 	case "INCRBY", "DECRBY":
 		s.add(r, args)
+	case "APPEND", "PREPEND":
+		s.join(r, args)
+	case "PEXPIRE", "PERSIST":
+		s.touch(r, args)
 	default:
 		s.fail(r, resp.ErrUnknownCommand)
 	}
@@ -487,6 +491,9 @@ func (s *Service) reply(r *Request, payload []byte, version hlc.Timestamp) {
 		}
 		if r.writeOp == store.OpAdd && payload[0] == ':' {
 			res = "ok" // the number, whatever it is
+		}
+		if (r.writeOp == store.OpAppend || r.writeOp == store.OpPrepend) && string(payload) == ":0\r\n" {
+			res = "ok" // a length of 0
 		}
 		s.observe(r, res)
 	}
@@ -531,7 +538,7 @@ type Reply struct {
 	Key             []byte
 }
 
-var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN", "ROUTES", "INCRBY", "DECRBY"}
+var commandNames = []string{"GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "PING", "PTTL", "SCAN", "ROUTES", "INCRBY", "DECRBY", "APPEND", "PREPEND", "PEXPIRE", "PERSIST"}
 
 // commandName names a verb, for dispatch and metrics, from a fixed set so
 // that labels stay bounded.
@@ -695,6 +702,8 @@ func (s *Service) set(r *Request, args [][]byte) {
 			cmd.Cond = store.NX
 		case equalFold(opt, "NEX") && cmd.Cond == store.Always:
 			cmd.Cond = store.NEX
+		case equalFold(opt, "XX") && cmd.Cond == store.Always:
+			cmd.Cond = store.IfExists
 		case equalFold(opt, "VER") && cmd.Cond == store.Always && i+1 < len(args):
 			v, e := s.parseVer(args[i+1])
 			if e != "" {
@@ -718,7 +727,94 @@ func (s *Service) set(r *Request, args [][]byte) {
 			return
 		}
 	}
+	if cmd.Cond == store.IfExists && !s.valueOps() {
+		s.fail(r, resp.ErrValueOpsProtocol)
+		return
+	}
 	s.write(r, cmd, get)
+}
+
+// join serves APPEND key value [XX] and PREPEND key value [PREFIX p |
+// UNLESS p], mqkv's extensions (docs/extensions.md): APPEND adds value to
+// the end of what the key holds (creating it, as Redis's APPEND, unless
+// XX); PREPEND puts value at its start, or after p, which the value must
+// begin with (memcached's prepend, after the flags its endpoint keeps
+// there), or at its start on condition that it does not begin with p (no
+// flags there). The log applies them (store.OpAppend, OpPrepend), so that
+// concurrent ones all take effect, one after the other. The answer is the
+// length of the value after (so the value is read as well as written), a
+// null when the key does not exist (APPEND XX, PREPEND), -1 when the
+// condition on p does not hold.
+func (s *Service) join(r *Request, args [][]byte) {
+	if len(args) < 3 {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	cmd := store.Command{Op: store.OpAppend, Key: args[1], Value: args[2]}
+	switch opts := args[3:]; {
+	case len(opts) == 0:
+	case r.command == "APPEND" && len(opts) == 1 && equalFold(opts[0], "XX"):
+		cmd.Cond = store.IfExists
+	case r.command == "PREPEND" && len(opts) == 2 && (equalFold(opts[0], "PREFIX") || equalFold(opts[0], "UNLESS")):
+		// The prefix and the value in one: the store keeps the first
+		// Delta bytes where they are and puts the rest after them, or
+		// (UNLESS, Cond NX) puts the rest first if the value does not
+		// begin with them.
+		cmd.Value = append(append(make([]byte, 0, len(opts[1])+len(args[2])), opts[1]...), args[2]...)
+		cmd.Delta = int64(len(opts[1]))
+		if equalFold(opts[0], "UNLESS") {
+			cmd.Cond = store.NX
+		}
+	default:
+		s.fail(r, resp.ErrSyntax)
+		return
+	}
+	if r.command == "PREPEND" {
+		cmd.Op = store.OpPrepend
+	}
+	if !s.valueOps() {
+		s.fail(r, resp.ErrValueOpsProtocol)
+		return
+	}
+	s.write(r, cmd, true) // its answer is the length: a read too
+}
+
+// touch serves PEXPIRE key ms and PERSIST key, mqkv's extensions: the key
+// keeps its value and gets ms to live from now (PEXPIRE; ms at least 1),
+// or none (PERSIST), as one write of the log (store.OpTouch: a new
+// version, a SET for observers). The answer is 1, or 0 when the key does
+// not exist; PERSIST answers 1 for a key that had no expiry too.
+func (s *Service) touch(r *Request, args [][]byte) {
+	want := 2
+	if r.command == "PEXPIRE" {
+		want = 3
+	}
+	if len(args) != want {
+		s.fail(r, resp.ErrWrongNumberOfArguments)
+		return
+	}
+	cmd := store.Command{Op: store.OpTouch, Key: args[1]}
+	if want == 3 {
+		ttl, ok := parsePX(args[2])
+		if !ok {
+			s.fail(r, resp.ErrSyntax)
+			return
+		}
+		cmd.TTL = ttl
+	}
+	if !s.valueOps() {
+		s.fail(r, resp.ErrValueOpsProtocol)
+		return
+	}
+	s.write(r, cmd, false)
+}
+
+// valueOps reports whether writes may be value ops or SETs on condition
+// that the key exists: on a node on its own, or in a cluster once every
+// member applies them.
+func (s *Service) valueOps() bool {
+	m, ok := s.router.(interface{ ValueOps() bool })
+	return ok && m.ValueOps()
 }
 
 // add serves INCRBY key delta [UNSIGNED [PREFIX p]] and DECRBY (the same,
@@ -925,6 +1021,10 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		switch {
 		case op.Arithmetic():
 			s.answerNumber(r, op, res)
+		case op == store.OpAppend || op == store.OpPrepend:
+			s.reply(r, resp.AppendInt(nil, int64(len(res.Previous))), res.Version)
+		case op == store.OpTouch:
+			s.reply(r, resp.One, res.Version)
 		case op == store.OpSet && get && res.HadPrevious:
 			s.replyBulk(r, res.Previous, res.Version)
 		case op == store.OpSet && get:
@@ -942,8 +1042,8 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		}
 		s.reply(r, resp.MinusOne, res.Version)
 	case store.Missing:
-		if op == store.OpIncr || op == store.OpDecr {
-			s.reply(r, resp.Nil, hlc.Timestamp{}) // no number: memcached's NOT_FOUND
+		if op == store.OpIncr || op == store.OpDecr || op == store.OpAppend || op == store.OpPrepend {
+			s.reply(r, resp.Nil, hlc.Timestamp{}) // no number, no length: memcached's NOT_FOUND, NOT_STORED
 			return
 		}
 		s.reply(r, resp.Zero, hlc.Timestamp{})

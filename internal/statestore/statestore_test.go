@@ -514,6 +514,7 @@ type storeRouter struct {
 	submitted  int
 	noArith    bool // a cluster some member keeps below the arithmetic ops' protocol
 	arithAsked bool
+	noValueOps bool          // ... below the value ops' protocol
 	remembered *store.Result // if set, every write's result, as a remembered request's
 }
 
@@ -534,6 +535,102 @@ func (r *storeRouter) Submit(_ context.Context, p replica.Proposal) {
 	p.Done(res, nil)
 }
 func (r *storeRouter) Arithmetic() bool { r.arithAsked = true; return !r.noArith }
+func (r *storeRouter) ValueOps() bool   { return !r.noValueOps }
+
+// TestValueOps: APPEND, PREPEND, PEXPIRE, PERSIST and SET ... XX, their
+// answers, their syntax, the read APPEND's and PREPEND's answer is, and
+// the cluster protocol they wait for.
+func TestValueOps(t *testing.T) {
+	rt := newStoreRouter()
+	rp := &replies{}
+	s := New(rt, rp, Limits{}, nil)
+	do := func(grant *policy.Grant, args ...string) string {
+		var b [][]byte
+		for _, a := range args {
+			b = append(b, []byte(a))
+		}
+		s.Do(&Request{ClientID: "c", QoS: 1, Origin: rp, StampWrites: true, Grant: grant}, b)
+		return string(rp.last)
+	}
+	holds := func(key string) (*store.Entry, bool) { return rt.st.Get([]byte(key), time.Now().UnixMilli()) }
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"APPEND", "a", "xy", "XX"}, "$-1\r\n"},
+		{[]string{"APPEND", "a", "xy"}, ":2\r\n"},
+		{[]string{"append", "a", "z", "xx"}, ":3\r\n"},
+		{[]string{"APPEND", "a"}, "-ERR wrong number of arguments\r\n"},
+		{[]string{"APPEND", "a", "z", "NX"}, "-ERR syntax error\r\n"},
+		{[]string{"APPEND", "a", "z", "PREFIX", "p"}, "-ERR syntax error\r\n"},
+		{[]string{"PREPEND", "p", "a"}, "$-1\r\n"},
+		{[]string{"SET", "p", "hdr:b"}, "+OK\r\n"},
+		{[]string{"PREPEND", "p", "a", "PREFIX", "hdr:"}, ":6\r\n"},
+		{[]string{"PREPEND", "p", "a", "PREFIX", "xyz:"}, ":-1\r\n"},
+		{[]string{"PREPEND", "p", "a", "UNLESS", "hdr:"}, ":-1\r\n"},
+		{[]string{"SET", "q", "b"}, "+OK\r\n"},
+		{[]string{"PREPEND", "q", "a", "unless", "hdr:"}, ":2\r\n"},
+		{[]string{"PREPEND", "q", "0"}, ":3\r\n"},
+		{[]string{"PREPEND", "p", "a", "XX"}, "-ERR syntax error\r\n"},
+		{[]string{"SET", "x", "1", "XX"}, ":-1\r\n"},
+		{[]string{"SET", "a", "1", "XX", "NX"}, "-ERR syntax error\r\n"},
+		{[]string{"SET", "a", "v", "XX", "PX", "60000"}, "+OK\r\n"},
+		{[]string{"PEXPIRE", "x", "100"}, ":0\r\n"},
+		{[]string{"PEXPIRE", "p", "0"}, "-ERR syntax error\r\n"},
+		{[]string{"PEXPIRE", "p"}, "-ERR wrong number of arguments\r\n"},
+		{[]string{"PEXPIRE", "p", "90000"}, ":1\r\n"},
+		{[]string{"PERSIST", "a"}, ":1\r\n"},
+		{[]string{"PERSIST", "x"}, ":0\r\n"},
+	} {
+		if got := do(nil, c.args...); got != c.want {
+			t.Fatalf("%q: %q, want %q", c.args, got, c.want)
+		}
+	}
+	if e, ok := holds("p"); !ok || string(e.Value) != "hdr:ab" || e.ExpiresAt == 0 {
+		t.Fatalf("p holds %+v", e)
+	}
+	if e, ok := holds("q"); !ok || string(e.Value) != "0ab" {
+		t.Fatalf("q holds %+v", e)
+	}
+	if e, ok := holds("a"); !ok || string(e.Value) != "v" || e.ExpiresAt != 0 {
+		t.Fatalf("a holds %+v", e)
+	}
+	if _, ok := holds("x"); ok {
+		t.Fatal("SET XX made a key")
+	}
+
+	// APPEND's answer is the length: a client that may write the key but
+	// not read it is refused; PEXPIRE is a write only.
+	pol, err := policy.Parse([]byte(`rules:
+  - principals: {clientIds: ["c"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources: [{method: Write, keys: ["*"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := pol.Grant(policy.Principal{ClientID: "c"})
+	before := rt.submitted
+	if got := do(g, "APPEND", "a", "w"); got != "-ERR not authorized\r\n" || rt.submitted != before {
+		t.Fatalf("APPEND without read access: %q, %d writes", got, rt.submitted-before)
+	}
+	if got := do(g, "PEXPIRE", "a", "5000"); got != ":1\r\n" {
+		t.Fatalf("PEXPIRE with write access: %q", got)
+	}
+
+	// In a cluster a member of an earlier release keeps below protocol 6:
+	// refused, nothing written.
+	rt.noValueOps = true
+	before = rt.submitted
+	for _, args := range [][]string{{"APPEND", "a", "w"}, {"PREPEND", "a", "w"}, {"PEXPIRE", "a", "5"}, {"PERSIST", "a"}, {"SET", "a", "w", "XX"}} {
+		if got := do(nil, args...); !strings.Contains(got, "cluster protocol 6") || rt.submitted != before {
+			t.Fatalf("%q below the protocol: %q, %d writes", args, got, rt.submitted-before)
+		}
+	}
+	if got := do(nil, "SET", "a", "w"); got != "+OK\r\n" {
+		t.Fatalf("SET below the protocol: %q", got)
+	}
+}
 
 // TestIncrByAndDecrBy: the arithmetic extensions, their answers, their
 // syntax, the read their answer is, and the cluster protocol they wait for.

@@ -87,7 +87,7 @@ func appendCommand(b []byte, c *Command) []byte {
 	b = appendBytes(b, c.Value)
 	b = AppendTimestamp(b, c.Version)
 	b = binary.AppendVarint(b, c.Now)
-	if c.Op.Arithmetic() {
+	if c.Op.keepsExpiry() {
 		b = binary.AppendVarint(b, c.Delta) // in the TTL's place: they take none
 	} else {
 		b = binary.AppendVarint(b, c.TTL)
@@ -125,12 +125,30 @@ func (d *decoder) command(c *Command) {
 	c.TTL = d.varint()
 	c.Fence = d.timestamp()
 	c.Expected = d.timestamp()
-	if c.Op.Arithmetic() {
+	if c.Op.keepsExpiry() {
 		c.Delta, c.TTL = c.TTL, 0
 	}
-	if c.Op < OpSet || c.Op > OpDecr || c.Cond > IfVersion || c.Op.Arithmetic() && c.Cond != Always {
+	if c.Op < OpSet || c.Op > OpTouch || c.Cond > IfExists || !validCond(c) ||
+		c.Op == OpPrepend && (c.Delta < 0 || c.Delta > int64(len(c.Value))) {
 		d.err = ErrCorrupt
 	}
+}
+
+// validCond says whether c's op takes c's condition: a SET any, a delete
+// those before IfExists (as releases before it read them), an OpAppend
+// Always or IfExists, an OpPrepend Always or NX, the other ops Always.
+func validCond(c *Command) bool {
+	switch c.Op {
+	case OpSet:
+		return true
+	case OpDel, OpVDel, OpExpire:
+		return c.Cond <= IfVersion
+	case OpAppend:
+		return c.Cond == Always || c.Cond == IfExists
+	case OpPrepend:
+		return c.Cond == Always || c.Cond == NX
+	}
+	return c.Cond == Always
 }
 
 // request reads a command's request (format 4).

@@ -73,14 +73,40 @@ const (
 	// memcached endpoint's flags).
 	OpIncr
 	OpDecr
+	// OpAppend adds Value to the end of the key's value, as Redis's APPEND
+	// and memcached's append: a key that does not exist is created with
+	// Value (Cond Always, Redis's) or is Missing (Cond IfExists,
+	// memcached's).
+	OpAppend
+	// OpPrepend puts Value[Delta:] into the key's value after its first
+	// Delta bytes, which must be Value[:Delta] (NotApplied otherwise), as
+	// memcached's prepend does after the flags the endpoint keeps there;
+	// with Cond NX, at its start, on condition that the value does not
+	// begin with Value[:Delta] (no flags there). A key that does not
+	// exist is Missing.
+	OpPrepend
+	// OpTouch gives the key a new time to live (TTL; 0: none) and keeps
+	// its value, as memcached's touch and Redis's PEXPIRE and PERSIST; a
+	// key that does not exist is Missing. It is a write of the value as
+	// it is: a new version, a SET for observers, as when the endpoint did
+	// it with a SET on condition.
+	OpTouch
 )
 
-// Stores reports whether the op writes a value (SET and the arithmetic
-// ops), which a full disk refuses; deletes it lets through.
-func (o Op) Stores() bool { return o == OpSet || o.Arithmetic() }
+// Stores reports whether the op writes a value (SET, the arithmetic and
+// the value ops), which a full disk refuses; deletes it lets through.
+func (o Op) Stores() bool { return o == OpSet || o.Arithmetic() || o.Changes() }
 
 // Arithmetic reports whether the op is OpAdd, OpIncr or OpDecr.
 func (o Op) Arithmetic() bool { return o == OpAdd || o == OpIncr || o == OpDecr }
+
+// Changes reports whether the op is one of the value ops that change what
+// a key holds in place: OpAppend, OpPrepend, OpTouch.
+func (o Op) Changes() bool { return o == OpAppend || o == OpPrepend || o == OpTouch }
+
+// keepsExpiry reports whether the op keeps the key's expiry, taking no
+// TTL: a batch holds its Delta where it holds a SET's TTL.
+func (o Op) keepsExpiry() bool { return o.Arithmetic() || o == OpAppend || o == OpPrepend }
 
 // Cond is the condition of a SET.
 type Cond uint8
@@ -93,6 +119,9 @@ const (
 	// Expected; a zero Expected means "only if the key does not exist"
 	// (the mqkv extension VER, optimistic concurrency).
 	IfVersion
+	// IfExists applies a SET or OpAppend only if the key exists: Redis's
+	// XX, memcached's replace and append.
+	IfExists
 )
 
 // Command is one state change. The proposer fills in Version (a fresh HLC)
@@ -108,9 +137,9 @@ type Command struct {
 	Fence    hlc.Timestamp // the request's fencing token; zero if it carried none
 	Expected hlc.Timestamp // OpExpire: the version the key must still hold
 	// Delta is what OpAdd, OpIncr and OpDecr add or take away (for OpIncr
-	// and OpDecr, an unsigned number's bits). The arithmetic ops keep the
-	// key's expiry and take no TTL: a batch holds Delta where it holds a
-	// SET's TTL.
+	// and OpDecr, an unsigned number's bits), and how much of Value an
+	// OpPrepend keeps first. These ops and OpAppend keep the key's expiry
+	// and take no TTL: a batch holds Delta where it holds a SET's TTL.
 	Delta int64
 	// Request, if set, identifies the request the command serves; the
 	// store remembers its result for Keep milliseconds from Now, and a
@@ -386,6 +415,8 @@ func (s *Store) apply(c *Command, events []Event) (Result, []Event) {
 		return s.set(c, stored, cur, events)
 	case OpAdd, OpIncr, OpDecr:
 		return s.add(c, stored, cur, events)
+	case OpAppend, OpPrepend, OpTouch:
+		return s.change(c, stored, cur, events)
 	case OpDel, OpVDel:
 		if cur == nil {
 			if c.Cond == IfVersion && !c.Expected.IsZero() {
@@ -439,8 +470,8 @@ func (s *Store) set(c *Command, stored, cur *Entry, events []Event) (Result, []E
 				return Result{Outcome: NotApplied, Version: cur.Version}, events
 			}
 		}
-	} else if c.Cond == IfVersion && !c.Expected.IsZero() {
-		return Result{Outcome: NotApplied}, events // expected a version; there is no key
+	} else if c.Cond == IfVersion && !c.Expected.IsZero() || c.Cond == IfExists {
+		return Result{Outcome: NotApplied}, events // expected a key; there is none
 	}
 	size := int64(len(c.Key) + len(c.Value))
 	if !s.fits(stored, size) {
@@ -536,6 +567,54 @@ func (s *Store) add(c *Command, stored, cur *Entry, events []Event) (Result, []E
 	set.TTL = 0
 	if cur != nil && cur.ExpiresAt != 0 {
 		set.TTL = cur.ExpiresAt - c.Now // > 0: cur is live at c.Now
+	}
+	res, events := s.set(&set, stored, cur, events)
+	if res.Outcome == Applied {
+		res.Previous, res.HadPrevious = events[len(events)-1].Value, true
+	}
+	return res, events
+}
+
+// change applies OpAppend, OpPrepend and OpTouch: a SET of the value
+// they make, with the key's expiry (OpTouch: its own TTL). As for add,
+// Previous is the value stored (HadPrevious true).
+func (s *Store) change(c *Command, stored, cur *Entry, events []Event) (Result, []Event) {
+	if cur == nil && (c.Op != OpAppend || c.Cond == IfExists) {
+		return Result{Outcome: Missing}, events
+	}
+	if cur != nil {
+		// The fence first, as for a SET.
+		if o, ok := checkFence(cur, c.Fence); !ok {
+			return Result{Outcome: o}, events
+		}
+	}
+	set := *c
+	set.Op, set.Cond, set.Delta = OpSet, Always, 0
+	switch {
+	case c.Op == OpTouch:
+		set.Value = cur.Value
+	case cur == nil: // OpAppend to no key: the key made
+		set.TTL = 0
+	case c.Op == OpAppend:
+		set.Value = append(append(make([]byte, 0, len(cur.Value)+len(c.Value)), cur.Value...), c.Value...)
+	default: // OpPrepend
+		lead := c.Value[:min(max(c.Delta, 0), int64(len(c.Value)))]
+		unless := c.Cond == NX
+		if bytes.HasPrefix(cur.Value, lead) == unless {
+			return Result{Outcome: NotApplied, Version: cur.Version}, events
+		}
+		v := make([]byte, 0, len(cur.Value)+len(c.Value)-len(lead))
+		if unless {
+			set.Value = append(append(v, c.Value[len(lead):]...), cur.Value...)
+		} else {
+			set.Value = append(append(v, c.Value...), cur.Value[len(lead):]...)
+		}
+	}
+	if c.Op != OpTouch {
+		set.TTL = 0
+		if cur != nil && cur.ExpiresAt != 0 {
+			set.TTL = cur.ExpiresAt - c.Now // > 0: cur is live at c.Now
+		}
 	}
 	res, events := s.set(&set, stored, cur, events)
 	if res.Outcome == Applied {

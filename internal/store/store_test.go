@@ -661,6 +661,8 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(AppendBatch(nil, Limits{}, []Command{{Op: OpSet, Key: []byte("k"), Value: []byte("v"), Version: ts(1), Request: []byte("c\x00r"), Keep: 5}}))
 	f.Add(AppendBatch(nil, Limits{}, []Command{{Op: OpSet, Key: []byte("n"), Value: []byte("hdr7")}, {Op: OpAdd, Key: []byte("k"), Delta: -3},
 		{Op: OpIncr, Key: []byte("n"), Value: []byte("hdr"), Delta: -1}, {Op: OpDecr, Key: []byte("n"), Delta: 9}}))
+	f.Add(AppendBatch(nil, Limits{}, []Command{{Op: OpSet, Key: []byte("n"), Value: []byte("hdr7")}, {Op: OpAppend, Key: []byte("n"), Value: []byte("8")},
+		{Op: OpPrepend, Key: []byte("n"), Value: []byte("hdr6"), Delta: 3}, {Op: OpTouch, Key: []byte("n"), TTL: 9}, {Op: OpSet, Cond: IfExists, Key: []byte("m")}}))
 	f.Add([]byte{2, 0, 0, 255, 255, 255, 255, 15})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -1080,5 +1082,165 @@ func TestArithmeticBatchRoundTrip(t *testing.T) {
 	bad := Command{Op: OpAdd, Cond: NX, Key: []byte("a"), Delta: 1}
 	if _, err := DecodeCommand(AppendCommand(nil, &bad)); err == nil {
 		t.Fatal("an arithmetic op with a condition decoded")
+	}
+}
+
+// The value ops (OpAppend, OpPrepend, OpTouch) and SET's IfExists, step by
+// step on one key: what each does to it, and that a refused one changes
+// nothing.
+func TestValueOps(t *testing.T) {
+	type step struct {
+		op      Op
+		cond    Cond
+		value   string
+		delta   int64
+		ttl     int64
+		outcome Outcome
+		holds   string // what the key holds after (noKey: none)
+	}
+	cases := []struct {
+		name  string
+		start string // noKey for none
+		steps []step
+	}{
+		{"APPEND creates", noKey, []step{{OpAppend, Always, "ab", 0, 0, Applied, "ab"}, {OpAppend, Always, "c", 0, 0, Applied, "abc"}}},
+		{"append needs a key", noKey, []step{{OpAppend, IfExists, "ab", 0, 0, Missing, noKey}}},
+		{"append to a key", "x", []step{{OpAppend, IfExists, "yz", 0, 0, Applied, "xyz"}, {OpAppend, IfExists, "", 0, 0, Applied, "xyz"}}},
+		{"prepend after the flags", "hdr:b", []step{{OpPrepend, Always, "hdr:a", 4, 0, Applied, "hdr:ab"}, {OpPrepend, Always, "0", 0, 0, Applied, "0hdr:ab"}}},
+		{"prepend with other flags", "hdr:b", []step{{OpPrepend, Always, "xyz:a", 4, 0, NotApplied, "hdr:b"}}},
+		{"prepend unless flags", "b", []step{{OpPrepend, NX, "hdr:a", 4, 0, Applied, "ab"}, {OpSet, Always, "hdr:c", 0, 0, Applied, "hdr:c"}, {OpPrepend, NX, "hdr:a", 4, 0, NotApplied, "hdr:c"}}},
+		{"prepend needs a key", noKey, []step{{OpPrepend, Always, "a", 0, 0, Missing, noKey}}},
+		{"touch", "v", []step{{OpTouch, Always, "", 0, 5000, Applied, "v"}, {OpTouch, Always, "", 0, 0, Applied, "v"}}},
+		{"touch needs a key", noKey, []step{{OpTouch, Always, "", 0, 5000, Missing, noKey}}},
+		{"SET XX", noKey, []step{{OpSet, IfExists, "a", 0, 0, NotApplied, noKey}, {OpSet, Always, "a", 0, 0, Applied, "a"}, {OpSet, IfExists, "b", 0, 0, Applied, "b"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			if c.start != noKey {
+				h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte(c.start)})
+			}
+			for i, s := range c.steps {
+				var before Entry // a copy: the store changes its entry in place
+				e, had := h.s.Get([]byte("k"), h.now)
+				if had {
+					before = *e
+				}
+				res, ev := h.apply(Command{Op: s.op, Cond: s.cond, Key: []byte("k"), Value: []byte(s.value), Delta: s.delta, TTL: s.ttl})
+				if res.Outcome != s.outcome {
+					t.Fatalf("step %d: outcome %v, want %v", i, res.Outcome, s.outcome)
+				}
+				e, ok := h.s.Get([]byte("k"), h.now)
+				if ok != (s.holds != noKey) || ok && string(e.Value) != s.holds {
+					t.Fatalf("step %d: the key holds %+v (%v), want %q", i, e, ok, s.holds)
+				}
+				if s.outcome != Applied {
+					if len(ev) != 0 || ok && e.Version != before.Version {
+						t.Fatalf("step %d: a refused op changed the key: %+v", i, ev)
+					}
+					continue
+				}
+				if len(ev) != 1 || ev[0].Kind != EventSet || string(ev[0].Value) != s.holds || ev[0].Version != e.Version || had && e.Version == before.Version {
+					t.Fatalf("step %d: events %+v, version %v (was %v)", i, ev, e.Version, before.Version)
+				}
+				if s.op != OpSet && (string(res.Previous) != s.holds || !res.HadPrevious) {
+					t.Fatalf("step %d: result %+v: the value stored, for the length", i, res)
+				}
+				if s.op == OpTouch && (s.ttl == 0) != (e.ExpiresAt == 0) || s.ttl > 0 && e.ExpiresAt != h.now+s.ttl {
+					t.Fatalf("step %d: expires at %d after a touch of %d ms", i, e.ExpiresAt, s.ttl)
+				}
+			}
+		})
+	}
+}
+
+// Append and prepend keep the key's expiry and check its fence before
+// anything else, as the arithmetic ops do; touch checks the fence too.
+func TestValueOpsKeepExpiryAndFence(t *testing.T) {
+	h := newHarness(t)
+	h.apply(Command{Op: OpSet, Key: []byte("k"), Value: []byte("a"), TTL: 5000})
+	e, _ := h.s.Get([]byte("k"), h.now)
+	was := *e // a copy: the store changes its entry in place
+	h.now += 1000
+	for _, c := range []Command{{Op: OpAppend, Value: []byte("b")}, {Op: OpPrepend, Value: []byte("c")}} {
+		c.Key = []byte("k")
+		if res, _ := h.apply(c); res.Outcome != Applied {
+			t.Fatal(res.Outcome)
+		}
+		if e, _ := h.s.Get([]byte("k"), h.now); e.ExpiresAt != was.ExpiresAt {
+			t.Fatalf("op %d: expiry %d, was %d", c.Op, e.ExpiresAt, was.ExpiresAt)
+		}
+	}
+	h.now += 5000 // expired: append makes it anew, without expiry; the others find none
+	if res, _ := h.apply(Command{Op: OpTouch, Key: []byte("k"), TTL: 100}); res.Outcome != Missing {
+		t.Fatalf("touch of an expired key: %v", res.Outcome)
+	}
+	if res, _ := h.apply(Command{Op: OpAppend, Key: []byte("k"), Value: []byte("z")}); res.Outcome != Applied || string(res.Previous) != "z" {
+		t.Fatalf("APPEND to an expired key: %+v", res)
+	}
+	if e, _ := h.s.Get([]byte("k"), h.now); e.ExpiresAt != 0 {
+		t.Fatalf("a key made by APPEND expires at %d", e.ExpiresAt)
+	}
+
+	h.apply(Command{Op: OpSet, Key: []byte("f"), Value: []byte("v"), Fence: ts(10)})
+	for _, op := range []Op{OpAppend, OpPrepend, OpTouch} {
+		for _, c := range []struct {
+			fence   hlc.Timestamp
+			value   string
+			outcome Outcome
+		}{{hlc.Timestamp{}, "", FenceRequired}, {ts(9), "x", FenceLower}, {ts(10), "", Applied}} {
+			// A prefix that does not match is not told to a client the
+			// fence keeps out.
+			res, _ := h.apply(Command{Op: op, Key: []byte("f"), Value: []byte(c.value), Delta: int64(len(c.value)), Fence: c.fence})
+			if res.Outcome != c.outcome {
+				t.Fatalf("op %d with fence %v: %v, want %v", op, c.fence, res.Outcome, c.outcome)
+			}
+		}
+	}
+	if e, _ := h.s.Get([]byte("f"), h.now); e.Fence != ts(10) || string(e.Value) != "v" {
+		t.Fatalf("fenced key after the ops: %+v", e)
+	}
+
+	q := &harness{t: t, s: New(Limits{MaxBytes: 3}), now: 1}
+	q.apply(Command{Op: OpSet, Key: []byte("q"), Value: []byte("9")})
+	if res, _ := q.apply(Command{Op: OpAppend, Key: []byte("q"), Value: []byte("99")}); res.Outcome != QuotaExceeded {
+		t.Fatalf("APPEND past the quota: %v", res.Outcome)
+	}
+}
+
+// The value ops go through a log entry as they were given (a prepend's
+// Delta where a SET's TTL goes), and a batch with one that is not whole
+// (a condition it does not take, a Delta beyond its value) is refused.
+func TestValueOpsBatchRoundTrip(t *testing.T) {
+	cmds := []Command{
+		{Op: OpAppend, Key: []byte("a"), Value: []byte("x"), Version: ts(1), Now: 1},
+		{Op: OpAppend, Cond: IfExists, Key: []byte("a"), Value: []byte("y"), Version: ts(2), Now: 2, Fence: ts(1)},
+		{Op: OpPrepend, Key: []byte("b"), Value: []byte("hdr:z"), Delta: 4, Version: ts(3), Now: 3},
+		{Op: OpPrepend, Cond: NX, Key: []byte("b"), Value: []byte("hdr:z"), Delta: 4, Version: ts(3), Now: 3},
+		{Op: OpTouch, Key: []byte("c"), TTL: 1500, Version: ts(4), Now: 4},
+		{Op: OpSet, Cond: IfExists, Key: []byte("d"), Value: []byte("v"), TTL: 10, Version: ts(5), Now: 5},
+	}
+	_, got, err := DecodeBatch(AppendBatch(nil, Limits{}, cmds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range cmds {
+		if fmt.Sprint(got[i]) != fmt.Sprint(cmds[i]) {
+			t.Fatalf("command %d: got %+v, want %+v", i, got[i], cmds[i])
+		}
+	}
+	for _, bad := range []Command{
+		{Op: OpPrepend, Cond: IfExists, Key: []byte("a")},
+		{Op: OpPrepend, Cond: IfVersion, Key: []byte("a")},
+		{Op: OpTouch, Cond: NX, Key: []byte("a")},
+		{Op: OpAppend, Cond: NX, Key: []byte("a")},
+		{Op: OpDel, Cond: IfExists, Key: []byte("a")},
+		{Op: OpPrepend, Key: []byte("a"), Value: []byte("ab"), Delta: 3},
+		{Op: OpTouch + 1, Key: []byte("a")},
+		{Op: OpSet, Cond: IfExists + 1, Key: []byte("a")},
+	} {
+		if _, err := DecodeCommand(AppendCommand(nil, &bad)); err == nil {
+			t.Fatalf("%+v decoded", bad)
+		}
 	}
 }

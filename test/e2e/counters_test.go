@@ -164,8 +164,10 @@ func TestRESPCounters(t *testing.T) {
 }
 
 // In a cluster that a member of an earlier release keeps at protocol 4,
-// the counters are refused over RESP (a member could not read them) and
-// memcached's incr counts as before, reading and writing on condition.
+// the counters and the value ops (protocol 6) are refused over RESP (a
+// member could not read them), Redis's SET XX and memcached's incr,
+// append, prepend, replace and touch go as before, reading and writing
+// on condition.
 func TestCountersWaitForTheirProtocol(t *testing.T) {
 	skipInCluster(t, "starts its own cluster")
 	t.Parallel()
@@ -195,5 +197,33 @@ func TestCountersWaitForTheirProtocol(t *testing.T) {
 	}
 	if it, err := mc.Get("cp:n"); err != nil || string(it.Value) != "42" || it.Flags != 3 {
 		t.Fatalf("after incr at protocol 4: %+v %v", it, err)
+	}
+	if first.Node().ValueOps() {
+		t.Fatal("value ops at protocol 4")
+	}
+	if err := rc.Append(ctx, "cp/a", "x").Err(); err == nil || !strings.Contains(err.Error(), "cluster protocol 6") {
+		t.Fatalf("APPEND at protocol 4: %v", err)
+	}
+	if ok, err := rc.SetXX(ctx, "cp/s", "v", 0).Result(); err != nil || ok {
+		t.Fatalf("SET XX of a missing key at protocol 4: %v %v", ok, err)
+	}
+	rc.Set(ctx, "cp/s", "v", 0)
+	if ok, err := rc.SetXX(ctx, "cp/s", "w", 0).Result(); err != nil || !ok {
+		t.Fatalf("SET XX at protocol 4: %v %v", ok, err)
+	}
+	if err := mc.Append(&memcache.Item{Key: "cp:n", Value: []byte("3")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Prepend(&memcache.Item{Key: "cp:n", Value: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Replace(&memcache.Item{Key: "cp:x", Value: []byte("1")}); !errors.Is(err, memcache.ErrNotStored) {
+		t.Fatalf("replace of a missing key at protocol 4: %v", err)
+	}
+	if err := mc.Touch("cp:n", 60); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := mc.Get("cp:n"); err != nil || string(it.Value) != "1423" || it.Flags != 3 {
+		t.Fatalf("after append and prepend at protocol 4: %+v %v", it, err)
 	}
 }
