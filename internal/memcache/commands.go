@@ -347,12 +347,20 @@ func (c *conn) change(r *request) {
 			c.update(r) // counted above
 		case isErr(v):
 			c.fail(r, v)
-		case v.Null || v.Kind == resp.Integer && v.Int == 0 || r.name == "replace" && notApplied(v):
+		case v.Null || r.name == "touch" && v.Int == 0 || r.name == "replace" && notApplied(v):
 			c.missing(r) // no key (touch: 0; replace: not set)
 		case notApplied(v): // prepend: other flags than read
+			was := f
 			var found bool
 			var errv *resp.Value
 			if f, found, errv = flags(); c.answered(r, found, errv) {
+				return
+			}
+			if f == was {
+				// The same flags: a value that begins as a header does
+				// but is none (written over RESP or MQTT), which the
+				// condition never passes. Read and written on condition.
+				c.update(r)
 				return
 			}
 			continue

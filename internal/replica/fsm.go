@@ -225,8 +225,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			if c.Op == store.OpExpire && results[j].Outcome == store.Applied {
 				f.expired.Add(1)
 			}
-			if c.Op == store.OpSet && c.TTL > 0 {
-				expiring = true
+			if (c.Op == store.OpSet || c.Op == store.OpTouch) && c.TTL > 0 {
+				expiring = true // a new deadline, maybe the soonest
 			}
 			if ans != nil && j+1-ans.handed >= answerEvery {
 				ans.hand(j + 1)

@@ -142,6 +142,31 @@ func TestExpiryProducesDeleteEvent(t *testing.T) {
 	}
 }
 
+// A touch (store.OpTouch: memcached's touch, PEXPIRE) that gives a key
+// without expiry a deadline wakes the expiry loop, as a SET with a TTL
+// does: asleep until the next deadline it knew (an hour when no key
+// expires), it removed the key only then, and observers got no DELETE.
+func TestTouchWakesExpiry(t *testing.T) {
+	deleted := make(chan struct{}, 10)
+	g := open(t, t.TempDir(), func(evs []store.Event) {
+		for _, e := range evs {
+			if e.Kind == store.EventDelete && string(e.Key) == "k" {
+				deleted <- struct{}{}
+			}
+		}
+	})
+	defer g.Close()
+	write(t, g, store.Command{Op: store.OpSet, Key: []byte("k"), Value: []byte("v")}, hlc.Timestamp{})
+	if r := write(t, g, store.Command{Op: store.OpTouch, Key: []byte("k"), TTL: 200}, hlc.Timestamp{}); r.Outcome != store.Applied {
+		t.Fatalf("touch: %+v", r)
+	}
+	select {
+	case <-deleted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no DELETE event for the touched key once expired")
+	}
+}
+
 func TestManyConcurrentWritersAreBatched(t *testing.T) {
 	g := open(t, t.TempDir(), nil)
 	defer g.Close()

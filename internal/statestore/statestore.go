@@ -1022,6 +1022,10 @@ func (s *Service) answerWrite(r *Request, op store.Op, res store.Result, get boo
 		case op.Arithmetic():
 			s.answerNumber(r, op, res)
 		case op == store.OpAppend || op == store.OpPrepend:
+			if !res.HadPrevious { // a remembered result of another kind
+				s.fail(r, errRequestReused)
+				return
+			}
 			s.reply(r, resp.AppendInt(nil, int64(len(res.Previous))), res.Version)
 		case op == store.OpTouch:
 			s.reply(r, resp.One, res.Version)

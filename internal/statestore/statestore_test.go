@@ -618,6 +618,16 @@ func TestValueOps(t *testing.T) {
 		t.Fatalf("PEXPIRE with write access: %q", got)
 	}
 
+	// A result remembered for the request's id that is another kind's (a
+	// SET's, attach mode): refused, not answered as a length.
+	rt.remembered = &store.Result{Outcome: store.Applied, Repeated: true}
+	for _, args := range [][]string{{"APPEND", "a", "w"}, {"PREPEND", "a", "w"}} {
+		if got := do(nil, args...); !strings.Contains(got, "used by an earlier request of another kind") {
+			t.Fatalf("%q answered with a remembered SET's result: %q", args, got)
+		}
+	}
+	rt.remembered = nil
+
 	// In a cluster a member of an earlier release keeps below protocol 6:
 	// refused, nothing written.
 	rt.noValueOps = true

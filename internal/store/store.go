@@ -577,7 +577,10 @@ func (s *Store) add(c *Command, stored, cur *Entry, events []Event) (Result, []E
 
 // change applies OpAppend, OpPrepend and OpTouch: a SET of the value
 // they make, with the key's expiry (OpTouch: its own TTL). As for add,
-// Previous is the value stored (HadPrevious true).
+// Previous is the value stored (HadPrevious true), for the length
+// APPEND and PREPEND answer with; OpTouch's answer needs none, and a
+// result carries no value it does not need (a forwarded write's comes
+// back over the node link, a remembered one is kept).
 func (s *Store) change(c *Command, stored, cur *Entry, events []Event) (Result, []Event) {
 	if cur == nil && (c.Op != OpAppend || c.Cond == IfExists) {
 		return Result{Outcome: Missing}, events
@@ -617,7 +620,11 @@ func (s *Store) change(c *Command, stored, cur *Entry, events []Event) (Result, 
 		}
 	}
 	res, events := s.set(&set, stored, cur, events)
-	if res.Outcome == Applied {
+	switch {
+	case res.Outcome != Applied:
+	case c.Op == OpTouch:
+		res.Previous, res.HadPrevious = nil, false
+	default:
 		res.Previous, res.HadPrevious = events[len(events)-1].Value, true
 	}
 	return res, events

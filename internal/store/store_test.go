@@ -1143,8 +1143,11 @@ func TestValueOps(t *testing.T) {
 				if len(ev) != 1 || ev[0].Kind != EventSet || string(ev[0].Value) != s.holds || ev[0].Version != e.Version || had && e.Version == before.Version {
 					t.Fatalf("step %d: events %+v, version %v (was %v)", i, ev, e.Version, before.Version)
 				}
-				if s.op != OpSet && (string(res.Previous) != s.holds || !res.HadPrevious) {
+				if (s.op == OpAppend || s.op == OpPrepend) && (string(res.Previous) != s.holds || !res.HadPrevious) {
 					t.Fatalf("step %d: result %+v: the value stored, for the length", i, res)
+				}
+				if s.op == OpTouch && (res.Previous != nil || res.HadPrevious) {
+					t.Fatalf("step %d: a touch's result carries a value: %+v", i, res)
 				}
 				if s.op == OpTouch && (s.ttl == 0) != (e.ExpiresAt == 0) || s.ttl > 0 && e.ExpiresAt != h.now+s.ttl {
 					t.Fatalf("step %d: expires at %d after a touch of %d ms", i, e.ExpiresAt, s.ttl)

@@ -111,6 +111,30 @@ func TestMemcacheChangesUnderContention(t *testing.T) {
 		t.Fatalf("prepend without flags: %+v %v", it, err)
 	}
 
+	// An empty value appended to, and prepended to, is stored (its length
+	// 0 is no missing key).
+	if err := mc.Set(&memcache.Item{Key: k + "-empty", Value: nil}); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []func(*memcache.Item) error{mc.Append, mc.Prepend} {
+		if err := op(&memcache.Item{Key: k + "-empty", Value: nil}); err != nil {
+			t.Fatalf("an empty change of an empty value: %v", err)
+		}
+	}
+	// A value that begins as the flags' header does but is none (written
+	// over RESP): prepend still puts its data first.
+	rc := redisClient(t, s, 3, "", "")
+	ctx := ctxFor(t, 10*time.Second)
+	if err := rc.Set(ctx, k+"-magic", "\x00mqkv-mc\x01ab", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Prepend(&memcache.Item{Key: k + "-magic", Value: []byte("Z")}); err != nil {
+		t.Fatalf("prepend to a value like a header: %v", err)
+	}
+	if v, err := rc.Get(ctx, k+"-magic").Result(); err != nil || v != "Z\x00mqkv-mc\x01ab" {
+		t.Fatalf("after prepend: %q %v", v, err)
+	}
+
 	key := k + "-replace"
 	if err := mc.Replace(&memcache.Item{Key: key, Value: []byte("x")}); !errors.Is(err, memcache.ErrNotStored) {
 		t.Fatalf("replace of a missing key: %v", err)
@@ -140,8 +164,6 @@ func TestMemcacheChangesUnderContention(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(it.Value), "<") || !strings.HasPrefix(string(it.Value), fmt.Sprintf("<%d.", it.Flags)) {
 		t.Fatalf("after replaces: %+v %v", it, err)
 	}
-	rc := redisClient(t, s, 3, "", "")
-	ctx := ctxFor(t, 10*time.Second)
 	// The last call of each client was a touch of 600 s: the key
 	// expires, in at most that.
 	if d, err := rc.PTTL(ctx, key).Result(); err != nil || d <= 0 || d > 600*time.Second {
