@@ -96,7 +96,7 @@ func TestRawErrors(t *testing.T) {
 		{"VDEL arity", req{args: []string{"VDEL", k}, ts: now()}, "-ERR wrong number of arguments\r\n"},
 		{"KEYNOTIFY arity", req{args: []string{"KEYNOTIFY"}, ts: now()}, "-ERR wrong number of arguments\r\n"},
 		{"KEYNOTIFY bad option", req{args: []string{"KEYNOTIFY", k, "GO"}, ts: now()}, "-ERR syntax error\r\n"},
-		{"SET unknown option", req{args: []string{"SET", k, "v", "XX"}, ts: now()}, "-ERR syntax error\r\n"},
+		{"SET unknown option", req{args: []string{"SET", k, "v", "EX"}, ts: now()}, "-ERR syntax error\r\n"},
 		{"SET NX and NEX", req{args: []string{"SET", k, "v", "NX", "NEX"}, ts: now()}, "-ERR syntax error\r\n"},
 		{"SET PX without value", req{args: []string{"SET", k, "v", "PX"}, ts: now()}, "-ERR syntax error\r\n"},
 		{"SET PX twice", req{args: []string{"SET", k, "v", "PX", "10", "PX", "10"}, ts: now()}, "-ERR syntax error\r\n"},
