@@ -537,14 +537,28 @@ func (r *storeRouter) Submit(_ context.Context, p replica.Proposal) {
 func (r *storeRouter) Arithmetic() bool { r.arithAsked = true; return !r.noArith }
 func (r *storeRouter) ValueOps() bool   { return !r.noValueOps }
 
-// TestValueOps: APPEND, PREPEND, PEXPIRE, PERSIST and SET ... XX, their
-// answers, their syntax, the read APPEND's and PREPEND's answer is, and
-// the cluster protocol they wait for.
-func TestValueOps(t *testing.T) {
-	rt := newStoreRouter()
+// writeOnly is the grant of client c that may write every key and read
+// none.
+func writeOnly(t *testing.T) *policy.Grant {
+	t.Helper()
+	pol, err := policy.Parse([]byte(`rules:
+  - principals: {clientIds: ["c"]}
+    brokerResources: [{method: Connect}]
+    stateStoreResources: [{method: Write, keys: ["*"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pol.Grant(policy.Principal{ClientID: "c"})
+}
+
+// service starts a service on r and returns how a test asks it: args
+// from client c, with grant (nil: everything), answered with the reply's
+// bytes.
+func (r *storeRouter) service() func(grant *policy.Grant, args ...string) string {
 	rp := &replies{}
-	s := New(rt, rp, Limits{}, nil)
-	do := func(grant *policy.Grant, args ...string) string {
+	s := New(r, rp, Limits{}, nil)
+	return func(grant *policy.Grant, args ...string) string {
 		var b [][]byte
 		for _, a := range args {
 			b = append(b, []byte(a))
@@ -552,6 +566,14 @@ func TestValueOps(t *testing.T) {
 		s.Do(&Request{ClientID: "c", QoS: 1, Origin: rp, StampWrites: true, Grant: grant}, b)
 		return string(rp.last)
 	}
+}
+
+// TestValueOps: APPEND, PREPEND, PEXPIRE, PERSIST and SET ... XX, their
+// answers, their syntax, the read APPEND's and PREPEND's answer is, and
+// the cluster protocol they wait for.
+func TestValueOps(t *testing.T) {
+	rt := newStoreRouter()
+	do := rt.service()
 	holds := func(key string) (*store.Entry, bool) { return rt.st.Get([]byte(key), time.Now().UnixMilli()) }
 	for _, c := range []struct {
 		args []string
@@ -601,15 +623,7 @@ func TestValueOps(t *testing.T) {
 
 	// APPEND's answer is the length: a client that may write the key but
 	// not read it is refused; PEXPIRE is a write only.
-	pol, err := policy.Parse([]byte(`rules:
-  - principals: {clientIds: ["c"]}
-    brokerResources: [{method: Connect}]
-    stateStoreResources: [{method: Write, keys: ["*"]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := pol.Grant(policy.Principal{ClientID: "c"})
+	g := writeOnly(t)
 	before := rt.submitted
 	if got := do(g, "APPEND", "a", "w"); got != "-ERR not authorized\r\n" || rt.submitted != before {
 		t.Fatalf("APPEND without read access: %q, %d writes", got, rt.submitted-before)
@@ -646,16 +660,7 @@ func TestValueOps(t *testing.T) {
 // syntax, the read their answer is, and the cluster protocol they wait for.
 func TestIncrByAndDecrBy(t *testing.T) {
 	rt := newStoreRouter()
-	rp := &replies{}
-	s := New(rt, rp, Limits{}, nil)
-	do := func(grant *policy.Grant, args ...string) string {
-		var b [][]byte
-		for _, a := range args {
-			b = append(b, []byte(a))
-		}
-		s.Do(&Request{ClientID: "c", QoS: 1, Origin: rp, StampWrites: true, Grant: grant}, b)
-		return string(rp.last)
-	}
+	do := rt.service()
 	for _, c := range []struct {
 		args []string
 		want string
@@ -686,16 +691,8 @@ func TestIncrByAndDecrBy(t *testing.T) {
 
 	// The answer is the number: a client that may write the key but not
 	// read it is refused.
-	pol, err := policy.Parse([]byte(`rules:
-  - principals: {clientIds: ["c"]}
-    brokerResources: [{method: Connect}]
-    stateStoreResources: [{method: Write, keys: ["*"]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
 	before := rt.submitted
-	if got := do(pol.Grant(policy.Principal{ClientID: "c"}), "INCRBY", "k", "1"); got != "-ERR not authorized\r\n" || rt.submitted != before {
+	if got := do(writeOnly(t), "INCRBY", "k", "1"); got != "-ERR not authorized\r\n" || rt.submitted != before {
 		t.Fatalf("INCRBY without read access: %q, %d writes", got, rt.submitted-before)
 	}
 
