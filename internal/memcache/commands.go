@@ -300,19 +300,11 @@ func (c *conn) change(r *request) {
 	} else {
 		c.s.stats.sets.Add(1)
 	}
-	flags := func() (uint32, bool, *resp.Value) {
-		v, _ := c.call([]byte("GET"), key)
-		if isErr(v) {
-			return 0, false, &v
-		}
-		f, _ := decodeValue(v.Str)
-		return f, !v.Null, nil
-	}
 	var f uint32
 	if r.name == "prepend" {
 		var found bool
 		var errv *resp.Value
-		if f, found, errv = flags(); c.answered(r, found, errv) {
+		if f, found, errv = c.flagsOf(key); c.answered(r, found, errv) {
 			return
 		}
 	}
@@ -353,7 +345,7 @@ func (c *conn) change(r *request) {
 			was := f
 			var found bool
 			var errv *resp.Value
-			if f, found, errv = flags(); c.answered(r, found, errv) {
+			if f, found, errv = c.flagsOf(key); c.answered(r, found, errv) {
 				return
 			}
 			if f == was {
@@ -389,15 +381,7 @@ func (c *conn) count(r *request) {
 		verb = []byte("DECRBY")
 	}
 	delta := strconv.AppendUint(nil, r.delta, 10)
-	flags := func() (uint32, bool, *resp.Value) {
-		v, _ := c.call([]byte("GET"), r.keys[0])
-		if isErr(v) {
-			return 0, false, &v
-		}
-		f, _ := decodeValue(v.Str)
-		return f, !v.Null, nil
-	}
-	f, found, errv := flags()
+	f, found, errv := c.flagsOf(r.keys[0])
 	for range 16 {
 		if c.answered(r, found, errv) {
 			return
@@ -415,7 +399,7 @@ func (c *conn) count(r *request) {
 			// Not a number, or flags set (or the key gone) since they
 			// were read.
 			was := f
-			if f, found, errv = flags(); errv != nil || !found || f != was {
+			if f, found, errv = c.flagsOf(r.keys[0]); errv != nil || !found || f != was {
 				continue
 			}
 			if !r.noreply {
@@ -431,7 +415,7 @@ func (c *conn) count(r *request) {
 			c.missing(r)
 			return
 		case notApplied(n): // other flags than read
-			f, found, errv = flags()
+			f, found, errv = c.flagsOf(r.keys[0])
 			continue
 		}
 		c.hit(r)
@@ -441,6 +425,18 @@ func (c *conn) count(r *request) {
 	if !r.noreply {
 		c.line("SERVER_ERROR the key changed too often; try again")
 	}
+}
+
+// flagsOf reads the flags key's value holds (found false: no key), for
+// the commands that keep them in front of what they change (prepend,
+// incr, decr).
+func (c *conn) flagsOf(key []byte) (flags uint32, found bool, errv *resp.Value) {
+	v, _ := c.call([]byte("GET"), key)
+	if isErr(v) {
+		return 0, false, &v
+	}
+	flags, _ = decodeValue(v.Str)
+	return flags, !v.Null, nil
 }
 
 // answered answers an update whose read of the key failed (errv) or

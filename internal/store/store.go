@@ -561,18 +561,32 @@ func (s *Store) add(c *Command, stored, cur *Entry, events []Event) (Result, []E
 		}
 		return res, events
 	}
+	value := append(append(make([]byte, 0, len(c.Value)+len(sum)), c.Value...), sum...)
+	return s.rewrite(c, value, keptTTL(cur, c.Now), stored, cur, events)
+}
+
+// rewrite applies what an op that changes a key in place made of it (an
+// arithmetic or a value op): a SET of value under c's key, with c's
+// version, fence and time, to live ttl ms (0: no expiry). Previous is the
+// value stored (HadPrevious true), which the op's answer is made from.
+func (s *Store) rewrite(c *Command, value []byte, ttl int64, stored, cur *Entry, events []Event) (Result, []Event) {
 	set := *c
-	set.Op, set.Cond, set.Delta = OpSet, Always, 0
-	set.Value = append(append(make([]byte, 0, len(c.Value)+len(sum)), c.Value...), sum...)
-	set.TTL = 0
-	if cur != nil && cur.ExpiresAt != 0 {
-		set.TTL = cur.ExpiresAt - c.Now // > 0: cur is live at c.Now
-	}
+	set.Op, set.Cond, set.Delta, set.Value, set.TTL = OpSet, Always, 0, value, ttl
 	res, events := s.set(&set, stored, cur, events)
 	if res.Outcome == Applied {
 		res.Previous, res.HadPrevious = events[len(events)-1].Value, true
 	}
 	return res, events
+}
+
+// keptTTL is the time cur has left to live at now, which an op that keeps
+// a key's expiry gives the value it stores (0: cur does not expire, or
+// there is no cur).
+func keptTTL(cur *Entry, now int64) int64 {
+	if cur == nil || cur.ExpiresAt == 0 {
+		return 0
+	}
+	return cur.ExpiresAt - now // > 0: cur is live at now
 }
 
 // change applies OpAppend, OpPrepend and OpTouch: a SET of the value
@@ -591,43 +605,30 @@ func (s *Store) change(c *Command, stored, cur *Entry, events []Event) (Result, 
 			return Result{Outcome: o}, events
 		}
 	}
-	set := *c
-	set.Op, set.Cond, set.Delta = OpSet, Always, 0
 	switch {
 	case c.Op == OpTouch:
-		set.Value = cur.Value
-	case cur == nil: // OpAppend to no key: the key made
-		set.TTL = 0
-	case c.Op == OpAppend:
-		set.Value = append(append(make([]byte, 0, len(cur.Value)+len(c.Value)), cur.Value...), c.Value...)
-	default: // OpPrepend
-		lead := c.Value[:min(max(c.Delta, 0), int64(len(c.Value)))]
-		unless := c.Cond == NX
-		if bytes.HasPrefix(cur.Value, lead) == unless {
-			return Result{Outcome: NotApplied, Version: cur.Version}, events
-		}
-		v := make([]byte, 0, len(cur.Value)+len(c.Value)-len(lead))
-		if unless {
-			set.Value = append(append(v, c.Value[len(lead):]...), cur.Value...)
-		} else {
-			set.Value = append(append(v, c.Value...), cur.Value[len(lead):]...)
-		}
-	}
-	if c.Op != OpTouch {
-		set.TTL = 0
-		if cur != nil && cur.ExpiresAt != 0 {
-			set.TTL = cur.ExpiresAt - c.Now // > 0: cur is live at c.Now
-		}
-	}
-	res, events := s.set(&set, stored, cur, events)
-	switch {
-	case res.Outcome != Applied:
-	case c.Op == OpTouch:
+		res, events := s.rewrite(c, cur.Value, c.TTL, stored, cur, events)
 		res.Previous, res.HadPrevious = nil, false
-	default:
-		res.Previous, res.HadPrevious = events[len(events)-1].Value, true
+		return res, events
+	case cur == nil: // OpAppend to no key: the key made
+		return s.rewrite(c, c.Value, 0, stored, cur, events)
+	case c.Op == OpAppend:
+		value := append(append(make([]byte, 0, len(cur.Value)+len(c.Value)), cur.Value...), c.Value...)
+		return s.rewrite(c, value, keptTTL(cur, c.Now), stored, cur, events)
 	}
-	return res, events
+	// OpPrepend
+	lead := c.Value[:min(max(c.Delta, 0), int64(len(c.Value)))]
+	unless := c.Cond == NX
+	if bytes.HasPrefix(cur.Value, lead) == unless {
+		return Result{Outcome: NotApplied, Version: cur.Version}, events
+	}
+	value := make([]byte, 0, len(cur.Value)+len(c.Value)-len(lead))
+	if unless {
+		value = append(append(value, c.Value[len(lead):]...), cur.Value...)
+	} else {
+		value = append(append(value, c.Value...), cur.Value[len(lead):]...)
+	}
+	return s.rewrite(c, value, keptTTL(cur, c.Now), stored, cur, events)
 }
 
 // arithmetic is op's number after it, in decimal, from number (the digits
