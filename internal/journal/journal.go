@@ -836,15 +836,21 @@ const ahead = 1 << 20
 
 var zeros = make([]byte, ahead)
 
-// reserve fills s with zeros far enough to take n more bytes of records.
-// The zeros become durable with the next fdatasync.
+// reserve fills s with zeros far enough to take n more bytes of records,
+// in pieces the size of n (WriteZeros says why). The zeros become durable
+// with the next fdatasync.
 func (s *segment) reserve(n int64) error {
-	for s.size+n > s.filled {
-		if _, err := s.f.WriteAt(zeros, s.filled); err != nil {
-			return fmt.Errorf("journal: write: %w", err)
-		}
-		s.filled += ahead
+	if s.size+n <= s.filled {
+		return nil
 	}
+	to := s.filled + ahead
+	for s.size+n > to {
+		to += ahead
+	}
+	if err := WriteZeros(s.f, s.filled, to, ZeroPiece(n)); err != nil {
+		return fmt.Errorf("journal: write: %w", err)
+	}
+	s.filled = to
 	return nil
 }
 

@@ -53,9 +53,9 @@ func (v walFS) OpenWriter(dir, name string) (waltypes.WritableFile, error) {
 // zeroAheadBytes is how far past the furthest write a segment is filled
 // with zeros: the zeros become durable with the next sync, so one sync in
 // this many bytes of log pays for the blocks the others then find written.
+// They are written in pieces the size of raft-wal's recent writes
+// (journal.WriteZeros says why).
 const zeroAheadBytes = 1 << 20
-
-var zeroChunk = make([]byte, zeroAheadBytes)
 
 // zeroAhead is a segment file open for writing (see walFS). raft-wal
 // appends: it writes each frame after the previous one. Zeros only ever go
@@ -66,10 +66,11 @@ type zeroAhead struct {
 	f    *os.File // for fdatasync; nil if the file is not an *os.File
 	size int64    // the file's size: zeros stop there
 
-	mu     sync.Mutex
-	hi     int64 // the furthest byte written
-	zeroed int64 // zeros written up to here (from hi)
-	synced bool  // raft-wal's own first Sync ran (it also syncs the directory)
+	mu      sync.Mutex
+	hi      int64 // the furthest byte written
+	zeroed  int64 // zeros written up to here (from hi)
+	largest int64 // raft-wal's largest write since the last zeros
+	synced  bool  // raft-wal's own first Sync ran (it also syncs the directory)
 }
 
 func newZeroAhead(wf waltypes.WritableFile, size int64) *zeroAhead {
@@ -95,16 +96,18 @@ func (z *zeroAhead) WriteAt(p []byte, off int64) (int, error) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.hi = max(z.hi, off+int64(n))
+	z.largest = max(z.largest, int64(n))
 	if z.hi+zeroAheadBytes/2 > z.zeroed {
 		// Refill to a full chunk ahead once half of it is used.
 		from := max(z.zeroed, z.hi)
 		to := min(z.hi+zeroAheadBytes, z.size)
 		if to > from {
-			if _, err := z.WritableFile.WriteAt(zeroChunk[:to-from], from); err != nil {
+			if err := journal.WriteZeros(z.WritableFile, from, to, journal.ZeroPiece(z.largest)); err != nil {
 				return n, err
 			}
 		}
 		z.zeroed = max(to, z.hi)
+		z.largest = 0
 	}
 	return n, nil
 }
