@@ -114,6 +114,7 @@ func TestZeroAheadPiecesFollowTheWrites(t *testing.T) {
 			}
 			off += int64(c.record)
 		}
+		z.Close() // the zeros being written are, once it returns
 		if len(rec.pieces) == 0 {
 			t.Fatalf("records of %d bytes: no zeros written ahead", c.record)
 		}
@@ -122,7 +123,64 @@ func TestZeroAheadPiecesFollowTheWrites(t *testing.T) {
 				t.Fatalf("records of %d bytes: zeros written %d bytes at once, want at most %d", c.record, p, c.maxPiece)
 			}
 		}
-		f.Close()
+	}
+}
+
+// slowZeros is a segment file whose first write of zeros waits until a
+// big record has been written or 200 ms have passed.
+type slowZeros struct {
+	*os.File
+	bigWritten chan struct{}
+	waited     bool // zeros are written by one fill at a time
+}
+
+func (z *slowZeros) WriteAt(p []byte, off int64) (int, error) {
+	if len(p) > 0 && bytes.Count(p, []byte{0}) == len(p) {
+		if !z.waited {
+			z.waited = true
+			select {
+			case <-z.bigWritten:
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		return z.File.WriteAt(p, off)
+	}
+	n, err := z.File.WriteAt(p, off)
+	if len(p) > zeroAheadBytes {
+		close(z.bigWritten)
+	}
+	return n, err
+}
+
+// TestZeroAheadWritesWaitForTheZeros: the zeros are written beside the
+// appends, and an append reaching into the zeros being written waits for
+// them; were it written first, the zeros would land on it.
+func TestZeroAheadWritesWaitForTheZeros(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "seg.wal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := newZeroAhead(&slowZeros{File: f, bigWritten: make(chan struct{})}, 8<<20)
+	head := []byte("head")
+	big := bytes.Repeat([]byte{9}, 2<<20) // over the zeros now being written
+	if _, err := z.WriteAt(head, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := z.WriteAt(big, int64(len(head))); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:len(head)], head) || !bytes.Equal(got[len(head):len(head)+len(big)], big) {
+		t.Fatalf("the record does not read back: %d of its %d bytes are zeros", bytes.Count(got[len(head):len(head)+len(big)], []byte{0}), len(big))
 	}
 }
 
