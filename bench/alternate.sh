@@ -33,30 +33,22 @@ revs=("$@")
 clients=${CLIENTS:-50}
 test=${TEST:-set}
 name=$(echo "$test" | tr a-z A-Z) # its row in redis-benchmark's CSV
-keys=(-r "${KEYSPACE:-10000}")
-if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
 cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+. bench/lib.sh
+keyspace
+scratch
 
 labels=()
 for i in "${!revs[@]}"; do
 	rev=${revs[$i]}
+	buildrev "$rev" "$work/mqkv-$i"
 	if [ "$rev" = . ]; then
-		go build -o "$work/mqkv-$i" ./cmd/mqkv
 		labels+=("working-tree")
 	else
-		mkdir "$work/src-$i"
-		git archive "$rev" | tar -x -C "$work/src-$i"
-		(cd "$work/src-$i" && go build -o "$work/mqkv-$i" ./cmd/mqkv)
-		rm -rf "$work/src-$i"
 		labels+=("$(git rev-parse --short "$rev")")
 	fi
 done
 labels+=(redis)
-
-. bench/lib.sh
 hz=$(getconf CLK_TCK)
 
 # launch CONFIG starts its server in the background on $port, its data

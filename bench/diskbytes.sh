@@ -24,22 +24,11 @@ set -euo pipefail
 pipeline=${1:-1}
 n=${2:-100000}
 rev=${3:-.}
-keys=(-r "${KEYSPACE:-10000}")
-if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
 cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-
-if [ "$rev" = . ]; then
-	go build -o "$work/mqkv" ./cmd/mqkv
-else
-	mkdir "$work/src"
-	git archive "$rev" | tar -x -C "$work/src"
-	(cd "$work/src" && go build -o "$work/mqkv" ./cmd/mqkv)
-	rm -rf "$work/src"
-fi
 . bench/lib.sh
+keyspace
+scratch
+buildrev "$rev" "$work/mqkv"
 
 launch() {
 	case $1 in

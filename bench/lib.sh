@@ -46,3 +46,33 @@ fresh() {
 	done
 	return 1
 }
+
+# keyspace sets keys to redis-benchmark's flags for the keys a load goes
+# to: -r KEYSPACE from the environment (10000 by default), or none for
+# KEYSPACE=one (redis-benchmark's own single key, as the command
+# line is written).
+keyspace() {
+	keys=(-r "${KEYSPACE:-10000}")
+	if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
+}
+
+# buildrev REV OUT builds mqkv into OUT: the working tree for REV ".",
+# else git revision REV from a clean export of it (in OUT.src, removed).
+buildrev() {
+	if [ "$1" = . ]; then
+		go build -o "$2" ./cmd/mqkv
+		return
+	fi
+	mkdir "$2.src"
+	git archive "$1" | tar -x -C "$2.src"
+	(cd "$2.src" && go build -o "$2" ./cmd/mqkv)
+	rm -rf "$2.src"
+}
+
+# scratch sets work to a new scratch directory and, on exit, stops the
+# server whose pid is in pid (fresh sets it) and removes the directory.
+scratch() {
+	work=$(mktemp -d)
+	pid=
+	trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+}

@@ -38,16 +38,14 @@
 set -euo pipefail
 rounds=${1:-2}
 n=${2:-200000}
-keys=(-r "${KEYSPACE:-10000}")
-if [ "${KEYSPACE:-}" = one ]; then keys=(); fi
 cd "$(dirname "$0")/.."
+. bench/lib.sh
+keyspace
 work=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 go build -o "$work/mqkv" ./cmd/mqkv
 go build -o "$work/respfloor" ./bench/respfloor
-
-. bench/lib.sh
 mport=$(freeport) rport=$(freeport) aport=$(freeport) dport=$(freeport) fport=$(freeport)
 cport=$(freeport) wport=$(freeport) lport=$(freeport)
 rcport=$(freeport) rlport=$(freeport)
