@@ -69,7 +69,9 @@ const zeroAheadBytes = 1 << 20
 // pipelined node's CPU there, time every client waited for. Written
 // beside the append, they cost the wait nothing while the leader sits in
 // its fdatasync. An append that would reach the zeros being written waits
-// for them (it would otherwise race them for the same bytes).
+// for them (it would otherwise race them for the same bytes). This relies
+// on raft-wal appending one write at a time (under its writeMu): zeros
+// start past the furthest write that has returned.
 type zeroAhead struct {
 	waltypes.WritableFile
 	f    *os.File // for fdatasync; nil if the file is not an *os.File
@@ -81,7 +83,7 @@ type zeroAhead struct {
 	largest  int64         // raft-wal's largest write since the last zeros
 	filling  chan struct{} // closed when the running fill ends; nil if none runs
 	fillFrom int64         // where the running fill starts
-	err      error         // a fill's failure, for the next write or sync
+	failed   bool          // a fill failed: no more zeros in this file
 	synced   bool          // raft-wal's own first Sync ran (it also syncs the directory)
 }
 
@@ -102,26 +104,22 @@ func osFile(wf waltypes.WritableFile) *os.File {
 
 func (z *zeroAhead) WriteAt(p []byte, off int64) (int, error) {
 	z.mu.Lock()
-	if done := z.filling; done != nil && off+int64(len(p)) > z.fillFrom {
+	for z.filling != nil && off+int64(len(p)) > z.fillFrom {
+		done := z.filling
 		z.mu.Unlock()
 		<-done
 		z.mu.Lock()
 	}
-	err := z.err
-	z.err = nil
 	z.mu.Unlock()
-	if err != nil {
-		return 0, err
-	}
 	n, err := z.WritableFile.WriteAt(p, off)
-	if err != nil {
-		return n, err
-	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.hi = max(z.hi, off+int64(n))
+	if err != nil {
+		return n, err
+	}
 	z.largest = max(z.largest, int64(n))
-	if z.filling == nil && z.hi+zeroAheadBytes/2 > z.zeroed {
+	if z.filling == nil && !z.failed && z.hi+zeroAheadBytes/2 > z.zeroed {
 		// Refill to a full chunk ahead once half of it is used.
 		from := max(z.zeroed, z.hi)
 		to := min(z.hi+zeroAheadBytes, z.size)
@@ -136,12 +134,16 @@ func (z *zeroAhead) WriteAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// fill writes zeros over [from, to) and then closes done.
+// fill writes zeros over [from, to) and then closes done. The zeros only
+// make syncs cheaper (raft-wal's file is fallocated: it reads zeros past
+// its frames anyway), so a failure does not fail an append: it ends the
+// zeros in this file, and raft-wal's own writes meet whatever caused it
+// (EIO, or ENOSPC where fallocate fell back to a sparse file).
 func (z *zeroAhead) fill(from, to, piece int64, done chan struct{}) {
 	err := journal.WriteZeros(z.WritableFile, from, to, piece)
 	z.mu.Lock()
 	if err != nil {
-		z.err = err
+		z.failed = true
 	} else {
 		z.zeroed = to
 	}
@@ -170,12 +172,8 @@ func (z *zeroAhead) Close() error {
 // (an fsync, and of the directory for a new file); later ones fdatasync.
 func (z *zeroAhead) Sync() error {
 	z.mu.Lock()
-	first, err := !z.synced, z.err
-	z.err = nil
+	first := !z.synced
 	z.mu.Unlock()
-	if err != nil {
-		return err
-	}
 	if first || z.f == nil {
 		err := z.WritableFile.Sync()
 		if err == nil {

@@ -257,3 +257,54 @@ func processCPU() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// failingZeros is a segment file whose writes of zeros fail.
+type failingZeros struct {
+	*os.File
+	tries int // zero writes tried; by one fill at a time
+}
+
+func (z *failingZeros) WriteAt(p []byte, off int64) (int, error) {
+	if len(p) > 0 && bytes.Count(p, []byte{0}) == len(p) {
+		z.tries++
+		return 0, syscall.EIO
+	}
+	return z.File.WriteAt(p, off)
+}
+
+// TestZeroAheadFailureFailsNoAppend: the zeros only make syncs cheaper;
+// when writing them fails, the appends and syncs still succeed, what was
+// written reads back, and no more zeros are tried in that file.
+func TestZeroAheadFailureFailsNoAppend(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "seg.wal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &failingZeros{File: f}
+	z := newZeroAhead(rec, 8<<20)
+	z.synced = true // fdatasync from the first Sync on
+	var want []byte
+	for i := range 40 { // 4 MB: past several refills
+		r := bytes.Repeat([]byte{byte(i + 1)}, 100_000)
+		if _, err := z.WriteAt(r, int64(len(want))); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+		if err := z.Sync(); err != nil {
+			t.Fatalf("sync after append %d: %v", i, err)
+		}
+		want = append(want, r...)
+	}
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rec.tries != 1 {
+		t.Fatalf("%d writes of zeros tried, want 1 (none after the first failed)", rec.tries)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("what was written does not read back")
+	}
+}
